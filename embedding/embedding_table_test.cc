@@ -1,0 +1,166 @@
+#include "embedding/embedding_table.h"
+
+#include <random>
+#include <thread>
+#include <vector>
+
+#include "embedding/hash.h"
+#include "embedding/spec.h"
+#include "gtest/gtest.h"
+
+namespace ps {
+namespace {
+
+TableSpec Spec(uint32_t dim, OptimizerSpec::Kind opt = OptimizerSpec::SGD) {
+  TableSpec t;
+  t.set_name("emb");
+  t.set_dim(dim);
+  t.mutable_initializer()->set_kind(InitializerSpec::UNIFORM);
+  t.mutable_initializer()->set_low(-1);
+  t.mutable_initializer()->set_high(1);
+  t.mutable_optimizer()->set_kind(opt);
+  t.mutable_optimizer()->set_learning_rate(1.0f);
+  return t;
+}
+
+std::unique_ptr<EmbeddingTable> Make(const TableSpec& spec, int stripes = 256) {
+  TableOptions options;
+  options.num_stripes = stripes;
+  auto t = EmbeddingTable::Create(spec, options);
+  EXPECT_TRUE(t.ok()) << t.status();
+  return std::move(t).value();
+}
+
+std::vector<float> Initial(const TableSpec& spec, int64_t id) {
+  std::vector<float> out(spec.dim());
+  Initializer(*NormalizeInitializer(spec.initializer()))
+      .Fill(NameHash(spec.name()), id, out.data(), spec.dim());
+  return out;
+}
+
+TEST(EmbeddingTableTest, PullCreatesRowsAtTheirInitialValue) {
+  auto t = Make(Spec(5));
+  std::vector<int64_t> ids = {3, -7, 3, 1LL << 60};
+  std::vector<float> out(ids.size() * 5);
+  t->Pull(ids, out.data(), /*read_only=*/false);
+  EXPECT_EQ(t->rows(), 3u);
+  for (size_t i = 0; i < ids.size(); ++i) {
+    EXPECT_EQ(std::vector<float>(out.begin() + i * 5, out.begin() + (i + 1) * 5),
+              Initial(t->spec(), ids[i]));
+  }
+}
+
+TEST(EmbeddingTableTest, ReadOnlyPullDoesNotCreate) {
+  auto t = Make(Spec(4));
+  std::vector<int64_t> ids = {10, 11};
+  std::vector<float> out(8);
+  t->Pull(ids, out.data(), /*read_only=*/true);
+  EXPECT_EQ(t->rows(), 0u);
+  EXPECT_EQ(std::vector<float>(out.begin(), out.begin() + 4), Initial(t->spec(), 10));
+}
+
+TEST(EmbeddingTableTest, PushAppliesInOrderIncludingDuplicates) {
+  auto t = Make(Spec(2));
+  std::vector<int64_t> ids = {1, 1, 2};
+  std::vector<float> grads = {0.5f, 1.0f, 0.25f, 0.25f, -1.0f, 2.0f};
+  t->Push(ids, grads.data(), 0);
+  std::vector<float> out(4);
+  std::vector<int64_t> pull = {1, 2};
+  t->Pull(pull, out.data(), false);
+  auto i1 = Initial(t->spec(), 1), i2 = Initial(t->spec(), 2);
+  EXPECT_FLOAT_EQ(out[0], i1[0] - 0.75f);
+  EXPECT_FLOAT_EQ(out[1], i1[1] - 1.25f);
+  EXPECT_FLOAT_EQ(out[2], i2[0] + 1.0f);
+  EXPECT_FLOAT_EQ(out[3], i2[1] - 2.0f);
+  t->Inspect(1, [](const RowView& row) { EXPECT_EQ(row.step, 2u); });
+}
+
+TEST(EmbeddingTableTest, OptimizerStateLivesBesideTheRow) {
+  TableSpec spec = Spec(3, OptimizerSpec::ADAGRAD);
+  spec.mutable_optimizer()->set_initial_accumulator(0.5f);
+  auto t = Make(spec);
+  std::vector<int64_t> ids = {42};
+  std::vector<float> grads = {1.0f, 2.0f, 0.0f};
+  t->Push(ids, grads.data(), 0);
+  bool found = t->Inspect(42, [](const RowView& row) {
+    EXPECT_FLOAT_EQ(row.slots[0], 1.5f);
+    EXPECT_FLOAT_EQ(row.slots[1], 4.5f);
+    EXPECT_FLOAT_EQ(row.slots[2], 0.5f);
+    EXPECT_EQ(row.step, 1u);
+  });
+  EXPECT_TRUE(found);
+  EXPECT_FALSE(t->Inspect(43, [](const RowView&) {}));
+}
+
+TEST(EmbeddingTableTest, ManyRowsAcrossBlocksKeepTheirValues) {
+  auto t = Make(Spec(64), 4);  // few stripes: many blocks per stripe
+  const int n = 20000;
+  std::vector<int64_t> ids(n);
+  for (int i = 0; i < n; ++i) ids[i] = i * 7919LL;
+  std::vector<float> grads(n * 64);
+  for (int i = 0; i < n * 64; ++i) grads[i] = static_cast<float>(i % 97);
+  t->Push(ids, grads.data(), 0);
+  EXPECT_EQ(t->rows(), static_cast<uint64_t>(n));
+  std::vector<float> out(n * 64);
+  t->Pull(ids, out.data(), false);
+  for (int i = 0; i < n; i += 997) {
+    auto init = Initial(t->spec(), ids[i]);
+    for (int j = 0; j < 64; ++j) {
+      ASSERT_FLOAT_EQ(out[i * 64 + j], init[j] - grads[i * 64 + j]) << i << "," << j;
+    }
+  }
+  EXPECT_GT(t->memory_bytes(), static_cast<uint64_t>(n) * 64 * 4);
+}
+
+TEST(EmbeddingTableTest, ConcurrentPushAndPullFromManyThreads) {
+  // 8 threads push +1 to every element of 1000 shared rows, 200 times each, while 2 more
+  // pull and check that each row they see is whole (all elements moved together).
+  TableSpec spec = Spec(16);
+  spec.mutable_initializer()->set_kind(InitializerSpec::ZEROS);
+  auto t = Make(spec, 8);
+  const int kRows = 1000, kPushers = 8, kRounds = 200;
+  std::vector<int64_t> ids(kRows);
+  for (int i = 0; i < kRows; ++i) ids[i] = i;
+  std::vector<float> minus_one(kRows * 16, -1.0f);
+  std::atomic<bool> stop{false};
+  std::atomic<int> torn{0};
+  std::vector<std::thread> threads;
+  for (int p = 0; p < kPushers; ++p) {
+    threads.emplace_back([&, p] {
+      std::vector<int64_t> mine = ids;
+      std::shuffle(mine.begin(), mine.end(), std::mt19937(p));
+      for (int r = 0; r < kRounds; ++r) t->Push(mine, minus_one.data(), 1.0f);
+    });
+  }
+  std::vector<std::thread> readers;
+  for (int r = 0; r < 2; ++r) {
+    readers.emplace_back([&] {
+      std::vector<float> out(kRows * 16);
+      while (!stop.load()) {
+        t->Pull(ids, out.data(), false);
+        for (int i = 0; i < kRows; ++i) {
+          for (int j = 1; j < 16; ++j) {
+            if (out[i * 16 + j] != out[i * 16]) torn.fetch_add(1);
+          }
+        }
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  stop = true;
+  for (auto& th : readers) th.join();
+  EXPECT_EQ(torn.load(), 0);
+  std::vector<float> out(kRows * 16);
+  t->Pull(ids, out.data(), false);
+  for (float v : out) ASSERT_EQ(v, kPushers * kRounds);
+  EXPECT_EQ(t->rows(), static_cast<uint64_t>(kRows));
+}
+
+TEST(EmbeddingTableTest, RejectsBadStripeCount) {
+  TableOptions options;
+  options.num_stripes = 12;
+  EXPECT_FALSE(EmbeddingTable::Create(Spec(4), options).ok());
+}
+
+}  // namespace
+}  // namespace ps

@@ -1,0 +1,122 @@
+#include "embedding/optimizer.h"
+
+#include <vector>
+
+#include "embedding/spec.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace ps {
+namespace {
+
+// Reference values computed by hand (float64, the formulas in proto/ps.proto) for
+// w0 = {0.5, -0.3}, gradients {0.1,-0.2}, {0.3,0.1}, {-0.2,0.4}, learning rate 0.1.
+struct Case {
+  const char* name;
+  OptimizerSpec spec;
+  std::vector<std::vector<double>> expected;  // weights after steps 1, 2, 3
+};
+
+OptimizerSpec Spec(OptimizerSpec::Kind kind) {
+  OptimizerSpec s;
+  s.set_kind(kind);
+  s.set_learning_rate(0.1f);
+  return s;
+}
+
+std::vector<Case> Cases() {
+  std::vector<Case> cases;
+  cases.push_back({"sgd", Spec(OptimizerSpec::SGD), {{0.49, -0.28}, {0.46, -0.29}, {0.48, -0.33}}});
+  OptimizerSpec momentum = Spec(OptimizerSpec::MOMENTUM);
+  momentum.set_momentum(0.9f);
+  cases.push_back({"momentum", momentum, {{0.49, -0.28}, {0.451, -0.272}, {0.4359, -0.3048}}});
+  OptimizerSpec nesterov = momentum;
+  nesterov.set_nesterov(true);
+  cases.push_back(
+      {"nesterov", nesterov, {{0.481, -0.262}, {0.4159, -0.2648}, {0.42231, -0.33432}}});
+  OptimizerSpec adagrad = Spec(OptimizerSpec::ADAGRAD);
+  adagrad.set_initial_accumulator(0.1f);
+  cases.push_back({"adagrad",
+                   adagrad,
+                   {{0.469848866, -0.246547752},
+                    {0.402766826, -0.272367641},
+                    {0.443591655, -0.344209761}}});
+  cases.push_back({"adam",
+                   Spec(OptimizerSpec::ADAM),
+                   {{0.40000001, -0.200000005},
+                    {0.308221902, -0.173366303},
+                    {0.282431523, -0.21909948}}});
+  OptimizerSpec ftrl = Spec(OptimizerSpec::FTRL);
+  ftrl.set_ftrl_beta(1.0f);
+  ftrl.set_ftrl_l1(0.01f);
+  ftrl.set_ftrl_l2(0.1f);
+  cases.push_back({"ftrl",
+                   ftrl,
+                   {{0.0351351351, -0.032231405},
+                    {0.0125145863, -0.0403377157},
+                    {0.026963723, -0.0675808921}}});
+  return cases;
+}
+
+TEST(OptimizerTest, MatchesHandComputedReferenceOverThreeSteps) {
+  const std::vector<std::vector<float>> grads = {{0.1f, -0.2f}, {0.3f, 0.1f}, {-0.2f, 0.4f}};
+  for (const Case& c : Cases()) {
+    SCOPED_TRACE(c.name);
+    auto spec = NormalizeOptimizer(c.spec);
+    ASSERT_TRUE(spec.ok()) << spec.status();
+    Optimizer opt(*spec);
+    std::vector<float> w = {0.5f, -0.3f};
+    std::vector<float> slots(2 * opt.slots());
+    opt.InitSlots(slots.data(), 2);
+    uint64_t step = 0;
+    for (size_t t = 0; t < grads.size(); ++t) {
+      opt.Apply(0.0f, w.data(), slots.data(), &step, grads[t].data(), 2);
+      EXPECT_EQ(step, t + 1);
+      EXPECT_NEAR(w[0], c.expected[t][0], 2e-6) << "step " << t + 1;
+      EXPECT_NEAR(w[1], c.expected[t][1], 2e-6) << "step " << t + 1;
+    }
+  }
+}
+
+TEST(OptimizerTest, SlotsStartAtOptimizerInitialValue) {
+  OptimizerSpec adagrad = Spec(OptimizerSpec::ADAGRAD);
+  adagrad.set_initial_accumulator(0.25f);
+  Optimizer opt(*NormalizeOptimizer(adagrad));
+  std::vector<float> slots(3, -7.0f);
+  opt.InitSlots(slots.data(), 3);
+  EXPECT_THAT(slots, testing::Each(0.25f));
+
+  Optimizer adam(*NormalizeOptimizer(Spec(OptimizerSpec::ADAM)));
+  std::vector<float> adam_slots(6, -7.0f);
+  adam.InitSlots(adam_slots.data(), 3);
+  EXPECT_THAT(adam_slots, testing::Each(0.0f));
+}
+
+TEST(OptimizerTest, PushLearningRateOverridesSpec) {
+  Optimizer opt(*NormalizeOptimizer(Spec(OptimizerSpec::SGD)));
+  float w = 1.0f, g = 1.0f;
+  uint64_t step = 0;
+  opt.Apply(0.5f, &w, nullptr, &step, &g, 1);
+  EXPECT_FLOAT_EQ(w, 0.5f);
+  opt.Apply(0.0f, &w, nullptr, &step, &g, 1);  // 0: the table's rate (0.1)
+  EXPECT_FLOAT_EQ(w, 0.4f);
+}
+
+TEST(OptimizerTest, AdamBiasCorrectionUsesPerRowStep) {
+  // Two rows with different histories: a row's first update is always lr * sign(g),
+  // however many updates other rows have had.
+  Optimizer opt(*NormalizeOptimizer(Spec(OptimizerSpec::ADAM)));
+  std::vector<float> slots_a(2), slots_b(2);
+  opt.InitSlots(slots_a.data(), 1);
+  opt.InitSlots(slots_b.data(), 1);
+  float wa = 0, wb = 0, g = 3.0f;
+  uint64_t step_a = 0, step_b = 0;
+  for (int i = 0; i < 5; ++i) opt.Apply(0, &wa, slots_a.data(), &step_a, &g, 1);
+  opt.Apply(0, &wb, slots_b.data(), &step_b, &g, 1);
+  EXPECT_NEAR(wb, -0.1f, 1e-6);
+  EXPECT_EQ(step_a, 5u);
+  EXPECT_EQ(step_b, 1u);
+}
+
+}  // namespace
+}  // namespace ps
