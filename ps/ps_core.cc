@@ -1,0 +1,311 @@
+#include "ps/ps_core.h"
+
+#include <cstring>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "embedding/hash.h"
+#include "embedding/status_macros.h"
+#include "ps/codec.h"
+
+namespace ps {
+namespace {
+
+// Index of the first NaN or Inf in v, or -1. Integer test of the exponent bits, which the
+// compiler vectorizes.
+int64_t FirstNonFinite(absl::Span<const float> v) {
+  const uint32_t* bits = reinterpret_cast<const uint32_t*>(v.data());
+  uint32_t any = 0;
+  for (size_t i = 0; i < v.size(); ++i) any |= (~bits[i] & 0x7f800000u) == 0;
+  if (!any) return -1;
+  for (size_t i = 0; i < v.size(); ++i) {
+    if ((~bits[i] & 0x7f800000u) == 0) return static_cast<int64_t>(i);
+  }
+  return -1;
+}
+
+absl::Status CheckLearningRate(float lr, absl::string_view name) {
+  if (!std::isfinite(lr) || lr < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("learning_rate ", lr, " for '", name, "' must be finite and >= 0"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+struct PsCore::PreparedPush {
+  std::shared_ptr<EmbeddingTable> table;
+  absl::Span<const int64_t> ids;
+  absl::Span<const float> grads;
+  float lr;
+  std::vector<int64_t> id_scratch;
+  std::vector<float> grad_scratch;
+};
+
+PsCore::PsCore(PsCoreOptions options, ShardOwnership ownership)
+    : options_(options),
+      started_(absl::Now()),
+      store_(options.table),
+      dedup_(options.dedup),
+      ownership_(std::make_shared<const ShardOwnership>(std::move(ownership))) {}
+
+void PsCore::SetOwnership(ShardOwnership ownership) {
+  auto next = std::make_shared<const ShardOwnership>(std::move(ownership));
+  absl::MutexLock lock(&mu_);
+  ownership_ = std::move(next);
+}
+
+std::shared_ptr<const ShardOwnership> PsCore::ownership() const {
+  absl::MutexLock lock(&mu_);
+  return ownership_;
+}
+
+absl::Status PsCore::CheckOwned(const ShardOwnership& own, const EmbeddingTable& table,
+                                absl::Span<const int64_t> ids) {
+  const uint64_t h = table.name_hash();
+  for (int64_t id : ids) {
+    const uint32_t v = VShardOf(RouteHash(h, id), own.num_vshards());
+    if (!own.Owns(v)) {
+      counters_.rejected_wrong_shard.fetch_add(1, std::memory_order_relaxed);
+      return absl::FailedPreconditionError(
+          absl::StrCat("id ", id, " of table '", table.spec().name(), "' is in vshard ", v,
+                       ", which this pod does not own at epoch ", own.epoch()));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status PsCore::CheckOwnedDense(const ShardOwnership& own, absl::string_view name) {
+  const uint32_t v = DenseVShard(name, own.num_vshards());
+  if (!own.Owns(v)) {
+    counters_.rejected_wrong_shard.fetch_add(1, std::memory_order_relaxed);
+    return absl::FailedPreconditionError(
+        absl::StrCat("dense tensor '", name, "' is in vshard ", v,
+                     ", which this pod does not own at epoch ", own.epoch()));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status PsCore::CreateTable(const CreateTableRequest& req, CreateTableResponse* resp) {
+  ASSIGN_OR_RETURN(bool created, store_.CreateTable(req.spec()));
+  resp->set_created(created);
+  return absl::OkStatus();
+}
+
+absl::Status PsCore::CreateDense(const CreateDenseRequest& req, CreateDenseResponse* resp) {
+  ASSIGN_OR_RETURN(bool created, store_.CreateDense(req.spec()));
+  resp->set_created(created);
+  return absl::OkStatus();
+}
+
+absl::Status PsCore::Describe(const DescribeRequest&, DescribeResponse* resp) {
+  for (const auto& t : store_.Tables()) {
+    TableInfo* info = resp->add_tables();
+    *info->mutable_spec() = t->spec();
+    info->set_rows(t->rows());
+    info->set_memory_bytes(t->memory_bytes());
+  }
+  for (const auto& d : store_.DenseTensors()) *resp->add_dense()->mutable_spec() = d->spec();
+  auto own = ownership();
+  resp->set_num_vshards(own->num_vshards());
+  resp->set_epoch(own->epoch());
+  resp->set_owned_vshards(own->Bitmap());
+  return absl::OkStatus();
+}
+
+absl::Status PsCore::Pull(const PullRequest& req, PullResponse* resp) {
+  auto own = ownership();
+  resp->set_epoch(own->epoch());
+  if (req.tables_size() == 0) return absl::InvalidArgumentError("pull names no tables");
+  // Validate the whole request before touching any table.
+  struct Prepared {
+    std::shared_ptr<EmbeddingTable> table;
+    absl::Span<const int64_t> ids;
+    std::vector<int64_t> scratch;
+  };
+  std::vector<Prepared> prepared(req.tables_size());
+  size_t total = 0;
+  for (int i = 0; i < req.tables_size(); ++i) {
+    const TableIds& entry = req.tables(i);
+    Prepared& p = prepared[i];
+    p.table = store_.FindTable(entry.table());
+    if (p.table == nullptr) {
+      return absl::NotFoundError(absl::StrCat("table '", entry.table(), "' does not exist"));
+    }
+    ASSIGN_OR_RETURN(p.ids, PackedView<int64_t>(entry.ids(), &p.scratch,
+                                                absl::StrCat("ids of '", entry.table(), "'")));
+    if (p.ids.empty()) {
+      return absl::InvalidArgumentError(absl::StrCat("pull of '", entry.table(), "' has no ids"));
+    }
+    total += p.ids.size();
+    if (total > options_.max_batch_rows) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "pull of ", total, "+ rows exceeds max_batch_rows = ", options_.max_batch_rows));
+    }
+    RETURN_IF_ERROR(CheckOwned(*own, *p.table, p.ids));
+  }
+  for (Prepared& p : prepared) {
+    TableValues* out = resp->add_tables();
+    out->set_table(p.table->spec().name());
+    float* values = PackedResize<float>(out->mutable_values(), p.ids.size() * p.table->dim());
+    p.table->Pull(p.ids, values, req.read_only());
+  }
+  counters_.pull_requests.fetch_add(1, std::memory_order_relaxed);
+  counters_.pulled_rows.fetch_add(total, std::memory_order_relaxed);
+  return absl::OkStatus();
+}
+
+absl::Status PsCore::ApplyOnce(const PushKey& key, PushResponse* resp,
+                               const std::function<void()>& apply) {
+  ASSIGN_OR_RETURN(PushDedup::Claim claim, dedup_.Begin(key));
+  switch (claim) {
+    case PushDedup::Claim::kDuplicate:
+      counters_.duplicate_pushes.fetch_add(1, std::memory_order_relaxed);
+      resp->set_duplicate(true);
+      return absl::OkStatus();
+    case PushDedup::Claim::kInProgress:
+      return absl::AbortedError(absl::StrCat("push ", key.worker_id(), "/", key.incarnation(),
+                                             "/", key.sequence(),
+                                             " is being applied now; retry"));
+    case PushDedup::Claim::kNew:
+      break;
+  }
+  apply();
+  dedup_.Finish(key, /*applied=*/true);
+  return absl::OkStatus();
+}
+
+absl::Status PsCore::Push(const PushRequest& req, PushResponse* resp) {
+  auto own = ownership();
+  resp->set_epoch(own->epoch());
+  if (req.tables_size() == 0) return absl::InvalidArgumentError("push names no tables");
+  std::vector<PreparedPush> prepared(req.tables_size());
+  size_t total = 0;
+  for (int i = 0; i < req.tables_size(); ++i) {
+    const TableGrads& entry = req.tables(i);
+    PreparedPush& p = prepared[i];
+    p.table = store_.FindTable(entry.table());
+    if (p.table == nullptr) {
+      return absl::NotFoundError(absl::StrCat("table '", entry.table(), "' does not exist"));
+    }
+    ASSIGN_OR_RETURN(p.ids, PackedView<int64_t>(entry.ids(), &p.id_scratch,
+                                                absl::StrCat("ids of '", entry.table(), "'")));
+    ASSIGN_OR_RETURN(p.grads,
+                     PackedView<float>(entry.grads(), &p.grad_scratch,
+                                       absl::StrCat("gradients of '", entry.table(), "'")));
+    if (p.ids.empty()) {
+      return absl::InvalidArgumentError(absl::StrCat("push to '", entry.table(), "' has no ids"));
+    }
+    total += p.ids.size();
+    if (total > options_.max_batch_rows) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "push of ", total, "+ rows exceeds max_batch_rows = ", options_.max_batch_rows));
+    }
+    const size_t dim = p.table->dim();
+    if (p.grads.size() != p.ids.size() * dim) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("push to '", entry.table(), "' has ", p.grads.size(),
+                       " gradient floats for ", p.ids.size(), " ids of dim ", dim, " (expected ",
+                       p.ids.size() * dim, ")"));
+    }
+    if (int64_t bad = FirstNonFinite(p.grads); bad >= 0) {
+      counters_.rejected_nonfinite.fetch_add(1, std::memory_order_relaxed);
+      return absl::InvalidArgumentError(absl::StrCat(
+          "push to '", entry.table(), "' has a non-finite gradient (", p.grads[bad],
+          ") for id ", p.ids[bad / dim], " element ", bad % dim, "; nothing was applied"));
+    }
+    RETURN_IF_ERROR(CheckLearningRate(entry.learning_rate(), entry.table()));
+    p.lr = entry.learning_rate();
+    RETURN_IF_ERROR(CheckOwned(*own, *p.table, p.ids));
+  }
+  RETURN_IF_ERROR(ApplyOnce(req.key(), resp, [&] {
+    for (PreparedPush& p : prepared) p.table->Push(p.ids, p.grads.data(), p.lr);
+  }));
+  counters_.push_requests.fetch_add(1, std::memory_order_relaxed);
+  counters_.pushed_rows.fetch_add(total, std::memory_order_relaxed);
+  return absl::OkStatus();
+}
+
+absl::Status PsCore::PullDense(const DensePullRequest& req, DensePullResponse* resp) {
+  auto own = ownership();
+  resp->set_epoch(own->epoch());
+  if (req.names_size() == 0) return absl::InvalidArgumentError("dense pull names no tensors");
+  std::vector<std::shared_ptr<DenseTensor>> tensors;
+  for (const std::string& name : req.names()) {
+    auto d = store_.FindDense(name);
+    if (d == nullptr) {
+      return absl::NotFoundError(absl::StrCat("dense tensor '", name, "' does not exist"));
+    }
+    RETURN_IF_ERROR(CheckOwnedDense(*own, name));
+    tensors.push_back(std::move(d));
+  }
+  for (const auto& d : tensors) {
+    DenseValues* out = resp->add_tensors();
+    out->set_name(d->spec().name());
+    d->Pull(PackedResize<float>(out->mutable_values(), d->numel()));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status PsCore::PushDense(const DensePushRequest& req, PushResponse* resp) {
+  auto own = ownership();
+  resp->set_epoch(own->epoch());
+  if (req.tensors_size() == 0) return absl::InvalidArgumentError("dense push names no tensors");
+  struct Prepared {
+    std::shared_ptr<DenseTensor> tensor;
+    absl::Span<const float> grads;
+    std::vector<float> scratch;
+    float lr;
+  };
+  std::vector<Prepared> prepared(req.tensors_size());
+  for (int i = 0; i < req.tensors_size(); ++i) {
+    const DenseGrads& entry = req.tensors(i);
+    Prepared& p = prepared[i];
+    p.tensor = store_.FindDense(entry.name());
+    if (p.tensor == nullptr) {
+      return absl::NotFoundError(absl::StrCat("dense tensor '", entry.name(), "' does not exist"));
+    }
+    ASSIGN_OR_RETURN(p.grads, PackedView<float>(entry.grads(), &p.scratch,
+                                                absl::StrCat("gradients of '", entry.name(), "'")));
+    if (p.grads.size() != p.tensor->numel()) {
+      return absl::InvalidArgumentError(absl::StrCat("dense push to '", entry.name(), "' has ",
+                                                     p.grads.size(), " floats, expected ",
+                                                     p.tensor->numel()));
+    }
+    if (int64_t bad = FirstNonFinite(p.grads); bad >= 0) {
+      counters_.rejected_nonfinite.fetch_add(1, std::memory_order_relaxed);
+      return absl::InvalidArgumentError(absl::StrCat("dense push to '", entry.name(),
+                                                     "' has a non-finite gradient at element ",
+                                                     bad, "; nothing was applied"));
+    }
+    RETURN_IF_ERROR(CheckLearningRate(entry.learning_rate(), entry.name()));
+    p.lr = entry.learning_rate();
+    RETURN_IF_ERROR(CheckOwnedDense(*own, entry.name()));
+  }
+  return ApplyOnce(req.key(), resp, [&] {
+    for (Prepared& p : prepared) p.tensor->Push(p.grads.data(), p.lr);
+  });
+}
+
+absl::Status PsCore::Stats(const StatsRequest&, StatsResponse* resp) {
+  resp->set_pull_requests(counters_.pull_requests.load());
+  resp->set_push_requests(counters_.push_requests.load());
+  resp->set_pulled_rows(counters_.pulled_rows.load());
+  resp->set_pushed_rows(counters_.pushed_rows.load());
+  resp->set_duplicate_pushes(counters_.duplicate_pushes.load());
+  resp->set_rejected_nonfinite(counters_.rejected_nonfinite.load());
+  resp->set_rejected_wrong_shard(counters_.rejected_wrong_shard.load());
+  uint64_t rows = 0, bytes = 0;
+  for (const auto& t : store_.Tables()) {
+    rows += t->rows();
+    bytes += t->memory_bytes();
+  }
+  for (const auto& d : store_.DenseTensors()) bytes += d->numel() * sizeof(float);
+  resp->set_rows(rows);
+  resp->set_memory_bytes(bytes);
+  resp->set_uptime_seconds(absl::ToDoubleSeconds(absl::Now() - started_));
+  return absl::OkStatus();
+}
+
+}  // namespace ps

@@ -1,0 +1,77 @@
+// The request logic of one PS pod, independent of the transport: validates a request
+// whole before applying any of it, checks vshard ownership, de-duplicates keyed pushes,
+// and runs pulls and pushes against the ModelStore. The gRPC service (ps_service.h) is a
+// thin adapter over it.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "embedding/model_store.h"
+#include "proto/ps.pb.h"
+#include "ps/push_dedup.h"
+#include "ps/shard_ownership.h"
+
+namespace ps {
+
+struct PsCoreOptions {
+  // Rows in one pull or push request, summed over its tables. 1M 64-dim rows is 256 MB of
+  // floats: beyond that a client should split its batch.
+  size_t max_batch_rows = size_t{1} << 20;
+  PushDedupOptions dedup;
+  TableOptions table;
+};
+
+class PsCore {
+ public:
+  PsCore(PsCoreOptions options, ShardOwnership ownership);
+
+  // Each returns OK or the most specific error: INVALID_ARGUMENT (malformed, empty,
+  // oversized, non-finite gradients), NOT_FOUND (unknown table), ALREADY_EXISTS (table
+  // with another spec), FAILED_PRECONDITION (id of a vshard this pod does not own, stale
+  // incarnation), ABORTED (the same push is being applied right now: retry). On error
+  // nothing of the request was applied. Thread-safe.
+  absl::Status CreateTable(const CreateTableRequest& req, CreateTableResponse* resp);
+  absl::Status CreateDense(const CreateDenseRequest& req, CreateDenseResponse* resp);
+  absl::Status Describe(const DescribeRequest& req, DescribeResponse* resp);
+  absl::Status Pull(const PullRequest& req, PullResponse* resp);
+  absl::Status Push(const PushRequest& req, PushResponse* resp);
+  absl::Status PullDense(const DensePullRequest& req, DensePullResponse* resp);
+  absl::Status PushDense(const DensePushRequest& req, PushResponse* resp);
+  absl::Status Stats(const StatsRequest& req, StatsResponse* resp);
+
+  // Replaces the ownership (a new shard map epoch). Thread-safe.
+  void SetOwnership(ShardOwnership ownership);
+  std::shared_ptr<const ShardOwnership> ownership() const;
+
+  ModelStore& store() { return store_; }
+
+ private:
+  struct PreparedPush;
+  absl::Status CheckOwned(const ShardOwnership& own, const EmbeddingTable& table,
+                          absl::Span<const int64_t> ids);
+  absl::Status CheckOwnedDense(const ShardOwnership& own, absl::string_view name);
+  // Runs `apply` once for a key: handles duplicates and in-flight retries.
+  absl::Status ApplyOnce(const PushKey& key, PushResponse* resp,
+                         const std::function<void()>& apply);
+
+  const PsCoreOptions options_;
+  const absl::Time started_;
+  ModelStore store_;
+  PushDedup dedup_;
+
+  mutable absl::Mutex mu_;
+  std::shared_ptr<const ShardOwnership> ownership_ ABSL_GUARDED_BY(mu_);
+
+  struct Counters {
+    std::atomic<uint64_t> pull_requests{0}, push_requests{0}, pulled_rows{0}, pushed_rows{0},
+        duplicate_pushes{0}, rejected_nonfinite{0}, rejected_wrong_shard{0};
+  } counters_;
+};
+
+}  // namespace ps

@@ -1,0 +1,71 @@
+#include "ps/ps_server.h"
+
+#include <glog/logging.h>
+#include <grpcpp/ext/proto_server_reflection_plugin.h>
+#include <grpcpp/grpcpp.h>
+#include <grpcpp/health_check_service_interface.h>
+
+#include "absl/strings/str_cat.h"
+#include "ps/ps_service.h"
+#include "ps/work_pool.h"
+
+namespace ps {
+namespace {
+
+class PsServerImpl final : public PsServer {
+ public:
+  PsServerImpl(const PsServerOptions& options, ShardOwnership ownership)
+      : core_(options.core, std::move(ownership)),
+        pool_(WorkPoolOptions{options.threads, 1024}),
+        service_(&core_, &pool_) {}
+
+  absl::Status Start(const PsServerOptions& options) {
+    grpc::EnableDefaultHealthCheckService(true);
+    grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+    grpc::ServerBuilder builder;
+    builder.AddListeningPort(absl::StrCat(options.host, ":", options.port),
+                             grpc::InsecureServerCredentials(), &port_);
+    builder.SetMaxReceiveMessageSize(options.max_message_bytes);
+    builder.SetMaxSendMessageSize(options.max_message_bytes);
+    builder.RegisterService(&service_);
+    server_ = builder.BuildAndStart();
+    if (server_ == nullptr || port_ == 0) {
+      return absl::UnavailableError(
+          absl::StrCat("cannot listen on ", options.host, ":", options.port));
+    }
+    return absl::OkStatus();
+  }
+
+  int port() const override { return port_; }
+  PsCore& core() override { return core_; }
+
+  void Shutdown(int grace_ms) override {
+    server_->GetHealthCheckService()->SetServingStatus(false);
+    server_->Shutdown(std::chrono::system_clock::now() + std::chrono::milliseconds(grace_ms));
+  }
+
+  void Wait() override { server_->Wait(); }
+
+  ~PsServerImpl() override {
+    Shutdown(0);
+    server_->Wait();
+  }
+
+ private:
+  PsCore core_;
+  WorkPool pool_;
+  PsService service_;
+  std::unique_ptr<grpc::Server> server_;
+  int port_ = 0;
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<PsServer>> PsServer::Start(const PsServerOptions& options,
+                                                          ShardOwnership ownership) {
+  auto server = std::make_unique<PsServerImpl>(options, std::move(ownership));
+  if (auto s = server->Start(options); !s.ok()) return s;
+  return std::unique_ptr<PsServer>(std::move(server));
+}
+
+}  // namespace ps

@@ -1,0 +1,37 @@
+// A running PS pod: the gRPC server with the PS service, health and reflection.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "ps/ps_core.h"
+
+namespace ps {
+
+struct PsServerOptions {
+  std::string host = "0.0.0.0";
+  int port = 0;  // 0: the kernel picks a free port (see PsServer::port)
+  // Request-work threads. Pulls and pushes are memory-bound; one per core saturates it.
+  int threads = 2;
+  // Largest request or response. 256 MB holds a 1M-row batch of dim 64.
+  int max_message_bytes = 256 << 20;
+  PsCoreOptions core;
+};
+
+class PsServer {
+ public:
+  // Binds and starts serving, or returns the error (e.g. UNAVAILABLE: port in use).
+  static absl::StatusOr<std::unique_ptr<PsServer>> Start(const PsServerOptions& options,
+                                                         ShardOwnership ownership);
+  virtual ~PsServer() = default;
+
+  virtual int port() const = 0;
+  virtual PsCore& core() = 0;
+  // Stops accepting, waits up to `grace_ms` for calls in flight, then cancels the rest.
+  virtual void Shutdown(int grace_ms) = 0;
+  // Blocks until Shutdown.
+  virtual void Wait() = 0;
+};
+
+}  // namespace ps
