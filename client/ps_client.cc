@@ -1,0 +1,527 @@
+#include "client/ps_client.h"
+
+#include <grpcpp/grpcpp.h>
+
+#include <atomic>
+#include <cstring>
+#include <random>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "client/shard_map.h"
+#include "client/timer.h"
+#include "embedding/hash.h"
+#include "embedding/status_macros.h"
+#include "proto/ps.grpc.pb.h"
+#include "ps/shard_ownership.h"
+
+namespace ps {
+namespace internal {
+
+// One logical call: several RPCs (one per pod) that finish independently; the last one
+// to finish marks the op done. `finish` runs once, on the waiting thread, after all RPCs
+// succeeded (the pull scatter).
+class Op {
+ public:
+  explicit Op(int pending) : pending_(pending) {}
+
+  void RpcDone(const absl::Status& s) {
+    absl::MutexLock lock(&mu_);
+    if (!s.ok() && status_.ok()) status_ = s;
+    --pending_;
+  }
+
+  absl::Status Wait() {
+    absl::MutexLock lock(&mu_);
+    mu_.Await(absl::Condition(
+        +[](int* pending) { return *pending == 0; }, &pending_));
+    if (!finished_) {
+      finished_ = true;
+      if (status_.ok() && finish_) status_ = finish_();
+      finish_ = nullptr;  // frees the plan
+    }
+    return status_;
+  }
+
+  void set_finish(std::function<absl::Status()> f) { finish_ = std::move(f); }
+
+ private:
+  absl::Mutex mu_;
+  int pending_ ABSL_GUARDED_BY(mu_);
+  absl::Status status_ ABSL_GUARDED_BY(mu_);
+  bool finished_ ABSL_GUARDED_BY(mu_) = false;
+  std::function<absl::Status()> finish_;  // set before any RPC starts
+};
+
+}  // namespace internal
+
+absl::Status Handle::Wait() {
+  if (op_ == nullptr) return absl::FailedPreconditionError("Wait on an empty Handle");
+  return op_->Wait();
+}
+
+namespace {
+
+using internal::Op;
+using Stub = ParameterServer::Stub;
+using AsyncIface = ParameterServer::StubInterface::async_interface;
+
+template <typename Req, typename Resp>
+using AsyncMethod = void (AsyncIface::*)(grpc::ClientContext*, const Req*, Resp*,
+                                         std::function<void(grpc::Status)>);
+
+bool Retryable(grpc::StatusCode code) {
+  return code == grpc::StatusCode::UNAVAILABLE || code == grpc::StatusCode::ABORTED ||
+         code == grpc::StatusCode::DEADLINE_EXCEEDED;
+}
+
+// One RPC to one pod, re-sent as is on retry.
+template <typename Req, typename Resp>
+struct Rpc {
+  uint32_t pod = 0;
+  Req req;
+  Resp resp;
+  std::unique_ptr<grpc::ClientContext> ctx;
+  int attempt = 0;
+};
+
+struct Pod {
+  std::string address;
+  std::vector<std::unique_ptr<Stub>> stubs;
+  std::atomic<uint32_t> next{0};
+};
+
+class PsClientImpl final : public PsClient {
+ public:
+  explicit PsClientImpl(const ClientOptions& options, ShardMap map)
+      : options_(options), map_(std::move(map)), worker_id_(options.worker_id) {
+    if (worker_id_ == 0) {
+      std::random_device rd;
+      while (worker_id_ == 0) worker_id_ = (uint64_t{rd()} << 32) | rd();
+    }
+    for (const std::string& address : options_.servers) {
+      auto pod = std::make_unique<Pod>();
+      pod->address = address;
+      for (int c = 0; c < std::max(1, options_.channels_per_server); ++c) {
+        grpc::ChannelArguments args;
+        args.SetMaxReceiveMessageSize(options_.max_message_bytes);
+        args.SetMaxSendMessageSize(options_.max_message_bytes);
+        // Own connection per channel, rather than one shared subchannel.
+        args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
+        args.SetInt("ps.channel_index", c);
+        pod->stubs.push_back(ParameterServer::NewStub(
+            grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args)));
+      }
+      pods_.push_back(std::move(pod));
+    }
+  }
+
+  absl::Status Init() {
+    std::vector<std::unique_ptr<Rpc<DescribeRequest, DescribeResponse>>> rpcs;
+    for (uint32_t p = 0; p < pods_.size(); ++p) rpcs.push_back(MakeRpc<DescribeRequest, DescribeResponse>(p));
+    RETURN_IF_ERROR(RunAll(&AsyncIface::Describe, &rpcs));
+    for (const auto& rpc : rpcs) {
+      const DescribeResponse& d = rpc->resp;
+      const std::string& where = pods_[rpc->pod]->address;
+      if (d.num_vshards() != map_.num_vshards()) {
+        return absl::FailedPreconditionError(
+            absl::StrCat("pod ", rpc->pod, " (", where, ") has ", d.num_vshards(),
+                         " vshards; the client is configured with ", map_.num_vshards()));
+      }
+      for (uint32_t v = 0; v < map_.num_vshards(); ++v) {
+        const bool owns = (static_cast<uint8_t>(d.owned_vshards()[v >> 3]) >> (v & 7)) & 1;
+        if (owns != (map_.PodOfVShard(v) == rpc->pod)) {
+          return absl::FailedPreconditionError(absl::StrCat(
+              "pod ", rpc->pod, " (", where, ") ", owns ? "owns" : "does not own", " vshard ",
+              v, ", unlike the static map of ", pods_.size(),
+              " pods: start pod i with --shard=i/", pods_.size(),
+              " and list the servers in that order"));
+        }
+      }
+      absl::MutexLock lock(&catalog_mu_);
+      for (const TableInfo& t : d.tables()) tables_[t.spec().name()] = t.spec();
+      for (const DenseInfo& t : d.dense()) dense_[t.spec().name()] = t.spec();
+    }
+    return absl::OkStatus();
+  }
+
+  uint64_t worker_id() const override { return worker_id_; }
+
+  absl::Status CreateTable(const TableSpec& spec) override {
+    std::vector<std::unique_ptr<Rpc<CreateTableRequest, CreateTableResponse>>> rpcs;
+    for (uint32_t p = 0; p < pods_.size(); ++p) {
+      rpcs.push_back(MakeRpc<CreateTableRequest, CreateTableResponse>(p));
+      *rpcs.back()->req.mutable_spec() = spec;
+    }
+    RETURN_IF_ERROR(RunAll(&AsyncIface::CreateTable, &rpcs));
+    return RefreshCatalog();
+  }
+
+  absl::Status CreateDense(const DenseSpec& spec) override {
+    std::vector<std::unique_ptr<Rpc<CreateDenseRequest, CreateDenseResponse>>> rpcs;
+    for (uint32_t p = 0; p < pods_.size(); ++p) {
+      rpcs.push_back(MakeRpc<CreateDenseRequest, CreateDenseResponse>(p));
+      *rpcs.back()->req.mutable_spec() = spec;
+    }
+    RETURN_IF_ERROR(RunAll(&AsyncIface::CreateDense, &rpcs));
+    return RefreshCatalog();
+  }
+
+  absl::StatusOr<TableSpec> GetTable(const std::string& name) override {
+    return Lookup(tables_, name, "table");
+  }
+  absl::StatusOr<DenseSpec> GetDense(const std::string& name) override {
+    return Lookup(dense_, name, "dense tensor");
+  }
+
+  Handle PullAsync(std::vector<PullSpec> specs, bool read_only) override;
+  Handle PushAsync(std::vector<PushSpec> specs) override;
+  absl::Status PullDense(const std::vector<std::string>& names,
+                         const std::vector<float*>& out) override;
+  absl::Status PushDense(const std::vector<std::string>& names,
+                         const std::vector<const float*>& grads, float lr) override;
+
+  absl::StatusOr<std::vector<StatsResponse>> Stats() override {
+    std::vector<std::unique_ptr<Rpc<StatsRequest, StatsResponse>>> rpcs;
+    for (uint32_t p = 0; p < pods_.size(); ++p) rpcs.push_back(MakeRpc<StatsRequest, StatsResponse>(p));
+    RETURN_IF_ERROR(RunAll(&AsyncIface::Stats, &rpcs));
+    std::vector<StatsResponse> out;
+    for (auto& rpc : rpcs) out.push_back(std::move(rpc->resp));
+    return out;
+  }
+
+ private:
+  template <typename Req, typename Resp>
+  std::unique_ptr<Rpc<Req, Resp>> MakeRpc(uint32_t pod) {
+    auto rpc = std::make_unique<Rpc<Req, Resp>>();
+    rpc->pod = pod;
+    return rpc;
+  }
+
+  // Sends (or re-sends) one RPC; on completion retries it or reports it to `op`.
+  template <typename Req, typename Resp>
+  void Start(AsyncMethod<Req, Resp> method, Rpc<Req, Resp>* rpc, std::shared_ptr<Op> op) {
+    rpc->ctx = std::make_unique<grpc::ClientContext>();
+    rpc->ctx->set_deadline(std::chrono::system_clock::now() +
+                           std::chrono::milliseconds(options_.deadline_ms));
+    Pod& pod = *pods_[rpc->pod];
+    Stub* stub = pod.stubs[pod.next.fetch_add(1, std::memory_order_relaxed) % pod.stubs.size()].get();
+    (stub->async()->*method)(
+        rpc->ctx.get(), &rpc->req, &rpc->resp,
+        [this, method, rpc, op = std::move(op)](grpc::Status s) mutable {
+          ++rpc->attempt;
+          if (!s.ok() && Retryable(s.error_code()) && rpc->attempt < options_.max_attempts) {
+            timer_.After(Backoff(rpc->attempt), [this, method, rpc, op = std::move(op)]() mutable {
+              rpc->resp.Clear();
+              Start(method, rpc, std::move(op));
+            });
+            return;
+          }
+          absl::Status status;
+          if (!s.ok()) {
+            status = absl::Status(
+                static_cast<absl::StatusCode>(s.error_code()),
+                absl::StrCat("pod ", rpc->pod, " (", pods_[rpc->pod]->address, "): ",
+                             s.error_message(), rpc->attempt > 1
+                                                    ? absl::StrCat(" [after ", rpc->attempt, " attempts]")
+                                                    : ""));
+          }
+          op->RpcDone(status);
+        });
+  }
+
+  absl::Duration Backoff(int attempt) {
+    const int64_t cap = std::min<int64_t>(
+        options_.max_backoff_ms, int64_t{options_.initial_backoff_ms} << std::min(attempt - 1, 20));
+    thread_local std::mt19937_64 rng(std::random_device{}());
+    return absl::Milliseconds(cap / 2 + static_cast<int64_t>(rng() % (cap / 2 + 1)));
+  }
+
+  // Starts every RPC of `rpcs` under one op and returns a handle; `finish` runs on Wait.
+  template <typename Req, typename Resp>
+  Handle StartAll(AsyncMethod<Req, Resp> method,
+                  std::shared_ptr<std::vector<std::unique_ptr<Rpc<Req, Resp>>>> rpcs,
+                  std::function<absl::Status()> finish) {
+    auto op = std::make_shared<Op>(static_cast<int>(rpcs->size()));
+    // The op's finish closure owns the RPCs, so they live until every callback is done.
+    op->set_finish([rpcs, finish = std::move(finish)] { return finish ? finish() : absl::OkStatus(); });
+    for (auto& rpc : *rpcs) Start(method, rpc.get(), op);
+    return Handle(op);
+  }
+
+  // Blocking fan-out over caller-owned RPCs.
+  template <typename Req, typename Resp>
+  absl::Status RunAll(AsyncMethod<Req, Resp> method,
+                      std::vector<std::unique_ptr<Rpc<Req, Resp>>>* rpcs) {
+    auto op = std::make_shared<Op>(static_cast<int>(rpcs->size()));
+    for (auto& rpc : *rpcs) Start(method, rpc.get(), op);
+    return op->Wait();
+  }
+
+  absl::Status RefreshCatalog() {
+    std::vector<std::unique_ptr<Rpc<DescribeRequest, DescribeResponse>>> rpcs;
+    rpcs.push_back(MakeRpc<DescribeRequest, DescribeResponse>(0));
+    RETURN_IF_ERROR(RunAll(&AsyncIface::Describe, &rpcs));
+    absl::MutexLock lock(&catalog_mu_);
+    for (const TableInfo& t : rpcs[0]->resp.tables()) tables_[t.spec().name()] = t.spec();
+    for (const DenseInfo& t : rpcs[0]->resp.dense()) dense_[t.spec().name()] = t.spec();
+    return absl::OkStatus();
+  }
+
+  template <typename Spec>
+  absl::StatusOr<Spec> Lookup(const absl::flat_hash_map<std::string, Spec>& map,
+                              const std::string& name, absl::string_view kind) {
+    for (int pass = 0; pass < 2; ++pass) {
+      {
+        absl::MutexLock lock(&catalog_mu_);
+        auto it = map.find(name);
+        if (it != map.end()) return it->second;
+      }
+      if (pass == 0) RETURN_IF_ERROR(RefreshCatalog());
+    }
+    return absl::NotFoundError(absl::StrCat(kind, " '", name, "' does not exist"));
+  }
+
+  PushKey NextKey() {
+    PushKey key;
+    key.set_worker_id(worker_id_);
+    key.set_incarnation(options_.incarnation);
+    key.set_sequence(sequence_.fetch_add(1, std::memory_order_relaxed));
+    return key;
+  }
+
+  Handle Failed(absl::Status s) {
+    auto op = std::make_shared<Op>(0);
+    op->set_finish([s] { return s; });
+    return Handle(op);
+  }
+
+  // Constant after construction.
+  const ClientOptions options_;
+  const ShardMap map_;
+  uint64_t worker_id_;
+  std::vector<std::unique_ptr<Pod>> pods_;
+
+  std::atomic<uint64_t> sequence_{1};
+  absl::Mutex catalog_mu_;
+  absl::flat_hash_map<std::string, TableSpec> tables_ ABSL_GUARDED_BY(catalog_mu_);
+  absl::flat_hash_map<std::string, DenseSpec> dense_ ABSL_GUARDED_BY(catalog_mu_);
+  Timer timer_;  // last: destroyed first, so no retry fires into a dying client
+};
+
+// Where each requested row of one table comes from: unique row u sits at position loc[u]
+// of its pod's entry for this table.
+struct PullPlan {
+  float* out;
+  uint32_t dim;
+  std::vector<uint32_t> unique_of;  // per requested id
+  std::vector<uint32_t> pod_of;     // per unique id
+  std::vector<uint32_t> pos_of;     // per unique id, index within the pod's entry
+  std::vector<int> entry_of_pod;    // per pod: entry index in that pod's request, or -1
+};
+
+Handle PsClientImpl::PullAsync(std::vector<PullSpec> specs, bool read_only) {
+  using PullRpc = Rpc<PullRequest, PullResponse>;
+  const uint32_t num_pods = map_.num_pods();
+  auto rpcs = std::make_shared<std::vector<std::unique_ptr<PullRpc>>>();
+  std::vector<int> rpc_of_pod(num_pods, -1);
+  auto plans = std::make_shared<std::vector<PullPlan>>(specs.size());
+  for (size_t s = 0; s < specs.size(); ++s) {
+    const PullSpec& spec = specs[s];
+    auto table = GetTable(spec.table);
+    if (!table.ok()) return Failed(table.status());
+    if (spec.out == nullptr && !spec.ids.empty()) {
+      return Failed(absl::InvalidArgumentError(absl::StrCat("pull of '", spec.table, "' has no output buffer")));
+    }
+    PullPlan& plan = (*plans)[s];
+    plan.out = spec.out;
+    plan.dim = table->dim();
+    plan.entry_of_pod.assign(num_pods, -1);
+    plan.unique_of.resize(spec.ids.size());
+    const uint64_t name_hash = NameHash(spec.table);
+    absl::flat_hash_map<int64_t, uint32_t> unique;
+    unique.reserve(spec.ids.size());
+    for (size_t i = 0; i < spec.ids.size(); ++i) {
+      const int64_t id = spec.ids[i];
+      auto [it, inserted] = unique.try_emplace(id, static_cast<uint32_t>(plan.pod_of.size()));
+      plan.unique_of[i] = it->second;
+      if (!inserted) continue;
+      const uint32_t pod = map_.PodOf(name_hash, id);
+      if (rpc_of_pod[pod] < 0) {
+        rpc_of_pod[pod] = static_cast<int>(rpcs->size());
+        rpcs->push_back(MakeRpc<PullRequest, PullResponse>(pod));
+        rpcs->back()->req.set_epoch(map_.epoch());
+        rpcs->back()->req.set_read_only(read_only);
+      }
+      PullRequest& req = (*rpcs)[rpc_of_pod[pod]]->req;
+      if (plan.entry_of_pod[pod] < 0) {
+        plan.entry_of_pod[pod] = req.tables_size();
+        req.add_tables()->set_table(spec.table);
+      }
+      std::string* ids = req.mutable_tables(plan.entry_of_pod[pod])->mutable_ids();
+      plan.pod_of.push_back(pod);
+      plan.pos_of.push_back(static_cast<uint32_t>(ids->size() / sizeof(int64_t)));
+      ids->append(reinterpret_cast<const char*>(&id), sizeof(id));
+    }
+  }
+  auto* rpcs_raw = rpcs.get();
+  auto finish = [plans, rpcs_raw, rpc_of_pod]() -> absl::Status {
+    for (const PullPlan& plan : *plans) {
+      const size_t row_bytes = plan.dim * sizeof(float);
+      // Base pointer of this table's values in each pod's response.
+      std::vector<const char*> base(rpc_of_pod.size(), nullptr);
+      for (size_t pod = 0; pod < rpc_of_pod.size(); ++pod) {
+        if (plan.entry_of_pod[pod] < 0) continue;
+        const PullRpc& rpc = *(*rpcs_raw)[rpc_of_pod[pod]];
+        const int e = plan.entry_of_pod[pod];
+        if (e >= rpc.resp.tables_size() ||
+            rpc.resp.tables(e).values().size() !=
+                rpc.req.tables(e).ids().size() / sizeof(int64_t) * row_bytes) {
+          return absl::InternalError(absl::StrCat("pod ", pod, " answered a pull of '",
+                                                  rpc.req.tables(e).table(),
+                                                  "' with the wrong number of values"));
+        }
+        base[pod] = rpc.resp.tables(e).values().data();
+      }
+      for (size_t i = 0; i < plan.unique_of.size(); ++i) {
+        const uint32_t u = plan.unique_of[i];
+        std::memcpy(plan.out + i * plan.dim, base[plan.pod_of[u]] + plan.pos_of[u] * row_bytes,
+                    row_bytes);
+      }
+    }
+    return absl::OkStatus();
+  };
+  return StartAll(&AsyncIface::Pull, rpcs, finish);
+}
+
+Handle PsClientImpl::PushAsync(std::vector<PushSpec> specs) {
+  using PushRpc = Rpc<PushRequest, PushResponse>;
+  const uint32_t num_pods = map_.num_pods();
+  auto rpcs = std::make_shared<std::vector<std::unique_ptr<PushRpc>>>();
+  std::vector<int> rpc_of_pod(num_pods, -1);
+  const PushKey key = NextKey();
+  for (const PushSpec& spec : specs) {
+    auto table = GetTable(spec.table);
+    if (!table.ok()) return Failed(table.status());
+    if (spec.grads == nullptr && !spec.ids.empty()) {
+      return Failed(absl::InvalidArgumentError(absl::StrCat("push to '", spec.table, "' has no gradients")));
+    }
+    const uint32_t dim = table->dim();
+    const size_t row_bytes = dim * sizeof(float);
+    const uint64_t name_hash = NameHash(spec.table);
+    std::vector<int> entry_of_pod(num_pods, -1);
+    // id -> (pod, position in the pod's entry), to sum duplicates into the first row.
+    absl::flat_hash_map<int64_t, std::pair<uint32_t, uint32_t>> unique;
+    unique.reserve(spec.ids.size());
+    for (size_t i = 0; i < spec.ids.size(); ++i) {
+      const int64_t id = spec.ids[i];
+      const float* g = spec.grads + i * dim;
+      auto it = unique.find(id);
+      if (it != unique.end()) {
+        auto [pod, pos] = it->second;
+        std::string* grads =
+            (*rpcs)[rpc_of_pod[pod]]->req.mutable_tables(entry_of_pod[pod])->mutable_grads();
+        float* row = reinterpret_cast<float*>(grads->data() + pos * row_bytes);
+        for (uint32_t j = 0; j < dim; ++j) row[j] += g[j];
+        continue;
+      }
+      const uint32_t pod = map_.PodOf(name_hash, id);
+      if (rpc_of_pod[pod] < 0) {
+        rpc_of_pod[pod] = static_cast<int>(rpcs->size());
+        rpcs->push_back(MakeRpc<PushRequest, PushResponse>(pod));
+        rpcs->back()->req.set_epoch(map_.epoch());
+        *rpcs->back()->req.mutable_key() = key;
+      }
+      PushRequest& req = (*rpcs)[rpc_of_pod[pod]]->req;
+      if (entry_of_pod[pod] < 0) {
+        entry_of_pod[pod] = req.tables_size();
+        TableGrads* entry = req.add_tables();
+        entry->set_table(spec.table);
+        entry->set_learning_rate(spec.learning_rate);
+      }
+      TableGrads* entry = req.mutable_tables(entry_of_pod[pod]);
+      const uint32_t pos = static_cast<uint32_t>(entry->ids().size() / sizeof(int64_t));
+      entry->mutable_ids()->append(reinterpret_cast<const char*>(&id), sizeof(id));
+      entry->mutable_grads()->append(reinterpret_cast<const char*>(g), row_bytes);
+      unique.emplace(id, std::make_pair(pod, pos));
+    }
+  }
+  return StartAll(&AsyncIface::Push, rpcs, nullptr);
+}
+
+absl::Status PsClientImpl::PullDense(const std::vector<std::string>& names,
+                                     const std::vector<float*>& out) {
+  if (names.size() != out.size()) return absl::InvalidArgumentError("names and out differ in size");
+  std::vector<std::unique_ptr<Rpc<DensePullRequest, DensePullResponse>>> rpcs;
+  std::vector<int> rpc_of_pod(map_.num_pods(), -1);
+  std::vector<size_t> numel(names.size());
+  for (size_t i = 0; i < names.size(); ++i) {
+    ASSIGN_OR_RETURN(DenseSpec spec, GetDense(names[i]));
+    numel[i] = 1;
+    for (int64_t d : spec.shape()) numel[i] *= d;
+    const uint32_t pod = map_.PodOfVShard(DenseVShard(names[i], map_.num_vshards()));
+    if (rpc_of_pod[pod] < 0) {
+      rpc_of_pod[pod] = static_cast<int>(rpcs.size());
+      rpcs.push_back(MakeRpc<DensePullRequest, DensePullResponse>(pod));
+      rpcs.back()->req.set_epoch(map_.epoch());
+    }
+    rpcs[rpc_of_pod[pod]]->req.add_names(names[i]);
+  }
+  RETURN_IF_ERROR(RunAll(&AsyncIface::PullDense, &rpcs));
+  absl::flat_hash_map<std::string, const std::string*> values;
+  for (const auto& rpc : rpcs) {
+    for (const DenseValues& v : rpc->resp.tensors()) values[v.name()] = &v.values();
+  }
+  for (size_t i = 0; i < names.size(); ++i) {
+    auto it = values.find(names[i]);
+    if (it == values.end() || it->second->size() != numel[i] * sizeof(float)) {
+      return absl::InternalError(absl::StrCat("dense pull of '", names[i], "' came back malformed"));
+    }
+    std::memcpy(out[i], it->second->data(), it->second->size());
+  }
+  return absl::OkStatus();
+}
+
+absl::Status PsClientImpl::PushDense(const std::vector<std::string>& names,
+                                     const std::vector<const float*>& grads, float lr) {
+  if (names.size() != grads.size()) return absl::InvalidArgumentError("names and grads differ in size");
+  std::vector<std::unique_ptr<Rpc<DensePushRequest, PushResponse>>> rpcs;
+  std::vector<int> rpc_of_pod(map_.num_pods(), -1);
+  const PushKey key = NextKey();
+  for (size_t i = 0; i < names.size(); ++i) {
+    ASSIGN_OR_RETURN(DenseSpec spec, GetDense(names[i]));
+    size_t numel = 1;
+    for (int64_t d : spec.shape()) numel *= d;
+    const uint32_t pod = map_.PodOfVShard(DenseVShard(names[i], map_.num_vshards()));
+    if (rpc_of_pod[pod] < 0) {
+      rpc_of_pod[pod] = static_cast<int>(rpcs.size());
+      rpcs.push_back(MakeRpc<DensePushRequest, PushResponse>(pod));
+      rpcs.back()->req.set_epoch(map_.epoch());
+      *rpcs.back()->req.mutable_key() = key;
+    }
+    DenseGrads* g = rpcs[rpc_of_pod[pod]]->req.add_tensors();
+    g->set_name(names[i]);
+    g->set_grads(reinterpret_cast<const char*>(grads[i]), numel * sizeof(float));
+    g->set_learning_rate(lr);
+  }
+  return RunAll(&AsyncIface::PushDense, &rpcs);
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<PsClient>> PsClient::Connect(const ClientOptions& options) {
+  if (options.servers.empty()) return absl::InvalidArgumentError("no PS servers given");
+  if (options.deadline_ms <= 0 || options.max_attempts < 1 || options.initial_backoff_ms < 1 ||
+      options.max_backoff_ms < options.initial_backoff_ms) {
+    return absl::InvalidArgumentError(
+        "need deadline_ms > 0, max_attempts >= 1, 1 <= initial_backoff_ms <= max_backoff_ms");
+  }
+  ASSIGN_OR_RETURN(ShardMap map,
+                   ShardMap::Static(options.num_vshards, static_cast<uint32_t>(options.servers.size())));
+  auto client = std::make_unique<PsClientImpl>(options, std::move(map));
+  RETURN_IF_ERROR(client->Init());
+  return std::unique_ptr<PsClient>(std::move(client));
+}
+
+}  // namespace ps

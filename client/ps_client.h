@@ -1,0 +1,114 @@
+// The C++ client of the parameter server.
+//
+// Given the pods' addresses (and so the static vshard map), a pull or push
+// de-duplicates its ids (summing the gradients of duplicates), groups them by owning pod,
+// sends one RPC per pod carrying all of its tables, in parallel, and scatters the rows
+// back in request order. Every RPC has a deadline; UNAVAILABLE, ABORTED and
+// DEADLINE_EXCEEDED are retried with exponential backoff, which is safe for pushes because
+// each carries a (worker id, incarnation, sequence) key that the pods apply once.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+#include "proto/ps.pb.h"
+
+namespace ps {
+
+struct ClientOptions {
+  // Pod addresses (host:port). With a static map, pod i is the one started --shard=i/N.
+  std::vector<std::string> servers;
+  // Must equal the pods' --num_vshards; Connect checks it.
+  uint32_t num_vshards = 256;
+  // Per attempt. A 1M-row batch takes well under a second on loopback; 10 s leaves room
+  // for a loaded pod without hanging a worker on a dead one.
+  int deadline_ms = 10000;
+  // Attempts per RPC (first try included), with backoff doubling from initial to max and
+  // full jitter. 8 attempts span ~10 s: a pod restart, not a permanent outage.
+  int max_attempts = 8;
+  int initial_backoff_ms = 20;
+  int max_backoff_ms = 4000;
+  // TCP connections per pod; calls rotate over them. One HTTP/2 connection serializes
+  // framing on one socket; two let a pod's two work threads both stay busy.
+  int channels_per_server = 2;
+  int max_message_bytes = 256 << 20;
+  // Push identity. worker_id 0: a random id is drawn (a master assigns ids in production).
+  uint64_t worker_id = 0;
+  uint64_t incarnation = 1;
+};
+
+// Rows to pull from one table: ids[i]'s row goes to out[i*dim, (i+1)*dim). `ids` and
+// `out` must stay valid until the handle's Wait returns.
+struct PullSpec {
+  std::string table;
+  absl::Span<const int64_t> ids;
+  float* out = nullptr;
+};
+
+// Gradients to push to one table: grads[i*dim, (i+1)*dim) for ids[i]; duplicates are
+// summed before sending. learning_rate > 0 overrides the table's. Both spans need only
+// live until PushAsync returns (the request is built eagerly).
+struct PushSpec {
+  std::string table;
+  absl::Span<const int64_t> ids;
+  const float* grads = nullptr;
+  float learning_rate = 0;
+};
+
+namespace internal {
+class Op;
+}
+
+// The result of an asynchronous call. Wait blocks until every RPC of the call has
+// finished (after retries) and returns the call's status; for pulls it also writes the
+// rows to the caller's buffers. Wait may be called more than once; not thread-safe.
+class Handle {
+ public:
+  Handle() = default;
+  explicit Handle(std::shared_ptr<internal::Op> op) : op_(std::move(op)) {}
+  absl::Status Wait();
+
+ private:
+  std::shared_ptr<internal::Op> op_;
+};
+
+class PsClient {
+ public:
+  // Connects to every pod, checks that they agree with the options (vshard count, static
+  // ownership) and loads the table catalog. Retries while pods are starting.
+  static absl::StatusOr<std::unique_ptr<PsClient>> Connect(const ClientOptions& options);
+  virtual ~PsClient() = default;
+
+  // Creates the table (or dense tensor) on every pod; idempotent for an identical spec,
+  // ALREADY_EXISTS for a different one. Thread-safe, as is everything below.
+  virtual absl::Status CreateTable(const TableSpec& spec) = 0;
+  virtual absl::Status CreateDense(const DenseSpec& spec) = 0;
+  // The normalized spec of a table, refreshing the catalog once if it is unknown.
+  virtual absl::StatusOr<TableSpec> GetTable(const std::string& name) = 0;
+  virtual absl::StatusOr<DenseSpec> GetDense(const std::string& name) = 0;
+
+  virtual Handle PullAsync(std::vector<PullSpec> specs, bool read_only = false) = 0;
+  virtual Handle PushAsync(std::vector<PushSpec> specs) = 0;
+  absl::Status Pull(std::vector<PullSpec> specs, bool read_only = false) {
+    return PullAsync(std::move(specs), read_only).Wait();
+  }
+  absl::Status Push(std::vector<PushSpec> specs) { return PushAsync(std::move(specs)).Wait(); }
+
+  // Dense tensors: out[i] / grads[i] hold the numel floats of names[i].
+  virtual absl::Status PullDense(const std::vector<std::string>& names,
+                                 const std::vector<float*>& out) = 0;
+  virtual absl::Status PushDense(const std::vector<std::string>& names,
+                                 const std::vector<const float*>& grads,
+                                 float learning_rate = 0) = 0;
+
+  // Per-pod statistics, in pod order.
+  virtual absl::StatusOr<std::vector<StatsResponse>> Stats() = 0;
+
+  virtual uint64_t worker_id() const = 0;
+};
+
+}  // namespace ps

@@ -1,0 +1,204 @@
+// The client against in-process pods on loopback: routing, de-duplication, multi-table
+// calls, exact agreement with a reference store, and retries.
+#include "client/ps_client.h"
+
+#include <random>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "embedding/model_store.h"
+#include "gtest/gtest.h"
+#include "ps/ps_server.h"
+
+namespace ps {
+namespace {
+
+TableSpec Spec(std::string name, uint32_t dim, OptimizerSpec::Kind opt) {
+  TableSpec t;
+  t.set_name(std::move(name));
+  t.set_dim(dim);
+  t.mutable_initializer()->set_kind(InitializerSpec::NORMAL);
+  t.mutable_initializer()->set_stddev(0.1f);
+  t.mutable_optimizer()->set_kind(opt);
+  return t;
+}
+
+class ClientTest : public testing::Test {
+ protected:
+  void StartPods(int n, uint32_t vshards = 64) {
+    for (int i = 0; i < n; ++i) {
+      PsServerOptions o;
+      o.host = "127.0.0.1";
+      auto own = ShardOwnership::FromStaticShard(absl::StrCat(i, "/", n), vshards);
+      ASSERT_TRUE(own.ok()) << own.status();
+      auto server = PsServer::Start(o, *own);
+      ASSERT_TRUE(server.ok()) << server.status();
+      options_.servers.push_back(absl::StrCat("127.0.0.1:", (*server)->port()));
+      servers_.push_back(std::move(server).value());
+    }
+    options_.num_vshards = vshards;
+    options_.deadline_ms = 5000;
+  }
+
+  std::unique_ptr<PsClient> Connect() {
+    auto c = PsClient::Connect(options_);
+    EXPECT_TRUE(c.ok()) << c.status();
+    return c.ok() ? std::move(c).value() : nullptr;
+  }
+
+  ClientOptions options_;
+  std::vector<std::unique_ptr<PsServer>> servers_;
+};
+
+TEST_F(ClientTest, MatchesReferenceStoreExactlyAcrossPodsAndTables) {
+  StartPods(3);
+  auto client = Connect();
+  ASSERT_NE(client, nullptr);
+  ModelStore reference;
+  std::vector<TableSpec> specs = {Spec("user", 8, OptimizerSpec::ADAGRAD),
+                                  Spec("item", 4, OptimizerSpec::ADAM)};
+  for (const auto& s : specs) {
+    ASSERT_TRUE(client->CreateTable(s).ok());
+    ASSERT_TRUE(reference.CreateTable(s).ok());
+  }
+  std::mt19937_64 rng(1);
+  for (int step = 0; step < 30; ++step) {
+    std::vector<std::vector<int64_t>> ids(2);
+    std::vector<std::vector<float>> grads(2);
+    std::vector<PushSpec> push;
+    for (int t = 0; t < 2; ++t) {
+      for (int i = 0; i < 200; ++i) ids[t].push_back(static_cast<int64_t>(rng() % 300) - 50);
+      grads[t].resize(ids[t].size() * specs[t].dim());
+      for (float& g : grads[t]) g = static_cast<float>(rng() % 1000) / 1000.0f - 0.5f;
+      push.push_back({specs[t].name(), ids[t], grads[t].data()});
+    }
+    ASSERT_TRUE(client->Push(push).ok());
+    // The reference applies the same de-duplicated, summed gradients.
+    for (int t = 0; t < 2; ++t) {
+      const uint32_t dim = specs[t].dim();
+      std::vector<int64_t> order;
+      absl::flat_hash_map<int64_t, std::vector<float>> sum;
+      for (size_t i = 0; i < ids[t].size(); ++i) {
+        auto [it, fresh] = sum.try_emplace(ids[t][i], std::vector<float>(dim, 0.0f));
+        if (fresh) order.push_back(ids[t][i]);
+        for (uint32_t j = 0; j < dim; ++j) it->second[j] += grads[t][i * dim + j];
+      }
+      for (int64_t id : order) {
+        std::vector<int64_t> one = {id};
+        reference.FindTable(specs[t].name())->Push(one, sum[id].data(), 0);
+      }
+    }
+  }
+  for (int t = 0; t < 2; ++t) {
+    std::vector<int64_t> ids;
+    for (int64_t id = -60; id < 260; ++id) ids.push_back(id);
+    ids.push_back(5);  // duplicates come back too
+    const uint32_t dim = specs[t].dim();
+    std::vector<float> got(ids.size() * dim), want(ids.size() * dim);
+    ASSERT_TRUE(client->Pull({{specs[t].name(), ids, got.data()}}).ok());
+    reference.FindTable(specs[t].name())->Pull(ids, want.data(), false);
+    ASSERT_EQ(got, want) << specs[t].name();
+  }
+  auto stats = client->Stats();
+  ASSERT_TRUE(stats.ok());
+  uint64_t rows = 0;
+  for (const auto& s : *stats) {
+    EXPECT_GT(s.rows(), 0u) << "every pod holds some rows";
+    rows += s.rows();
+  }
+  EXPECT_EQ(rows, reference.FindTable("user")->rows() + reference.FindTable("item")->rows());
+}
+
+TEST_F(ClientTest, AsyncCallsInFlightTogether) {
+  StartPods(2);
+  auto client = Connect();
+  ASSERT_NE(client, nullptr);
+  TableSpec spec = Spec("emb", 4, OptimizerSpec::SGD);
+  spec.mutable_initializer()->set_kind(InitializerSpec::ZEROS);
+  spec.mutable_optimizer()->set_learning_rate(1.0f);
+  ASSERT_TRUE(client->CreateTable(spec).ok());
+  std::vector<int64_t> ids(100);
+  for (int i = 0; i < 100; ++i) ids[i] = i;
+  std::vector<float> ones(400, -1.0f);
+  std::vector<Handle> handles;
+  for (int k = 0; k < 16; ++k) handles.push_back(client->PushAsync({{"emb", ids, ones.data()}}));
+  for (auto& h : handles) ASSERT_TRUE(h.Wait().ok());
+  std::vector<float> out(400);
+  ASSERT_TRUE(client->Pull({{"emb", ids, out.data()}}).ok());
+  for (float v : out) ASSERT_EQ(v, 16.0f);
+}
+
+TEST_F(ClientTest, ErrorsSurfaceWithTheirCodes) {
+  StartPods(2);
+  auto client = Connect();
+  ASSERT_NE(client, nullptr);
+  std::vector<int64_t> ids = {1};
+  std::vector<float> out(4);
+  EXPECT_EQ(client->Pull({{"missing", ids, out.data()}}).code(), absl::StatusCode::kNotFound);
+  ASSERT_TRUE(client->CreateTable(Spec("emb", 4, OptimizerSpec::SGD)).ok());
+  EXPECT_EQ(client->CreateTable(Spec("emb", 8, OptimizerSpec::SGD)).code(),
+            absl::StatusCode::kAlreadyExists);
+  std::vector<float> nan = {0, 0, 0, std::nanf("")};
+  absl::Status s = client->Push({{"emb", ids, nan.data()}});
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("non-finite"), std::string::npos) << s;
+}
+
+TEST_F(ClientTest, ConnectRejectsMisconfiguredCluster) {
+  StartPods(2);
+  ClientOptions swapped = options_;
+  std::swap(swapped.servers[0], swapped.servers[1]);
+  auto c = PsClient::Connect(swapped);
+  EXPECT_EQ(c.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(c.status().message().find("--shard=i/2"), std::string::npos) << c.status();
+  ClientOptions vshards = options_;
+  vshards.num_vshards = 128;
+  EXPECT_EQ(PsClient::Connect(vshards).status().code(), absl::StatusCode::kFailedPrecondition);
+}
+
+TEST_F(ClientTest, UnreachablePodFailsAfterBoundedRetries) {
+  ClientOptions o;
+  o.servers = {"127.0.0.1:1"};  // nothing listens on port 1
+  o.max_attempts = 3;
+  o.initial_backoff_ms = 5;
+  o.max_backoff_ms = 10;
+  o.deadline_ms = 1000;
+  auto c = PsClient::Connect(o);
+  EXPECT_EQ(c.status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_NE(c.status().message().find("after 3 attempts"), std::string::npos) << c.status();
+}
+
+TEST_F(ClientTest, DenseTensorsRouteToTheirPod) {
+  StartPods(3);
+  auto client = Connect();
+  ASSERT_NE(client, nullptr);
+  std::vector<std::string> names;
+  for (int i = 0; i < 6; ++i) {
+    DenseSpec d;
+    d.set_name(absl::StrCat("layer", i));
+    d.add_shape(2);
+    d.add_shape(i + 1);
+    d.mutable_initializer()->set_kind(InitializerSpec::CONSTANT);
+    d.mutable_initializer()->set_value(static_cast<float>(i));
+    d.mutable_optimizer()->set_learning_rate(1.0f);
+    ASSERT_TRUE(client->CreateDense(d).ok());
+    names.push_back(d.name());
+  }
+  std::vector<std::vector<float>> grads(6), out(6);
+  std::vector<const float*> gp;
+  std::vector<float*> op;
+  for (int i = 0; i < 6; ++i) {
+    grads[i].assign(2 * (i + 1), 0.5f);
+    out[i].resize(2 * (i + 1));
+    gp.push_back(grads[i].data());
+    op.push_back(out[i].data());
+  }
+  ASSERT_TRUE(client->PushDense(names, gp).ok());
+  ASSERT_TRUE(client->PullDense(names, op).ok());
+  for (int i = 0; i < 6; ++i) {
+    for (float v : out[i]) EXPECT_EQ(v, i - 0.5f);
+  }
+}
+
+}  // namespace
+}  // namespace ps

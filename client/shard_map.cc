@@ -1,0 +1,35 @@
+#include "client/shard_map.h"
+
+#include "absl/strings/str_cat.h"
+#include "ps/shard_ownership.h"
+
+namespace ps {
+
+absl::StatusOr<ShardMap> ShardMap::Static(uint32_t num_vshards, uint32_t num_pods) {
+  if (num_pods == 0 || num_pods > num_vshards) {
+    return absl::InvalidArgumentError(absl::StrCat("a static map of ", num_pods,
+                                                   " pods needs 1..num_vshards (",
+                                                   num_vshards, ") pods"));
+  }
+  std::vector<uint32_t> owner(num_vshards);
+  for (uint32_t v = 0; v < num_vshards; ++v) owner[v] = StaticOwner(v, num_vshards, num_pods);
+  return FromOwners(std::move(owner), num_pods, 0);
+}
+
+absl::StatusOr<ShardMap> ShardMap::FromOwners(std::vector<uint32_t> owner, uint32_t num_pods,
+                                              uint64_t epoch) {
+  const size_t v = owner.size();
+  if (v == 0 || v > 65536 || (v & (v - 1)) != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("shard map has ", v, " vshards; need a power of two in [1, 65536]"));
+  }
+  for (uint32_t pod : owner) {
+    if (pod >= num_pods) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("shard map names pod ", pod, " of only ", num_pods));
+    }
+  }
+  return ShardMap(std::move(owner), num_pods, epoch);
+}
+
+}  // namespace ps

@@ -1,0 +1,38 @@
+// The client's view of which pod owns each vshard, under an epoch.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "embedding/hash.h"
+
+namespace ps {
+
+class ShardMap {
+ public:
+  // The static map of `num_pods` pods: pod i owns the contiguous vshards StaticOwner gives
+  // (ps/shard_ownership.h), matching `ps-server --shard=i/num_pods`.
+  static absl::StatusOr<ShardMap> Static(uint32_t num_vshards, uint32_t num_pods);
+  // An explicit map: owner[v] is the pod index of vshard v.
+  static absl::StatusOr<ShardMap> FromOwners(std::vector<uint32_t> owner, uint32_t num_pods,
+                                             uint64_t epoch);
+
+  uint32_t num_vshards() const { return static_cast<uint32_t>(owner_.size()); }
+  uint32_t num_pods() const { return num_pods_; }
+  uint64_t epoch() const { return epoch_; }
+  uint32_t PodOfVShard(uint32_t vshard) const { return owner_[vshard]; }
+  uint32_t PodOf(uint64_t name_hash, int64_t id) const {
+    return owner_[VShardOf(RouteHash(name_hash, id), num_vshards())];
+  }
+
+ private:
+  ShardMap(std::vector<uint32_t> owner, uint32_t num_pods, uint64_t epoch)
+      : owner_(std::move(owner)), num_pods_(num_pods), epoch_(epoch) {}
+
+  std::vector<uint32_t> owner_;
+  uint32_t num_pods_;
+  uint64_t epoch_;
+};
+
+}  // namespace ps
