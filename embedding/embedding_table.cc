@@ -5,7 +5,8 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
-#include "absl/synchronization/mutex.h"
+#include "embedding/spin_lock.h"
+#include "embedding/block_arena.h"
 #include "embedding/hash.h"
 #include "embedding/spec.h"
 #include "embedding/status_macros.h"
@@ -30,9 +31,9 @@ struct RowLayout {
 
 class alignas(64) Stripe {
  public:
-  absl::Mutex mu;
+  SpinLock mu;
   absl::flat_hash_map<int64_t, uint32_t> index ABSL_GUARDED_BY(mu);  // id -> slot
-  std::vector<std::unique_ptr<float[]>> blocks ABSL_GUARDED_BY(mu);
+  std::vector<float*> blocks ABSL_GUARDED_BY(mu);  // owned by the table's arena
   uint32_t used_slots ABSL_GUARDED_BY(mu) = 0;
 };
 
@@ -52,12 +53,15 @@ class EmbeddingTableImpl final : public EmbeddingTable {
   uint32_t dim() const override { return layout_.dim; }
   uint64_t name_hash() const override { return name_hash_; }
 
+  // Both batch operations walk the ids in groups: a first pass looks each row up and
+  // prefetches it, a second copies or updates it. The rows of a large table are almost
+  // all cache misses; issuing a group's misses together overlaps them instead of paying
+  // them one after another. The second pass looks the id up again under the lock (an L1
+  // hit by then), so nothing is trusted across the two locks.
   void Pull(absl::Span<const int64_t> ids, float* out, bool read_only) override {
     const size_t row_bytes = layout_.dim * sizeof(float);
-    for (size_t i = 0; i < ids.size(); ++i) {
+    ForEachGroup(ids, /*for_write=*/false, [&](size_t i, Stripe& s) {
       float* dst = out + i * layout_.dim;
-      Stripe& s = StripeOf(ids[i]);
-      absl::MutexLock lock(&s.mu);
       auto it = s.index.find(ids[i]);
       if (it != s.index.end()) {
         std::memcpy(dst, RowAt(s, it->second), row_bytes);
@@ -66,13 +70,11 @@ class EmbeddingTableImpl final : public EmbeddingTable {
       } else {
         std::memcpy(dst, CreateRow(s, ids[i]), row_bytes);
       }
-    }
+    });
   }
 
   void Push(absl::Span<const int64_t> ids, const float* grads, float lr) override {
-    for (size_t i = 0; i < ids.size(); ++i) {
-      Stripe& s = StripeOf(ids[i]);
-      absl::MutexLock lock(&s.mu);
+    ForEachGroup(ids, /*for_write=*/true, [&](size_t i, Stripe& s) {
       auto it = s.index.find(ids[i]);
       float* row = it != s.index.end() ? RowAt(s, it->second) : CreateRow(s, ids[i]);
       uint64_t step;
@@ -80,12 +82,12 @@ class EmbeddingTableImpl final : public EmbeddingTable {
       optimizer_.Apply(lr, row, row + layout_.dim, &step, grads + i * layout_.dim,
                        layout_.dim);
       std::memcpy(row + layout_.step_offset(), &step, sizeof(step));
-    }
+    });
   }
 
   bool Inspect(int64_t id, const std::function<void(const RowView&)>& fn) override {
     Stripe& s = StripeOf(id);
-    absl::MutexLock lock(&s.mu);
+    SpinLockHolder lock(&s.mu);
     auto it = s.index.find(id);
     if (it == s.index.end()) return false;
     const float* row = RowAt(s, it->second);
@@ -101,13 +103,46 @@ class EmbeddingTableImpl final : public EmbeddingTable {
   uint64_t rows() const override { return rows_.load(std::memory_order_relaxed); }
 
   uint64_t memory_bytes() const override {
-    // Blocks plus the index's slots (key, value, control byte) at its ~87% max load.
-    const uint64_t blocks = blocks_.load(std::memory_order_relaxed);
-    return blocks * rows_per_block_ * layout_.stride * sizeof(float) +
+    // Arena chunks plus the index's slots (key, value, control byte) at ~87% max load.
+    return arena_.reserved_bytes() +
            rows() * (sizeof(int64_t) + sizeof(uint32_t) + 1) * 8 / 7;
   }
 
  private:
+  static constexpr size_t kGroup = 16;
+
+  // Calls fn(i, stripe) for every i with the stripe of ids[i] locked, after prefetching
+  // the rows of each group of kGroup ids.
+  template <typename Fn>
+  void ForEachGroup(absl::Span<const int64_t> ids, bool for_write, Fn fn) {
+    // A pull reads the weights only; a push reads and writes the whole row.
+    const size_t row_bytes = (for_write ? layout_.stride : layout_.dim) * sizeof(float);
+    Stripe* stripes[kGroup];
+    for (size_t begin = 0; begin < ids.size(); begin += kGroup) {
+      const size_t end = std::min(ids.size(), begin + kGroup);
+      for (size_t i = begin; i < end; ++i) {
+        Stripe& s = StripeOf(ids[i]);
+        stripes[i - begin] = &s;
+        SpinLockHolder lock(&s.mu);
+        auto it = s.index.find(ids[i]);
+        if (it == s.index.end()) continue;
+        const char* row = reinterpret_cast<const char*>(RowAt(s, it->second));
+        for (size_t off = 0; off < row_bytes; off += 64) {
+          if (for_write) {
+            __builtin_prefetch(row + off, 1, 3);
+          } else {
+            __builtin_prefetch(row + off, 0, 3);
+          }
+        }
+      }
+      for (size_t i = begin; i < end; ++i) {
+        Stripe& s = *stripes[i - begin];
+        SpinLockHolder lock(&s.mu);
+        fn(i, s);
+      }
+    }
+  }
+
   Stripe& StripeOf(int64_t id) {
     // High bits of the routing hash: within one vshard (which fixes the low bits) ids still
     // spread over every stripe.
@@ -115,14 +150,14 @@ class EmbeddingTableImpl final : public EmbeddingTable {
   }
 
   float* RowAt(Stripe& s, uint32_t slot) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mu) {
-    return s.blocks[slot / rows_per_block_].get() + (slot % rows_per_block_) * layout_.stride;
+    return s.blocks[slot / rows_per_block_] + (slot % rows_per_block_) * layout_.stride;
   }
 
   float* CreateRow(Stripe& s, int64_t id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mu) {
     const uint32_t slot = s.used_slots++;
     if (slot / rows_per_block_ >= s.blocks.size()) {
-      s.blocks.push_back(std::make_unique<float[]>(rows_per_block_ * layout_.stride));
-      blocks_.fetch_add(1, std::memory_order_relaxed);
+      s.blocks.push_back(static_cast<float*>(
+          arena_.Allocate(rows_per_block_ * layout_.stride * sizeof(float))));
     }
     s.index.emplace(id, slot);
     rows_.fetch_add(1, std::memory_order_relaxed);
@@ -143,9 +178,9 @@ class EmbeddingTableImpl final : public EmbeddingTable {
   const size_t rows_per_block_;
   const uint64_t stripe_mask_;
 
+  BlockArena arena_;              // declared before the stripes that point into it
   std::vector<Stripe> stripes_;  // each guarded by its own mu
   std::atomic<uint64_t> rows_{0};
-  std::atomic<uint64_t> blocks_{0};
 };
 
 }  // namespace

@@ -6,7 +6,7 @@
 #include <fstream>
 #include <thread>
 
-#include "embedding/flags_help.h"
+#include "embedding/binary_init.h"
 #include "ps/ps_server.h"
 
 DEFINE_string(host, "0.0.0.0", "Address to listen on (0.0.0.0: all interfaces).");
@@ -93,12 +93,10 @@ int Main() {
 }  // namespace
 
 int main(int argc, char** argv) {
-  ps::ParseFlagsWithHelp(
+  ps::InitBinary(
       &argc, &argv,
       "ps-server: a parameter-server pod holding embedding tables and dense tensors.\n"
       "Usage: ps-server --port=50051 [--shard=I/N --num_vshards=256]",
       __FILE__);
-  FLAGS_logtostderr = true;
-  google::InitGoogleLogging(argv[0]);
   return Main();
 }

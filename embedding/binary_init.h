@@ -1,14 +1,18 @@
-// Command-line parsing shared by every binary: gflags, with --help listing only the
-// flags defined in the binary's own main file (not glog's and gflags' own).
+// Start-up shared by every binary: gflags (with --help listing only the flags defined in
+// the binary's own main file, not glog's and gflags' own), glog to stderr, and abseil's
+// mutex deadlock detection off (Debian's abseil runs it on every lock: ~30% of a pull).
 #pragma once
 
 #include <gflags/gflags.h>
+#include <glog/logging.h>
 
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <string>
 #include <vector>
+
+#include "absl/synchronization/mutex.h"
 
 namespace ps {
 
@@ -32,6 +36,14 @@ inline void ParseFlagsWithHelp(int* argc, char*** argv, const char* usage,
     }
   }
   gflags::ParseCommandLineFlags(argc, argv, true);
+}
+
+// ParseFlagsWithHelp, then logging and process-wide settings. Call first thing in main().
+inline void InitBinary(int* argc, char*** argv, const char* usage, const char* main_file) {
+  ParseFlagsWithHelp(argc, argv, usage, main_file);
+  FLAGS_logtostderr = true;
+  google::InitGoogleLogging((*argv)[0]);
+  absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
 }
 
 }  // namespace ps

@@ -1,0 +1,8 @@
+#!/usr/bin/env bash
+# Configures and builds everything into ${PS_BUILD_DIR:-build} (binaries in bin/).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+BUILD_DIR="${PS_BUILD_DIR:-build}"
+JOBS="${PS_JOBS:-2}"
+cmake -S . -B "$BUILD_DIR" -DCMAKE_BUILD_TYPE="${PS_BUILD_TYPE:-RelWithDebInfo}" >/dev/null
+cmake --build "$BUILD_DIR" -j "$JOBS"
