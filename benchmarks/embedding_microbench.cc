@@ -5,7 +5,6 @@
 #include <random>
 
 #include "absl/synchronization/mutex.h"
-
 #include "embedding/embedding_table.h"
 
 namespace ps {

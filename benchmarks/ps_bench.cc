@@ -20,8 +20,8 @@
 #include "absl/synchronization/mutex.h"
 #include "benchmarks/workload.h"
 #include "client/ps_client.h"
-#include "embedding/embedding_table.h"
 #include "embedding/binary_init.h"
+#include "embedding/embedding_table.h"
 #include "embedding/hash.h"
 #include "embedding/spec.h"
 
@@ -284,8 +284,10 @@ class RedisTarget : public Target {
 
 absl::StatusOr<OptimizerSpec::Kind> ParseOptimizer(const std::string& name) {
   static const std::pair<const char*, OptimizerSpec::Kind> kinds[] = {
-      {"sgd", OptimizerSpec::SGD},   {"momentum", OptimizerSpec::MOMENTUM},
-      {"adagrad", OptimizerSpec::ADAGRAD}, {"adam", OptimizerSpec::ADAM},
+      {"sgd", OptimizerSpec::SGD},
+      {"momentum", OptimizerSpec::MOMENTUM},
+      {"adagrad", OptimizerSpec::ADAGRAD},
+      {"adam", OptimizerSpec::ADAM},
       {"ftrl", OptimizerSpec::FTRL}};
   for (const auto& [n, k] : kinds) {
     if (name == n) return k;
@@ -301,9 +303,8 @@ struct Result {
 
 int Run() {
   auto kind = ParseOptimizer(FLAGS_optimizer);
-  if (!kind.ok() || FLAGS_dim < 1 || FLAGS_batch < 1 || FLAGS_threads < 1 ||
-      FLAGS_inflight < 1 || !(FLAGS_seconds > 0) ||
-      (FLAGS_op != "pull" && FLAGS_op != "push" && FLAGS_op != "mixed")) {
+  if (!kind.ok() || FLAGS_dim < 1 || FLAGS_batch < 1 || FLAGS_threads < 1 || FLAGS_inflight < 1 ||
+      !(FLAGS_seconds > 0) || (FLAGS_op != "pull" && FLAGS_op != "push" && FLAGS_op != "mixed")) {
     std::fprintf(stderr, "ps-bench: bad flags (%s); see --help\n",
                  kind.ok() ? "check op/dim/batch/threads/inflight/seconds"
                            : std::string(kind.status().message()).c_str());
@@ -378,8 +379,8 @@ int Run() {
   for (int t = 0; t < threads; ++t) {
     drivers.emplace_back([&, t] {
       Result& r = results[t];
-      std::vector<std::vector<float>> outs(per_thread,
-                                           std::vector<float>(static_cast<size_t>(FLAGS_batch) * FLAGS_dim));
+      std::vector<std::vector<float>> outs(
+          per_thread, std::vector<float>(static_cast<size_t>(FLAGS_batch) * FLAGS_dim));
       struct Pending {
         Waiter wait;
         Clock::time_point started;
@@ -392,8 +393,8 @@ int Run() {
         const bool pull = FLAGS_op == "pull" || (FLAGS_op == "mixed" && issued % 2 == 0);
         ++issued;
         ring[slot].started = Clock::now();
-        ring[slot].wait = pull ? target->StartPull(ids, outs[slot].data())
-                               : target->StartPush(ids, grads.data());
+        ring[slot].wait =
+            pull ? target->StartPull(ids, outs[slot].data()) : target->StartPush(ids, grads.data());
       };
       for (int s = 0; s < per_thread; ++s) issue(s);
       for (int slot = 0;; slot = (slot + 1) % per_thread) {
@@ -405,7 +406,8 @@ int Run() {
           break;
         }
         r.rows += FLAGS_batch;
-        r.latencies_us.push_back(std::chrono::duration<double, std::micro>(now - ring[slot].started).count());
+        r.latencies_us.push_back(
+            std::chrono::duration<double, std::micro>(now - ring[slot].started).count());
         if (stop.load(std::memory_order_relaxed)) {
           // Drain the others before leaving.
           for (int k = 1; k < per_thread; ++k) (void)ring[(slot + k) % per_thread].wait();
@@ -431,7 +433,9 @@ int Run() {
     lat.insert(lat.end(), r.latencies_us.begin(), r.latencies_us.end());
   }
   std::sort(lat.begin(), lat.end());
-  auto pct = [&](double p) { return lat.empty() ? 0.0 : lat[std::min(lat.size() - 1, static_cast<size_t>(p * lat.size()))]; };
+  auto pct = [&](double p) {
+    return lat.empty() ? 0.0 : lat[std::min(lat.size() - 1, static_cast<size_t>(p * lat.size()))];
+  };
   if (auto* grpc = dynamic_cast<GrpcTarget*>(target.get()); grpc != nullptr && FLAGS_show_stats) {
     grpc->PrintStats();
   }
@@ -444,9 +448,9 @@ int Run() {
       "{\"target\":\"%s\",\"op\":\"%s\",\"dim\":%d,\"batch\":%d,\"inflight\":%d,\"threads\":%d,"
       "\"rows\":%lu,\"dist\":\"%s\",\"optimizer\":\"%s\",\"seconds\":%.2f,\"rows_per_s\":%.0f,"
       "\"mb_per_s\":%.1f,\"p50_us\":%.0f,\"p99_us\":%.0f}\n",
-      FLAGS_target.c_str(), FLAGS_op.c_str(), FLAGS_dim, FLAGS_batch,
-      threads * per_thread, threads, static_cast<unsigned long>(FLAGS_rows), FLAGS_dist.c_str(),
-      FLAGS_optimizer.c_str(), elapsed, rows_per_s, mb_per_s, pct(0.5), pct(0.99));
+      FLAGS_target.c_str(), FLAGS_op.c_str(), FLAGS_dim, FLAGS_batch, threads * per_thread, threads,
+      static_cast<unsigned long>(FLAGS_rows), FLAGS_dist.c_str(), FLAGS_optimizer.c_str(), elapsed,
+      rows_per_s, mb_per_s, pct(0.5), pct(0.99));
   return 0;
 }
 

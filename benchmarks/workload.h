@@ -9,9 +9,9 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/match.h"
 
 namespace ps {
 
@@ -21,8 +21,8 @@ struct Workload {
 
 // dist: "uniform" or "zipf:S" (S > 0, rank r drawn with probability ~ 1/r^S). Ranks are
 // scattered over the id space by a fixed permutation, so hot ids are not neighbours.
-inline absl::StatusOr<Workload> MakeWorkload(const std::string& dist, uint64_t rows,
-                                             size_t batch, size_t num_batches, uint64_t seed) {
+inline absl::StatusOr<Workload> MakeWorkload(const std::string& dist, uint64_t rows, size_t batch,
+                                             size_t num_batches, uint64_t seed) {
   if (rows == 0 || batch == 0) return absl::InvalidArgumentError("rows and batch must be > 0");
   std::mt19937_64 rng(seed);
   Workload w;
@@ -42,7 +42,8 @@ inline absl::StatusOr<Workload> MakeWorkload(const std::string& dist, uint64_t r
   if (absl::StartsWith(dist, "zipf:")) {
     double s = 0;
     if (!absl::SimpleAtod(dist.substr(5), &s) || !(s > 0)) {
-      return absl::InvalidArgumentError(absl::StrCat("bad --dist '", dist, "': want zipf:S, S > 0"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("bad --dist '", dist, "': want zipf:S, S > 0"));
     }
     std::vector<double> cdf(rows);
     double total = 0;

@@ -119,7 +119,8 @@ class PsClientImpl final : public PsClient {
 
   absl::Status Init() {
     std::vector<std::unique_ptr<Rpc<DescribeRequest, DescribeResponse>>> rpcs;
-    for (uint32_t p = 0; p < pods_.size(); ++p) rpcs.push_back(MakeRpc<DescribeRequest, DescribeResponse>(p));
+    for (uint32_t p = 0; p < pods_.size(); ++p)
+      rpcs.push_back(MakeRpc<DescribeRequest, DescribeResponse>(p));
     RETURN_IF_ERROR(RunAll(&AsyncIface::Describe, &rpcs));
     for (const auto& rpc : rpcs) {
       const DescribeResponse& d = rpc->resp;
@@ -133,10 +134,9 @@ class PsClientImpl final : public PsClient {
         const bool owns = (static_cast<uint8_t>(d.owned_vshards()[v >> 3]) >> (v & 7)) & 1;
         if (owns != (map_.PodOfVShard(v) == rpc->pod)) {
           return absl::FailedPreconditionError(absl::StrCat(
-              "pod ", rpc->pod, " (", where, ") ", owns ? "owns" : "does not own", " vshard ",
-              v, ", unlike the static map of ", pods_.size(),
-              " pods: start pod i with --shard=i/", pods_.size(),
-              " and list the servers in that order"));
+              "pod ", rpc->pod, " (", where, ") ", owns ? "owns" : "does not own", " vshard ", v,
+              ", unlike the static map of ", pods_.size(), " pods: start pod i with --shard=i/",
+              pods_.size(), " and list the servers in that order"));
         }
       }
       absl::MutexLock lock(&catalog_mu_);
@@ -184,7 +184,8 @@ class PsClientImpl final : public PsClient {
 
   absl::StatusOr<std::vector<StatsResponse>> Stats() override {
     std::vector<std::unique_ptr<Rpc<StatsRequest, StatsResponse>>> rpcs;
-    for (uint32_t p = 0; p < pods_.size(); ++p) rpcs.push_back(MakeRpc<StatsRequest, StatsResponse>(p));
+    for (uint32_t p = 0; p < pods_.size(); ++p)
+      rpcs.push_back(MakeRpc<StatsRequest, StatsResponse>(p));
     RETURN_IF_ERROR(RunAll(&AsyncIface::Stats, &rpcs));
     std::vector<StatsResponse> out;
     for (auto& rpc : rpcs) out.push_back(std::move(rpc->resp));
@@ -206,7 +207,8 @@ class PsClientImpl final : public PsClient {
     rpc->ctx->set_deadline(std::chrono::system_clock::now() +
                            std::chrono::milliseconds(options_.deadline_ms));
     Pod& pod = *pods_[rpc->pod];
-    Stub* stub = pod.stubs[pod.next.fetch_add(1, std::memory_order_relaxed) % pod.stubs.size()].get();
+    Stub* stub =
+        pod.stubs[pod.next.fetch_add(1, std::memory_order_relaxed) % pod.stubs.size()].get();
     (stub->async()->*method)(
         rpc->ctx.get(), &rpc->req, &rpc->resp,
         [this, method, rpc, op = std::move(op)](grpc::Status s) mutable {
@@ -222,10 +224,9 @@ class PsClientImpl final : public PsClient {
           if (!s.ok()) {
             status = absl::Status(
                 static_cast<absl::StatusCode>(s.error_code()),
-                absl::StrCat("pod ", rpc->pod, " (", pods_[rpc->pod]->address, "): ",
-                             s.error_message(), rpc->attempt > 1
-                                                    ? absl::StrCat(" [after ", rpc->attempt, " attempts]")
-                                                    : ""));
+                absl::StrCat(
+                    "pod ", rpc->pod, " (", pods_[rpc->pod]->address, "): ", s.error_message(),
+                    rpc->attempt > 1 ? absl::StrCat(" [after ", rpc->attempt, " attempts]") : ""));
           }
           op->RpcDone(status);
         });
@@ -245,7 +246,8 @@ class PsClientImpl final : public PsClient {
                   std::function<absl::Status()> finish) {
     auto op = std::make_shared<Op>(static_cast<int>(rpcs->size()));
     // The op's finish closure owns the RPCs, so they live until every callback is done.
-    op->set_finish([rpcs, finish = std::move(finish)] { return finish ? finish() : absl::OkStatus(); });
+    op->set_finish(
+        [rpcs, finish = std::move(finish)] { return finish ? finish() : absl::OkStatus(); });
     for (auto& rpc : *rpcs) Start(method, rpc.get(), op);
     return Handle(op);
   }
@@ -332,7 +334,8 @@ Handle PsClientImpl::PullAsync(std::vector<PullSpec> specs, bool read_only) {
     auto table = GetTable(spec.table);
     if (!table.ok()) return Failed(table.status());
     if (spec.out == nullptr && !spec.ids.empty()) {
-      return Failed(absl::InvalidArgumentError(absl::StrCat("pull of '", spec.table, "' has no output buffer")));
+      return Failed(absl::InvalidArgumentError(
+          absl::StrCat("pull of '", spec.table, "' has no output buffer")));
     }
     PullPlan& plan = (*plans)[s];
     plan.out = spec.out;
@@ -405,7 +408,8 @@ Handle PsClientImpl::PushAsync(std::vector<PushSpec> specs) {
     auto table = GetTable(spec.table);
     if (!table.ok()) return Failed(table.status());
     if (spec.grads == nullptr && !spec.ids.empty()) {
-      return Failed(absl::InvalidArgumentError(absl::StrCat("push to '", spec.table, "' has no gradients")));
+      return Failed(
+          absl::InvalidArgumentError(absl::StrCat("push to '", spec.table, "' has no gradients")));
     }
     const uint32_t dim = table->dim();
     const size_t row_bytes = dim * sizeof(float);
@@ -476,7 +480,8 @@ absl::Status PsClientImpl::PullDense(const std::vector<std::string>& names,
   for (size_t i = 0; i < names.size(); ++i) {
     auto it = values.find(names[i]);
     if (it == values.end() || it->second->size() != numel[i] * sizeof(float)) {
-      return absl::InternalError(absl::StrCat("dense pull of '", names[i], "' came back malformed"));
+      return absl::InternalError(
+          absl::StrCat("dense pull of '", names[i], "' came back malformed"));
     }
     std::memcpy(out[i], it->second->data(), it->second->size());
   }
@@ -485,7 +490,8 @@ absl::Status PsClientImpl::PullDense(const std::vector<std::string>& names,
 
 absl::Status PsClientImpl::PushDense(const std::vector<std::string>& names,
                                      const std::vector<const float*>& grads, float lr) {
-  if (names.size() != grads.size()) return absl::InvalidArgumentError("names and grads differ in size");
+  if (names.size() != grads.size())
+    return absl::InvalidArgumentError("names and grads differ in size");
   std::vector<std::unique_ptr<Rpc<DensePushRequest, PushResponse>>> rpcs;
   std::vector<int> rpc_of_pod(map_.num_pods(), -1);
   const PushKey key = NextKey();
@@ -517,8 +523,8 @@ absl::StatusOr<std::unique_ptr<PsClient>> PsClient::Connect(const ClientOptions&
     return absl::InvalidArgumentError(
         "need deadline_ms > 0, max_attempts >= 1, 1 <= initial_backoff_ms <= max_backoff_ms");
   }
-  ASSIGN_OR_RETURN(ShardMap map,
-                   ShardMap::Static(options.num_vshards, static_cast<uint32_t>(options.servers.size())));
+  ASSIGN_OR_RETURN(ShardMap map, ShardMap::Static(options.num_vshards,
+                                                  static_cast<uint32_t>(options.servers.size())));
   auto client = std::make_unique<PsClientImpl>(options, std::move(map));
   RETURN_IF_ERROR(client->Init());
   return std::unique_ptr<PsClient>(std::move(client));

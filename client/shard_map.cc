@@ -7,9 +7,8 @@ namespace ps {
 
 absl::StatusOr<ShardMap> ShardMap::Static(uint32_t num_vshards, uint32_t num_pods) {
   if (num_pods == 0 || num_pods > num_vshards) {
-    return absl::InvalidArgumentError(absl::StrCat("a static map of ", num_pods,
-                                                   " pods needs 1..num_vshards (",
-                                                   num_vshards, ") pods"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "a static map of ", num_pods, " pods needs 1..num_vshards (", num_vshards, ") pods"));
   }
   std::vector<uint32_t> owner(num_vshards);
   for (uint32_t v = 0; v < num_vshards; ++v) owner[v] = StaticOwner(v, num_vshards, num_pods);

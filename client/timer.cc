@@ -22,9 +22,8 @@ void Timer::Run() {
   while (!stopping_) {
     if (due_.empty()) {
       mu_.Await(absl::Condition(
-          +[](Timer* t) ABSL_EXCLUSIVE_LOCKS_REQUIRED(t->mu_) {
-            return t->stopping_ || !t->due_.empty();
-          },
+          +[](Timer* t)
+               ABSL_EXCLUSIVE_LOCKS_REQUIRED(t->mu_) { return t->stopping_ || !t->due_.empty(); },
           this));
       continue;
     }

@@ -7,8 +7,8 @@
 #pragma once
 
 #include <gflags/gflags.h>
-#include <malloc.h>
 #include <glog/logging.h>
+#include <malloc.h>
 
 #include <cstdio>
 #include <cstdlib>
@@ -22,8 +22,7 @@ namespace ps {
 
 // Parses flags (removing them from argv). `main_file` is __FILE__ of the caller: --help
 // prints `usage` and the flags defined there, then exits 0.
-inline void ParseFlagsWithHelp(int* argc, char*** argv, const char* usage,
-                               const char* main_file) {
+inline void ParseFlagsWithHelp(int* argc, char*** argv, const char* usage, const char* main_file) {
   gflags::SetUsageMessage(usage);
   for (int i = 1; i < *argc; ++i) {
     if (std::strcmp((*argv)[i], "--help") == 0 || std::strcmp((*argv)[i], "-help") == 0 ||

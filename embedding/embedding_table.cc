@@ -3,12 +3,12 @@
 #include <cstring>
 
 #include "absl/base/thread_annotations.h"
-#include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
-#include "embedding/spin_lock.h"
 #include "embedding/block_arena.h"
 #include "embedding/hash.h"
+#include "embedding/row_index.h"
 #include "embedding/spec.h"
+#include "embedding/spin_lock.h"
 #include "embedding/status_macros.h"
 
 namespace ps {
@@ -32,7 +32,7 @@ struct RowLayout {
 class alignas(64) Stripe {
  public:
   SpinLock mu;
-  absl::flat_hash_map<int64_t, uint32_t> index ABSL_GUARDED_BY(mu);  // id -> slot
+  RowIndex index ABSL_GUARDED_BY(mu);              // id -> slot; Prefetch needs no lock
   std::vector<float*> blocks ABSL_GUARDED_BY(mu);  // owned by the table's arena
   uint32_t used_slots ABSL_GUARDED_BY(mu) = 0;
 };
@@ -47,7 +47,8 @@ class EmbeddingTableImpl final : public EmbeddingTable {
         layout_(spec_.dim(), optimizer_.slots()),
         rows_per_block_(std::max<size_t>(1, kBlockBytes / (layout_.stride * sizeof(float)))),
         stripe_mask_(options.num_stripes - 1),
-        stripes_(options.num_stripes) {}
+        stripes_(options.num_stripes),
+        index_bytes_(options.num_stripes * RowIndex::kMinCapacity * 16) {}
 
   const TableSpec& spec() const override { return spec_; }
   uint32_t dim() const override { return layout_.dim; }
@@ -60,37 +61,37 @@ class EmbeddingTableImpl final : public EmbeddingTable {
   // hit by then), so nothing is trusted across the two locks.
   void Pull(absl::Span<const int64_t> ids, float* out, bool read_only) override {
     const size_t row_bytes = layout_.dim * sizeof(float);
-    ForEachGroup(ids, /*for_write=*/false, [&](size_t i, Stripe& s) {
+    ForEachGroup(ids, /*for_write=*/false, [&](size_t i, Stripe& s, uint64_t h) {
       float* dst = out + i * layout_.dim;
-      auto it = s.index.find(ids[i]);
-      if (it != s.index.end()) {
-        std::memcpy(dst, RowAt(s, it->second), row_bytes);
+      const uint32_t* slot = s.index.Find(ids[i], h);
+      if (slot != nullptr) {
+        std::memcpy(dst, RowAt(s, *slot), row_bytes);
       } else if (read_only) {
         initializer_.Fill(name_hash_, ids[i], dst, layout_.dim);
       } else {
-        std::memcpy(dst, CreateRow(s, ids[i]), row_bytes);
+        std::memcpy(dst, CreateRow(s, ids[i], h), row_bytes);
       }
     });
   }
 
   void Push(absl::Span<const int64_t> ids, const float* grads, float lr) override {
-    ForEachGroup(ids, /*for_write=*/true, [&](size_t i, Stripe& s) {
-      auto it = s.index.find(ids[i]);
-      float* row = it != s.index.end() ? RowAt(s, it->second) : CreateRow(s, ids[i]);
+    ForEachGroup(ids, /*for_write=*/true, [&](size_t i, Stripe& s, uint64_t h) {
+      const uint32_t* slot = s.index.Find(ids[i], h);
+      float* row = slot != nullptr ? RowAt(s, *slot) : CreateRow(s, ids[i], h);
       uint64_t step;
       std::memcpy(&step, row + layout_.step_offset(), sizeof(step));
-      optimizer_.Apply(lr, row, row + layout_.dim, &step, grads + i * layout_.dim,
-                       layout_.dim);
+      optimizer_.Apply(lr, row, row + layout_.dim, &step, grads + i * layout_.dim, layout_.dim);
       std::memcpy(row + layout_.step_offset(), &step, sizeof(step));
     });
   }
 
   bool Inspect(int64_t id, const std::function<void(const RowView&)>& fn) override {
-    Stripe& s = StripeOf(id);
+    const uint64_t h = RouteHash(name_hash_, id);
+    Stripe& s = StripeOf(h);
     SpinLockHolder lock(&s.mu);
-    auto it = s.index.find(id);
-    if (it == s.index.end()) return false;
-    const float* row = RowAt(s, it->second);
+    const uint32_t* slot = s.index.Find(id, h);
+    if (slot == nullptr) return false;
+    const float* row = RowAt(s, *slot);
     RowView view;
     view.id = id;
     view.weights = row;
@@ -103,30 +104,36 @@ class EmbeddingTableImpl final : public EmbeddingTable {
   uint64_t rows() const override { return rows_.load(std::memory_order_relaxed); }
 
   uint64_t memory_bytes() const override {
-    // Arena chunks plus the index's slots (key, value, control byte) at ~87% max load.
-    return arena_.reserved_bytes() +
-           rows() * (sizeof(int64_t) + sizeof(uint32_t) + 1) * 8 / 7;
+    return arena_.reserved_bytes() + index_bytes_.load(std::memory_order_relaxed);
   }
 
  private:
   static constexpr size_t kGroup = 16;
 
-  // Calls fn(i, stripe) for every i with the stripe of ids[i] locked, after prefetching
-  // the rows of each group of kGroup ids.
+  // Calls fn(i, stripe, hash) for every i with the stripe of ids[i] locked. Per group of
+  // kGroup ids: pass 0 prefetches each id's index bucket without any lock; pass 1 locks,
+  // finds the row (now a cache hit) and prefetches it; pass 2 locks again and runs fn.
+  // A lock is a full fence on x86, which would serialize demand misses taken under it;
+  // prefetches are not ordered by it, so the misses of a whole group overlap.
   template <typename Fn>
   void ForEachGroup(absl::Span<const int64_t> ids, bool for_write, Fn fn) {
     // A pull reads the weights only; a push reads and writes the whole row.
     const size_t row_bytes = (for_write ? layout_.stride : layout_.dim) * sizeof(float);
     Stripe* stripes[kGroup];
+    uint64_t hashes[kGroup];
     for (size_t begin = 0; begin < ids.size(); begin += kGroup) {
-      const size_t end = std::min(ids.size(), begin + kGroup);
-      for (size_t i = begin; i < end; ++i) {
-        Stripe& s = StripeOf(ids[i]);
-        stripes[i - begin] = &s;
+      const size_t n = std::min(ids.size() - begin, kGroup);
+      for (size_t k = 0; k < n; ++k) {
+        hashes[k] = RouteHash(name_hash_, ids[begin + k]);
+        stripes[k] = &StripeOf(hashes[k]);
+        stripes[k]->index.Prefetch(hashes[k]);
+      }
+      for (size_t k = 0; k < n; ++k) {
+        Stripe& s = *stripes[k];
         SpinLockHolder lock(&s.mu);
-        auto it = s.index.find(ids[i]);
-        if (it == s.index.end()) continue;
-        const char* row = reinterpret_cast<const char*>(RowAt(s, it->second));
+        const uint32_t* slot = s.index.Find(ids[begin + k], hashes[k]);
+        if (slot == nullptr) continue;
+        const char* row = reinterpret_cast<const char*>(RowAt(s, *slot));
         for (size_t off = 0; off < row_bytes; off += 64) {
           if (for_write) {
             __builtin_prefetch(row + off, 1, 3);
@@ -135,31 +142,33 @@ class EmbeddingTableImpl final : public EmbeddingTable {
           }
         }
       }
-      for (size_t i = begin; i < end; ++i) {
-        Stripe& s = *stripes[i - begin];
+      for (size_t k = 0; k < n; ++k) {
+        Stripe& s = *stripes[k];
         SpinLockHolder lock(&s.mu);
-        fn(i, s);
+        fn(begin + k, s, hashes[k]);
       }
     }
   }
 
-  Stripe& StripeOf(int64_t id) {
+  Stripe& StripeOf(uint64_t route_hash) {
     // High bits of the routing hash: within one vshard (which fixes the low bits) ids still
     // spread over every stripe.
-    return stripes_[(RouteHash(name_hash_, id) >> 40) & stripe_mask_];
+    return stripes_[(route_hash >> 40) & stripe_mask_];
   }
 
   float* RowAt(Stripe& s, uint32_t slot) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mu) {
     return s.blocks[slot / rows_per_block_] + (slot % rows_per_block_) * layout_.stride;
   }
 
-  float* CreateRow(Stripe& s, int64_t id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mu) {
+  float* CreateRow(Stripe& s, int64_t id, uint64_t h) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mu) {
     const uint32_t slot = s.used_slots++;
     if (slot / rows_per_block_ >= s.blocks.size()) {
-      s.blocks.push_back(static_cast<float*>(
-          arena_.Allocate(rows_per_block_ * layout_.stride * sizeof(float))));
+      s.blocks.push_back(
+          static_cast<float*>(arena_.Allocate(rows_per_block_ * layout_.stride * sizeof(float))));
     }
-    s.index.emplace(id, slot);
+    const size_t index_bytes = s.index.memory_bytes();
+    s.index.Insert(id, h, slot);
+    index_bytes_.fetch_add(s.index.memory_bytes() - index_bytes, std::memory_order_relaxed);
     rows_.fetch_add(1, std::memory_order_relaxed);
     float* row = RowAt(s, slot);
     initializer_.Fill(name_hash_, id, row, layout_.dim);
@@ -178,9 +187,10 @@ class EmbeddingTableImpl final : public EmbeddingTable {
   const size_t rows_per_block_;
   const uint64_t stripe_mask_;
 
-  BlockArena arena_;              // declared before the stripes that point into it
+  BlockArena arena_;             // declared before the stripes that point into it
   std::vector<Stripe> stripes_;  // each guarded by its own mu
   std::atomic<uint64_t> rows_{0};
+  std::atomic<uint64_t> index_bytes_{0};
 };
 
 }  // namespace

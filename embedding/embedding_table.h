@@ -37,8 +37,8 @@ struct RowView {
 class EmbeddingTable {
  public:
   // Returns INVALID_ARGUMENT for a spec that does not normalize (embedding/spec.h).
-  static absl::StatusOr<std::unique_ptr<EmbeddingTable>> Create(
-      const TableSpec& spec, const TableOptions& options = {});
+  static absl::StatusOr<std::unique_ptr<EmbeddingTable>> Create(const TableSpec& spec,
+                                                                const TableOptions& options = {});
   virtual ~EmbeddingTable() = default;
 
   // The normalized spec. Constant for the table's life.

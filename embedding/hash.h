@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+
 #include "absl/strings/string_view.h"
 
 namespace ps {

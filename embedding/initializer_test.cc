@@ -15,8 +15,7 @@ InitializerSpec Spec(InitializerSpec::Kind kind) {
   return s;
 }
 
-std::vector<float> Row(const InitializerSpec& spec, absl::string_view table, int64_t id,
-                       size_t n) {
+std::vector<float> Row(const InitializerSpec& spec, absl::string_view table, int64_t id, size_t n) {
   std::vector<float> out(n);
   Initializer(spec).Fill(NameHash(table), id, out.data(), n);
   return out;

@@ -11,17 +11,16 @@ namespace {
 
 // Shared by tables and dense tensors: idempotent create-if-absent under `mu`.
 template <typename Object, typename Spec, typename Make>
-absl::StatusOr<bool> CreateIfAbsent(
-    absl::Mutex& mu, absl::flat_hash_map<std::string, std::shared_ptr<Object>>& map,
-    const Spec& normalized, absl::string_view kind, Make make) {
+absl::StatusOr<bool> CreateIfAbsent(absl::Mutex& mu,
+                                    absl::flat_hash_map<std::string, std::shared_ptr<Object>>& map,
+                                    const Spec& normalized, absl::string_view kind, Make make) {
   absl::MutexLock lock(&mu);
   auto it = map.find(normalized.name());
   if (it != map.end()) {
     if (SpecsEqual(it->second->spec(), normalized)) return false;
     return absl::AlreadyExistsError(absl::StrCat(
         kind, " '", normalized.name(), "' exists with another spec: ",
-        it->second->spec().ShortDebugString(), " (requested ", normalized.ShortDebugString(),
-        ")"));
+        it->second->spec().ShortDebugString(), " (requested ", normalized.ShortDebugString(), ")"));
   }
   ASSIGN_OR_RETURN(auto object, make());
   map.emplace(normalized.name(), std::move(object));

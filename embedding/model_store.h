@@ -37,8 +37,7 @@ class ModelStore {
   const TableOptions table_options_;
 
   mutable absl::Mutex mu_;
-  absl::flat_hash_map<std::string, std::shared_ptr<EmbeddingTable>> tables_
-      ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<std::string, std::shared_ptr<EmbeddingTable>> tables_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<std::string, std::shared_ptr<DenseTensor>> dense_ ABSL_GUARDED_BY(mu_);
 };
 

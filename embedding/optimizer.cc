@@ -28,7 +28,7 @@ void Optimizer::InitSlots(float* slots, size_t n) const {
       Vec(slots, 2 * n).setZero();
       break;
     case OptimizerSpec::FTRL:
-      Vec(slots, n).setZero();                                   // z
+      Vec(slots, n).setZero();                                     // z
       Vec(slots + n, n).setConstant(spec_.initial_accumulator());  // n
       break;
     default:
@@ -79,8 +79,7 @@ void Optimizer::Apply(float lr, float* wp, float* slots, uint64_t* step, const f
       // No temporaries: this runs once per row on the push path.
       float* z = slots;
       float* acc = slots + n;
-      const float alpha = lr, beta = spec_.ftrl_beta(), l1 = spec_.ftrl_l1(),
-                  l2 = spec_.ftrl_l2();
+      const float alpha = lr, beta = spec_.ftrl_beta(), l1 = spec_.ftrl_l1(), l2 = spec_.ftrl_l2();
       for (size_t j = 0; j < n; ++j) {
         const float new_acc = acc[j] + gp[j] * gp[j];
         const float sqrt_new = std::sqrt(new_acc);

@@ -36,16 +36,14 @@ std::vector<Case> Cases() {
       {"nesterov", nesterov, {{0.481, -0.262}, {0.4159, -0.2648}, {0.42231, -0.33432}}});
   OptimizerSpec adagrad = Spec(OptimizerSpec::ADAGRAD);
   adagrad.set_initial_accumulator(0.1f);
-  cases.push_back({"adagrad",
-                   adagrad,
-                   {{0.469848866, -0.246547752},
-                    {0.402766826, -0.272367641},
-                    {0.443591655, -0.344209761}}});
-  cases.push_back({"adam",
-                   Spec(OptimizerSpec::ADAM),
-                   {{0.40000001, -0.200000005},
-                    {0.308221902, -0.173366303},
-                    {0.282431523, -0.21909948}}});
+  cases.push_back(
+      {"adagrad",
+       adagrad,
+       {{0.469848866, -0.246547752}, {0.402766826, -0.272367641}, {0.443591655, -0.344209761}}});
+  cases.push_back(
+      {"adam",
+       Spec(OptimizerSpec::ADAM),
+       {{0.40000001, -0.200000005}, {0.308221902, -0.173366303}, {0.282431523, -0.21909948}}});
   OptimizerSpec ftrl = Spec(OptimizerSpec::FTRL);
   ftrl.set_ftrl_beta(1.0f);
   ftrl.set_ftrl_l1(0.01f);

@@ -10,8 +10,7 @@ namespace ps {
 namespace {
 
 absl::Status Invalid(absl::string_view what, double value, absl::string_view rule) {
-  return absl::InvalidArgumentError(
-      absl::StrCat(what, " = ", value, " is invalid: ", rule));
+  return absl::InvalidArgumentError(absl::StrCat(what, " = ", value, " is invalid: ", rule));
 }
 
 bool Finite(float v) { return std::isfinite(v); }
@@ -44,9 +43,9 @@ absl::StatusOr<InitializerSpec> NormalizeInitializer(const InitializerSpec& spec
       break;
     case InitializerSpec::UNIFORM:
       if (!Finite(spec.low()) || !Finite(spec.high()) || !(spec.low() < spec.high())) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "uniform initializer needs finite low < high, got [", spec.low(), ", ",
-            spec.high(), ")"));
+        return absl::InvalidArgumentError(
+            absl::StrCat("uniform initializer needs finite low < high, got [", spec.low(), ", ",
+                         spec.high(), ")"));
       }
       break;
     case InitializerSpec::NORMAL:
@@ -139,8 +138,8 @@ absl::StatusOr<OptimizerSpec> NormalizeOptimizer(const OptimizerSpec& spec) {
 absl::StatusOr<TableSpec> NormalizeTableSpec(const TableSpec& spec) {
   RETURN_IF_ERROR(ValidateName(spec.name()));
   if (spec.dim() < 1 || spec.dim() > kMaxDim) {
-    return absl::InvalidArgumentError(absl::StrCat("table '", spec.name(), "': dim ",
-                                                   spec.dim(), " is outside 1..", kMaxDim));
+    return absl::InvalidArgumentError(
+        absl::StrCat("table '", spec.name(), "': dim ", spec.dim(), " is outside 1..", kMaxDim));
   }
   TableSpec out = spec;
   ASSIGN_OR_RETURN(*out.mutable_initializer(), NormalizeInitializer(spec.initializer()));

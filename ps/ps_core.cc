@@ -80,9 +80,9 @@ absl::Status PsCore::CheckOwnedDense(const ShardOwnership& own, absl::string_vie
   const uint32_t v = DenseVShard(name, own.num_vshards());
   if (!own.Owns(v)) {
     counters_.rejected_wrong_shard.fetch_add(1, std::memory_order_relaxed);
-    return absl::FailedPreconditionError(
-        absl::StrCat("dense tensor '", name, "' is in vshard ", v,
-                     ", which this pod does not own at epoch ", own.epoch()));
+    return absl::FailedPreconditionError(absl::StrCat("dense tensor '", name, "' is in vshard ", v,
+                                                      ", which this pod does not own at epoch ",
+                                                      own.epoch()));
   }
   return absl::OkStatus();
 }
@@ -165,9 +165,8 @@ absl::Status PsCore::ApplyOnce(const PushKey& key, PushResponse* resp,
       resp->set_duplicate(true);
       return absl::OkStatus();
     case PushDedup::Claim::kInProgress:
-      return absl::AbortedError(absl::StrCat("push ", key.worker_id(), "/", key.incarnation(),
-                                             "/", key.sequence(),
-                                             " is being applied now; retry"));
+      return absl::AbortedError(absl::StrCat("push ", key.worker_id(), "/", key.incarnation(), "/",
+                                             key.sequence(), " is being applied now; retry"));
     case PushDedup::Claim::kNew:
       break;
   }
@@ -204,16 +203,15 @@ absl::Status PsCore::Push(const PushRequest& req, PushResponse* resp) {
     }
     const size_t dim = p.table->dim();
     if (p.grads.size() != p.ids.size() * dim) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("push to '", entry.table(), "' has ", p.grads.size(),
-                       " gradient floats for ", p.ids.size(), " ids of dim ", dim, " (expected ",
-                       p.ids.size() * dim, ")"));
+      return absl::InvalidArgumentError(absl::StrCat(
+          "push to '", entry.table(), "' has ", p.grads.size(), " gradient floats for ",
+          p.ids.size(), " ids of dim ", dim, " (expected ", p.ids.size() * dim, ")"));
     }
     if (int64_t bad = FirstNonFinite(p.grads); bad >= 0) {
       counters_.rejected_nonfinite.fetch_add(1, std::memory_order_relaxed);
       return absl::InvalidArgumentError(absl::StrCat(
-          "push to '", entry.table(), "' has a non-finite gradient (", p.grads[bad],
-          ") for id ", p.ids[bad / dim], " element ", bad % dim, "; nothing was applied"));
+          "push to '", entry.table(), "' has a non-finite gradient (", p.grads[bad], ") for id ",
+          p.ids[bad / dim], " element ", bad % dim, "; nothing was applied"));
     }
     RETURN_IF_ERROR(CheckLearningRate(entry.learning_rate(), entry.table()));
     p.lr = entry.learning_rate();
@@ -276,8 +274,8 @@ absl::Status PsCore::PushDense(const DensePushRequest& req, PushResponse* resp) 
     if (int64_t bad = FirstNonFinite(p.grads); bad >= 0) {
       counters_.rejected_nonfinite.fetch_add(1, std::memory_order_relaxed);
       return absl::InvalidArgumentError(absl::StrCat("dense push to '", entry.name(),
-                                                     "' has a non-finite gradient at element ",
-                                                     bad, "; nothing was applied"));
+                                                     "' has a non-finite gradient at element ", bad,
+                                                     "; nothing was applied"));
     }
     RETURN_IF_ERROR(CheckLearningRate(entry.learning_rate(), entry.name()));
     p.lr = entry.learning_rate();

@@ -40,10 +40,10 @@ grpc::ServerUnaryReactor* PsService::Run(grpc::CallbackServerContext* ctx, const
   return reactor;
 }
 
-#define PS_RPC(Name, Req, Resp)                                                            \
-  grpc::ServerUnaryReactor* PsService::Name(grpc::CallbackServerContext* ctx,               \
-                                            const Req* req, Resp* resp) {                   \
-    return Run(ctx, req, resp, &PsCore::Name);                                              \
+#define PS_RPC(Name, Req, Resp)                                                               \
+  grpc::ServerUnaryReactor* PsService::Name(grpc::CallbackServerContext* ctx, const Req* req, \
+                                            Resp* resp) {                                     \
+    return Run(ctx, req, resp, &PsCore::Name);                                                \
   }
 
 PS_RPC(CreateTable, CreateTableRequest, CreateTableResponse)

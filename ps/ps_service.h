@@ -19,18 +19,15 @@ class PsService final : public ParameterServer::CallbackService {
   grpc::ServerUnaryReactor* CreateDense(grpc::CallbackServerContext* ctx,
                                         const CreateDenseRequest* req,
                                         CreateDenseResponse* resp) override;
-  grpc::ServerUnaryReactor* Describe(grpc::CallbackServerContext* ctx,
-                                     const DescribeRequest* req,
+  grpc::ServerUnaryReactor* Describe(grpc::CallbackServerContext* ctx, const DescribeRequest* req,
                                      DescribeResponse* resp) override;
   grpc::ServerUnaryReactor* Pull(grpc::CallbackServerContext* ctx, const PullRequest* req,
                                  PullResponse* resp) override;
   grpc::ServerUnaryReactor* Push(grpc::CallbackServerContext* ctx, const PushRequest* req,
                                  PushResponse* resp) override;
-  grpc::ServerUnaryReactor* PullDense(grpc::CallbackServerContext* ctx,
-                                      const DensePullRequest* req,
+  grpc::ServerUnaryReactor* PullDense(grpc::CallbackServerContext* ctx, const DensePullRequest* req,
                                       DensePullResponse* resp) override;
-  grpc::ServerUnaryReactor* PushDense(grpc::CallbackServerContext* ctx,
-                                      const DensePushRequest* req,
+  grpc::ServerUnaryReactor* PushDense(grpc::CallbackServerContext* ctx, const DensePushRequest* req,
                                       PushResponse* resp) override;
   grpc::ServerUnaryReactor* Stats(grpc::CallbackServerContext* ctx, const StatsRequest* req,
                                   StatsResponse* resp) override;

@@ -47,9 +47,8 @@ int Main() {
   }
 
   absl::StatusOr<ps::ShardOwnership> ownership =
-      FLAGS_shard.empty()
-          ? ps::ShardOwnership::Create(FLAGS_num_vshards, 0, {})
-          : ps::ShardOwnership::FromStaticShard(FLAGS_shard, FLAGS_num_vshards);
+      FLAGS_shard.empty() ? ps::ShardOwnership::Create(FLAGS_num_vshards, 0, {})
+                          : ps::ShardOwnership::FromStaticShard(FLAGS_shard, FLAGS_num_vshards);
   if (!ownership.ok()) {
     LOG(ERROR) << "bad shard flags: " << ownership.status();
     return 2;
@@ -80,8 +79,7 @@ int Main() {
   std::thread signal_thread([&] {
     int sig = 0;
     sigwait(&signals, &sig);
-    LOG(INFO) << "signal " << sig << ": shutting down (grace " << FLAGS_shutdown_grace_ms
-              << " ms)";
+    LOG(INFO) << "signal " << sig << ": shutting down (grace " << FLAGS_shutdown_grace_ms << " ms)";
     (*server)->Shutdown(FLAGS_shutdown_grace_ms);
   });
   (*server)->Wait();
@@ -93,10 +91,9 @@ int Main() {
 }  // namespace
 
 int main(int argc, char** argv) {
-  ps::InitBinary(
-      &argc, &argv,
-      "ps-server: a parameter-server pod holding embedding tables and dense tensors.\n"
-      "Usage: ps-server --port=50051 [--shard=I/N --num_vshards=256]",
-      __FILE__);
+  ps::InitBinary(&argc, &argv,
+                 "ps-server: a parameter-server pod holding embedding tables and dense tensors.\n"
+                 "Usage: ps-server --port=50051 [--shard=I/N --num_vshards=256]",
+                 __FILE__);
   return Main();
 }

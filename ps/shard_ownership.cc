@@ -9,8 +9,8 @@ namespace {
 
 absl::Status CheckVShardCount(uint32_t num_vshards) {
   if (num_vshards < 1 || num_vshards > 65536 || (num_vshards & (num_vshards - 1)) != 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "num_vshards = ", num_vshards, " must be a power of two in [1, 65536]"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("num_vshards = ", num_vshards, " must be a power of two in [1, 65536]"));
   }
   return absl::OkStatus();
 }
