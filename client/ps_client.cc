@@ -110,11 +110,20 @@ class PsClientImpl final : public PsClient {
         // Own connection per channel, rather than one shared subchannel.
         args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
         args.SetInt("ps.channel_index", c);
+        args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, options_.initial_backoff_ms);
+        args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, options_.initial_backoff_ms);
+        args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, options_.max_backoff_ms);
         pod->stubs.push_back(ParameterServer::NewStub(
             grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args)));
       }
       pods_.push_back(std::move(pod));
     }
+  }
+
+  ~PsClientImpl() override {
+    absl::MutexLock lock(&inflight_mu_);
+    inflight_mu_.Await(absl::Condition(
+        +[](int* n) { return *n == 0; }, &inflight_rpcs_));
   }
 
   absl::Status Init() {
@@ -201,6 +210,17 @@ class PsClientImpl final : public PsClient {
   }
 
   // Sends (or re-sends) one RPC; on completion retries it or reports it to `op`.
+  // Counts an RPC in flight from its first send until its final completion, retries
+  // included, so the destructor can wait for it.
+  template <typename Req, typename Resp>
+  void Begin(AsyncMethod<Req, Resp> method, Rpc<Req, Resp>* rpc, std::shared_ptr<Op> op) {
+    {
+      absl::MutexLock lock(&inflight_mu_);
+      ++inflight_rpcs_;
+    }
+    Start(method, rpc, std::move(op));
+  }
+
   template <typename Req, typename Resp>
   void Start(AsyncMethod<Req, Resp> method, Rpc<Req, Resp>* rpc, std::shared_ptr<Op> op) {
     rpc->ctx = std::make_unique<grpc::ClientContext>();
@@ -229,6 +249,8 @@ class PsClientImpl final : public PsClient {
                     rpc->attempt > 1 ? absl::StrCat(" [after ", rpc->attempt, " attempts]") : ""));
           }
           op->RpcDone(status);
+          absl::MutexLock lock(&inflight_mu_);
+          --inflight_rpcs_;
         });
   }
 
@@ -248,7 +270,7 @@ class PsClientImpl final : public PsClient {
     // The op's finish closure owns the RPCs, so they live until every callback is done.
     op->set_finish(
         [rpcs, finish = std::move(finish)] { return finish ? finish() : absl::OkStatus(); });
-    for (auto& rpc : *rpcs) Start(method, rpc.get(), op);
+    for (auto& rpc : *rpcs) Begin(method, rpc.get(), op);
     return Handle(op);
   }
 
@@ -257,7 +279,7 @@ class PsClientImpl final : public PsClient {
   absl::Status RunAll(AsyncMethod<Req, Resp> method,
                       std::vector<std::unique_ptr<Rpc<Req, Resp>>>* rpcs) {
     auto op = std::make_shared<Op>(static_cast<int>(rpcs->size()));
-    for (auto& rpc : *rpcs) Start(method, rpc.get(), op);
+    for (auto& rpc : *rpcs) Begin(method, rpc.get(), op);
     return op->Wait();
   }
 
@@ -306,6 +328,8 @@ class PsClientImpl final : public PsClient {
   std::vector<std::unique_ptr<Pod>> pods_;
 
   std::atomic<uint64_t> sequence_{1};
+  absl::Mutex inflight_mu_;
+  int inflight_rpcs_ ABSL_GUARDED_BY(inflight_mu_) = 0;
   absl::Mutex catalog_mu_;
   absl::flat_hash_map<std::string, TableSpec> tables_ ABSL_GUARDED_BY(catalog_mu_);
   absl::flat_hash_map<std::string, DenseSpec> dense_ ABSL_GUARDED_BY(catalog_mu_);

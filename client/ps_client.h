@@ -28,12 +28,12 @@ struct ClientOptions {
   // for a loaded pod without hanging a worker on a dead one.
   int deadline_ms = 10000;
   // Attempts per RPC (first try included), with backoff doubling from initial to max and
-  // full jitter. 8 attempts span ~10 s: a pod restart, not a permanent outage.
-  int max_attempts = 8;
+  // jitter (each wait is in [b/2, b]). 10 attempts wait 4.5 to 9.1 s in all: enough to
+  // ride out a pod restart, not a permanent outage. gRPC's own reconnect backoff is set
+  // to the same bounds, so a retry finds a restarted pod as soon as it listens.
+  int max_attempts = 10;
   int initial_backoff_ms = 20;
   int max_backoff_ms = 4000;
-  // TCP connections per pod; calls rotate over them. One HTTP/2 connection serializes
-  // framing on one socket; two let a pod's two work threads both stay busy.
   int channels_per_server = 2;
   int max_message_bytes = 256 << 20;
   // Push identity. worker_id 0: a random id is drawn (a master assigns ids in production).
@@ -76,6 +76,7 @@ class Handle {
   std::shared_ptr<internal::Op> op_;
 };
 
+// Destroying the client waits for its calls in flight (and their retries) to finish.
 class PsClient {
  public:
   // Connects to every pod, checks that they agree with the options (vshard count, static
