@@ -29,25 +29,13 @@ for b in ps-server ps-bench; do
 done
 command -v redis-server >/dev/null || { echo "compare.sh: redis-server missing: run scripts/install_deps.sh" >&2; exit 1; }
 
-RUN_DIR="$(mktemp -d /tmp/ps-compare.XXXXXX)"
-PIDS=()
-cleanup() {
-  for pid in "${PIDS[@]}"; do kill -TERM "$pid" 2>/dev/null || true; done
-  for pid in "${PIDS[@]}"; do wait "$pid" 2>/dev/null || true; done
-  rm -rf "$RUN_DIR"
-}
-trap cleanup EXIT
+source scripts/lib.sh
+RUN_DIR="$PS_RUN_DIR"
 
-"$BIN/ps-server" --host=127.0.0.1 --port=0 --port_file="$RUN_DIR/ps.port" --threads=2 \
-  2>"$RUN_DIR/ps.log" &
-PIDS+=($!)
+ps_start_server ps "$BIN/ps-server" --threads=2
 REDIS_PORT=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
-redis-server --port "$REDIS_PORT" --bind 127.0.0.1 --save '' --appendonly no \
-  --dir "$RUN_DIR" >"$RUN_DIR/redis.log" 2>&1 &
-PIDS+=($!)
-for _ in $(seq 1 100); do [ -s "$RUN_DIR/ps.port" ] && break; sleep 0.1; done
-[ -s "$RUN_DIR/ps.port" ] || { echo "ps-server did not start"; cat "$RUN_DIR/ps.log"; exit 1; }
-PS_ADDR="127.0.0.1:$(cat "$RUN_DIR/ps.port")"
+ps_spawn redis redis-server --port "$REDIS_PORT" --bind 127.0.0.1 --save '' --appendonly no \
+  --dir "$RUN_DIR"
 for _ in $(seq 1 100); do redis-cli -p "$REDIS_PORT" ping >/dev/null 2>&1 && break; sleep 0.1; done
 
 : >"$RUN_DIR/results.jsonl"

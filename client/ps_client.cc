@@ -158,23 +158,13 @@ class PsClientImpl final : public PsClient {
   uint64_t worker_id() const override { return worker_id_; }
 
   absl::Status CreateTable(const TableSpec& spec) override {
-    std::vector<std::unique_ptr<Rpc<CreateTableRequest, CreateTableResponse>>> rpcs;
-    for (uint32_t p = 0; p < pods_.size(); ++p) {
-      rpcs.push_back(MakeRpc<CreateTableRequest, CreateTableResponse>(p));
-      *rpcs.back()->req.mutable_spec() = spec;
-    }
-    RETURN_IF_ERROR(RunAll(&AsyncIface::CreateTable, &rpcs));
-    return RefreshCatalog();
+    return CreateOnEveryPod<CreateTableRequest, CreateTableResponse>(&AsyncIface::CreateTable,
+                                                                     spec);
   }
 
   absl::Status CreateDense(const DenseSpec& spec) override {
-    std::vector<std::unique_ptr<Rpc<CreateDenseRequest, CreateDenseResponse>>> rpcs;
-    for (uint32_t p = 0; p < pods_.size(); ++p) {
-      rpcs.push_back(MakeRpc<CreateDenseRequest, CreateDenseResponse>(p));
-      *rpcs.back()->req.mutable_spec() = spec;
-    }
-    RETURN_IF_ERROR(RunAll(&AsyncIface::CreateDense, &rpcs));
-    return RefreshCatalog();
+    return CreateOnEveryPod<CreateDenseRequest, CreateDenseResponse>(&AsyncIface::CreateDense,
+                                                                     spec);
   }
 
   absl::StatusOr<TableSpec> GetTable(const std::string& name) override {
@@ -281,6 +271,18 @@ class PsClientImpl final : public PsClient {
     auto op = std::make_shared<Op>(static_cast<int>(rpcs->size()));
     for (auto& rpc : *rpcs) Begin(method, rpc.get(), op);
     return op->Wait();
+  }
+
+  // Sends the create request to every pod (in parallel), then refreshes the catalog.
+  template <typename Req, typename Resp, typename Spec>
+  absl::Status CreateOnEveryPod(AsyncMethod<Req, Resp> method, const Spec& spec) {
+    std::vector<std::unique_ptr<Rpc<Req, Resp>>> rpcs;
+    for (uint32_t p = 0; p < pods_.size(); ++p) {
+      rpcs.push_back(MakeRpc<Req, Resp>(p));
+      *rpcs.back()->req.mutable_spec() = spec;
+    }
+    RETURN_IF_ERROR(RunAll(method, &rpcs));
+    return RefreshCatalog();
   }
 
   absl::Status RefreshCatalog() {
