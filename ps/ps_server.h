@@ -16,6 +16,10 @@ struct PsServerOptions {
   int threads = 2;
   // Largest request or response. 256 MB holds a 1M-row batch of dim 64.
   int max_message_bytes = 256 << 20;
+  // Memory gRPC may use for buffers of requests and responses in flight; beyond it the
+  // pod stops reading from connections until calls finish (backpressure, not failure).
+  // 2 GiB holds eight maximal messages, or thousands of ordinary 256 KB batches.
+  int64_t memory_quota_bytes = int64_t{2} << 30;
   PsCoreOptions core;
 };
 

@@ -18,6 +18,9 @@ DEFINE_int32(threads, 2,
              "Threads that execute pull/push work. Pulls and pushes are memory-bound: use "
              "about one per core the pod is given.");
 DEFINE_int32(max_message_mb, 256, "Largest gRPC request or response, in MiB.");
+DEFINE_int32(memory_quota_mb, 2048,
+             "Memory gRPC may hold in request/response buffers; above it the pod stops "
+             "reading new requests until calls in flight finish (backpressure).");
 DEFINE_uint64(max_batch_rows, 1 << 20,
               "Most rows one pull or push may carry, summed over its tables; larger ones "
               "are refused with INVALID_ARGUMENT.");
@@ -39,10 +42,13 @@ int Main() {
   options.port = FLAGS_port;
   options.threads = FLAGS_threads;
   options.max_message_bytes = FLAGS_max_message_mb << 20;
+  options.memory_quota_bytes = int64_t{FLAGS_memory_quota_mb} << 20;
   options.core.max_batch_rows = FLAGS_max_batch_rows;
   options.core.table.num_stripes = FLAGS_table_stripes;
-  if (FLAGS_threads < 1 || FLAGS_max_message_mb < 1 || FLAGS_max_message_mb > 2047) {
-    LOG(ERROR) << "--threads must be >= 1 and --max_message_mb in [1, 2047]";
+  if (FLAGS_threads < 1 || FLAGS_max_message_mb < 1 || FLAGS_max_message_mb > 2047 ||
+      FLAGS_memory_quota_mb < FLAGS_max_message_mb) {
+    LOG(ERROR) << "--threads must be >= 1, --max_message_mb in [1, 2047] and "
+                  "--memory_quota_mb >= --max_message_mb";
     return 2;
   }
 
