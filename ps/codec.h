@@ -15,15 +15,16 @@ namespace ps {
 
 static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "packed arrays are little-endian");
 
-// A span of T over `bytes`, or INVALID_ARGUMENT if its size is not a multiple of sizeof(T).
+// A span of T over `bytes`, or INVALID_ARGUMENT ("<what> '<name>' has ... bytes") if its size
+// is not a multiple of sizeof(T); the message is built only on error.
 // When `bytes` is not aligned for T the values are copied into *scratch (which then backs
 // the span). The span lives as long as `bytes` and *scratch.
 template <typename T>
 absl::StatusOr<absl::Span<const T>> PackedView(const std::string& bytes, std::vector<T>* scratch,
-                                               absl::string_view what) {
+                                               absl::string_view what, absl::string_view name) {
   if (bytes.size() % sizeof(T) != 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(what, " has ", bytes.size(), " bytes, not a multiple of ", sizeof(T)));
+    return absl::InvalidArgumentError(absl::StrCat(what, " '", name, "' has ", bytes.size(),
+                                                   " bytes, not a multiple of ", sizeof(T)));
   }
   const size_t n = bytes.size() / sizeof(T);
   if (reinterpret_cast<uintptr_t>(bytes.data()) % alignof(T) == 0) {

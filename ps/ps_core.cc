@@ -35,13 +35,30 @@ absl::Status CheckLearningRate(float lr, absl::string_view name) {
 }  // namespace
 
 struct PsCore::PreparedPush {
-  std::shared_ptr<EmbeddingTable> table;
-  absl::Span<const int64_t> ids;
+  TableIdsView rows;
   absl::Span<const float> grads;
-  float lr;
-  std::vector<int64_t> id_scratch;
   std::vector<float> grad_scratch;
+  float lr;
 };
+
+absl::Status PsCore::PrepareIds(absl::string_view op, const std::string& table,
+                                const std::string& ids, const ShardOwnership& own, size_t* total,
+                                TableIdsView* out) {
+  out->table = store_.FindTable(table);
+  if (out->table == nullptr) {
+    return absl::NotFoundError(absl::StrCat("table '", table, "' does not exist"));
+  }
+  ASSIGN_OR_RETURN(out->ids, PackedView<int64_t>(ids, &out->scratch, "ids of", table));
+  if (out->ids.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(op, " of '", table, "' has no ids"));
+  }
+  *total += out->ids.size();
+  if (*total > options_.max_batch_rows) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        op, " of ", *total, "+ rows exceeds max_batch_rows = ", options_.max_batch_rows));
+  }
+  return CheckOwned(own, *out->table, out->ids);
+}
 
 PsCore::PsCore(PsCoreOptions options, ShardOwnership ownership)
     : options_(options),
@@ -119,33 +136,13 @@ absl::Status PsCore::Pull(const PullRequest& req, PullResponse* resp) {
   resp->set_epoch(own->epoch());
   if (req.tables_size() == 0) return absl::InvalidArgumentError("pull names no tables");
   // Validate the whole request before touching any table.
-  struct Prepared {
-    std::shared_ptr<EmbeddingTable> table;
-    absl::Span<const int64_t> ids;
-    std::vector<int64_t> scratch;
-  };
-  std::vector<Prepared> prepared(req.tables_size());
+  std::vector<TableIdsView> prepared(req.tables_size());
   size_t total = 0;
   for (int i = 0; i < req.tables_size(); ++i) {
-    const TableIds& entry = req.tables(i);
-    Prepared& p = prepared[i];
-    p.table = store_.FindTable(entry.table());
-    if (p.table == nullptr) {
-      return absl::NotFoundError(absl::StrCat("table '", entry.table(), "' does not exist"));
-    }
-    ASSIGN_OR_RETURN(p.ids, PackedView<int64_t>(entry.ids(), &p.scratch,
-                                                absl::StrCat("ids of '", entry.table(), "'")));
-    if (p.ids.empty()) {
-      return absl::InvalidArgumentError(absl::StrCat("pull of '", entry.table(), "' has no ids"));
-    }
-    total += p.ids.size();
-    if (total > options_.max_batch_rows) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "pull of ", total, "+ rows exceeds max_batch_rows = ", options_.max_batch_rows));
-    }
-    RETURN_IF_ERROR(CheckOwned(*own, *p.table, p.ids));
+    RETURN_IF_ERROR(
+        PrepareIds("pull", req.tables(i).table(), req.tables(i).ids(), *own, &total, &prepared[i]));
   }
-  for (Prepared& p : prepared) {
+  for (TableIdsView& p : prepared) {
     TableValues* out = resp->add_tables();
     out->set_table(p.table->spec().name());
     float* values = PackedResize<float>(out->mutable_values(), p.ids.size() * p.table->dim());
@@ -184,41 +181,26 @@ absl::Status PsCore::Push(const PushRequest& req, PushResponse* resp) {
   for (int i = 0; i < req.tables_size(); ++i) {
     const TableGrads& entry = req.tables(i);
     PreparedPush& p = prepared[i];
-    p.table = store_.FindTable(entry.table());
-    if (p.table == nullptr) {
-      return absl::NotFoundError(absl::StrCat("table '", entry.table(), "' does not exist"));
-    }
-    ASSIGN_OR_RETURN(p.ids, PackedView<int64_t>(entry.ids(), &p.id_scratch,
-                                                absl::StrCat("ids of '", entry.table(), "'")));
-    ASSIGN_OR_RETURN(p.grads,
-                     PackedView<float>(entry.grads(), &p.grad_scratch,
-                                       absl::StrCat("gradients of '", entry.table(), "'")));
-    if (p.ids.empty()) {
-      return absl::InvalidArgumentError(absl::StrCat("push to '", entry.table(), "' has no ids"));
-    }
-    total += p.ids.size();
-    if (total > options_.max_batch_rows) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "push of ", total, "+ rows exceeds max_batch_rows = ", options_.max_batch_rows));
-    }
-    const size_t dim = p.table->dim();
-    if (p.grads.size() != p.ids.size() * dim) {
+    RETURN_IF_ERROR(PrepareIds("push", entry.table(), entry.ids(), *own, &total, &p.rows));
+    ASSIGN_OR_RETURN(
+        p.grads, PackedView<float>(entry.grads(), &p.grad_scratch, "gradients of", entry.table()));
+    const size_t dim = p.rows.table->dim();
+    if (p.grads.size() != p.rows.ids.size() * dim) {
       return absl::InvalidArgumentError(absl::StrCat(
           "push to '", entry.table(), "' has ", p.grads.size(), " gradient floats for ",
-          p.ids.size(), " ids of dim ", dim, " (expected ", p.ids.size() * dim, ")"));
+          p.rows.ids.size(), " ids of dim ", dim, " (expected ", p.rows.ids.size() * dim, ")"));
     }
     if (int64_t bad = FirstNonFinite(p.grads); bad >= 0) {
       counters_.rejected_nonfinite.fetch_add(1, std::memory_order_relaxed);
       return absl::InvalidArgumentError(absl::StrCat(
           "push to '", entry.table(), "' has a non-finite gradient (", p.grads[bad], ") for id ",
-          p.ids[bad / dim], " element ", bad % dim, "; nothing was applied"));
+          p.rows.ids[bad / dim], " element ", bad % dim, "; nothing was applied"));
     }
     RETURN_IF_ERROR(CheckLearningRate(entry.learning_rate(), entry.table()));
     p.lr = entry.learning_rate();
-    RETURN_IF_ERROR(CheckOwned(*own, *p.table, p.ids));
   }
   RETURN_IF_ERROR(ApplyOnce(req.key(), resp, [&] {
-    for (PreparedPush& p : prepared) p.table->Push(p.ids, p.grads.data(), p.lr);
+    for (PreparedPush& p : prepared) p.rows.table->Push(p.rows.ids, p.grads.data(), p.lr);
   }));
   counters_.push_requests.fetch_add(1, std::memory_order_relaxed);
   counters_.pushed_rows.fetch_add(total, std::memory_order_relaxed);
@@ -264,8 +246,8 @@ absl::Status PsCore::PushDense(const DensePushRequest& req, PushResponse* resp) 
     if (p.tensor == nullptr) {
       return absl::NotFoundError(absl::StrCat("dense tensor '", entry.name(), "' does not exist"));
     }
-    ASSIGN_OR_RETURN(p.grads, PackedView<float>(entry.grads(), &p.scratch,
-                                                absl::StrCat("gradients of '", entry.name(), "'")));
+    ASSIGN_OR_RETURN(p.grads,
+                     PackedView<float>(entry.grads(), &p.scratch, "gradients of", entry.name()));
     if (p.grads.size() != p.tensor->numel()) {
       return absl::InvalidArgumentError(absl::StrCat("dense push to '", entry.name(), "' has ",
                                                      p.grads.size(), " floats, expected ",

@@ -52,7 +52,18 @@ class PsCore {
   ModelStore& store() { return store_; }
 
  private:
+  // A table entry of a pull or push, validated: the table exists, the ids are whole
+  // int64s, non-empty, within the request's row budget and all owned by this pod.
+  struct TableIdsView {
+    std::shared_ptr<EmbeddingTable> table;
+    absl::Span<const int64_t> ids;
+    std::vector<int64_t> scratch;
+  };
   struct PreparedPush;
+  // Validates one entry into *out; `op` ("pull" or "push") names it in errors; *total
+  // accumulates rows across the request's entries.
+  absl::Status PrepareIds(absl::string_view op, const std::string& table, const std::string& ids,
+                          const ShardOwnership& own, size_t* total, TableIdsView* out);
   absl::Status CheckOwned(const ShardOwnership& own, const EmbeddingTable& table,
                           absl::Span<const int64_t> ids);
   absl::Status CheckOwnedDense(const ShardOwnership& own, absl::string_view name);
