@@ -2,6 +2,7 @@
 
 #include <cstring>
 
+#include "absl/strings/str_cat.h"
 #include "embedding/hash.h"
 #include "embedding/spec.h"
 #include "embedding/status_macros.h"
@@ -34,9 +35,40 @@ void DenseTensor::Pull(float* out) const {
   std::memcpy(out, values_.data(), numel_ * sizeof(float));
 }
 
-void DenseTensor::Push(const float* grads, float lr) {
+uint64_t DenseTensor::Push(const float* grads, float lr) {
   absl::MutexLock lock(&mu_);
   optimizer_.Apply(lr, values_.data(), values_.data() + numel_, &step_, grads, numel_);
+  dirty_ = true;
+  return step_;
+}
+
+void DenseTensor::Replay(const float* grads, float lr, uint64_t step) {
+  absl::MutexLock lock(&mu_);
+  if (step_ >= step) return;
+  step_ = step - 1;
+  optimizer_.Apply(lr, values_.data(), values_.data() + numel_, &step_, grads, numel_);
+  dirty_ = true;
+}
+
+absl::Status DenseTensor::Restore(absl::Span<const float> values, uint64_t step) {
+  absl::MutexLock lock(&mu_);
+  if (values.size() != values_.size()) {
+    return absl::InvalidArgumentError(absl::StrCat("dense tensor '", spec_.name(), "' holds ",
+                                                   values_.size(), " floats; restore has ",
+                                                   values.size()));
+  }
+  std::copy(values.begin(), values.end(), values_.begin());
+  step_ = step;
+  return absl::OkStatus();
+}
+
+bool DenseTensor::Snapshot(bool always, std::vector<float>* values, uint64_t* step) {
+  absl::MutexLock lock(&mu_);
+  if (!dirty_ && !always) return false;
+  dirty_ = false;
+  *values = values_;
+  *step = step_;
+  return true;
 }
 
 uint64_t DenseTensor::step() const {

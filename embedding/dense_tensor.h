@@ -9,6 +9,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/types/span.h"
 #include "embedding/initializer.h"
 #include "embedding/optimizer.h"
 #include "proto/ps.pb.h"
@@ -28,8 +29,24 @@ class DenseTensor {
   void Pull(float* out) const;
 
   // Applies grads[0..numel) (finite; checked by the caller). lr > 0 overrides the spec's
-  // rate. Thread-safe.
-  void Push(const float* grads, float lr);
+  // rate. Returns the update count after this update (it names the update, as a table
+  // row's step does). Thread-safe.
+  uint64_t Push(const float* grads, float lr);
+
+  // Replays a logged update: applied only if fewer than `step` updates are in the tensor
+  // (see EmbeddingTable::Replay). Thread-safe.
+  void Replay(const float* grads, float lr, uint64_t step);
+
+  // Sets values (numel weights then slot_floats() optimizer state) and the update count.
+  // INVALID_ARGUMENT if `values` has the wrong size. Thread-safe.
+  absl::Status Restore(absl::Span<const float> values, uint64_t step);
+
+  // If the tensor changed since the previous call (or `always`), copies weights and
+  // optimizer state into *values and the count into *step and returns true. Thread-safe.
+  bool Snapshot(bool always, std::vector<float>* values, uint64_t* step);
+
+  // Optimizer state floats after the weights.
+  size_t slot_floats() const { return numel_ * optimizer_.slots(); }
 
   // Updates applied so far. Thread-safe.
   uint64_t step() const;
@@ -52,6 +69,7 @@ class DenseTensor {
   mutable absl::Mutex mu_;
   std::vector<float> values_ ABSL_GUARDED_BY(mu_);  // weights then optimizer slots
   uint64_t step_ ABSL_GUARDED_BY(mu_) = 0;
+  bool dirty_ ABSL_GUARDED_BY(mu_) = false;
 };
 
 }  // namespace ps

@@ -32,8 +32,10 @@ struct RowLayout {
 class alignas(64) Stripe {
  public:
   SpinLock mu;
-  RowIndex index ABSL_GUARDED_BY(mu);              // id -> slot; Prefetch needs no lock
-  std::vector<float*> blocks ABSL_GUARDED_BY(mu);  // owned by the table's arena
+  RowIndex index ABSL_GUARDED_BY(mu);               // id -> slot; Prefetch needs no lock
+  std::vector<float*> blocks ABSL_GUARDED_BY(mu);   // owned by the table's arena
+  std::vector<int64_t> ids ABSL_GUARDED_BY(mu);     // slot -> id
+  std::vector<uint64_t> dirty ABSL_GUARDED_BY(mu);  // bit per slot (with track_dirty)
   uint32_t used_slots ABSL_GUARDED_BY(mu) = 0;
 };
 
@@ -47,12 +49,14 @@ class EmbeddingTableImpl final : public EmbeddingTable {
         layout_(spec_.dim(), optimizer_.slots()),
         rows_per_block_(std::max<size_t>(1, kBlockBytes / (layout_.stride * sizeof(float)))),
         stripe_mask_(options.num_stripes - 1),
+        track_dirty_(options.track_dirty),
         stripes_(options.num_stripes),
         index_bytes_(options.num_stripes * RowIndex::kMinCapacity * 16) {}
 
   const TableSpec& spec() const override { return spec_; }
   uint32_t dim() const override { return layout_.dim; }
   uint64_t name_hash() const override { return name_hash_; }
+  uint32_t slot_floats() const override { return layout_.slot_floats; }
 
   // Both batch operations walk the ids in groups: a first pass looks each row up and
   // prefetches it, a second copies or updates it. The rows of a large table are almost
@@ -74,15 +78,48 @@ class EmbeddingTableImpl final : public EmbeddingTable {
     });
   }
 
-  void Push(absl::Span<const int64_t> ids, const float* grads, float lr) override {
+  void Push(absl::Span<const int64_t> ids, const float* grads, float lr, uint64_t* steps) override {
     ForEachGroup(ids, /*for_write=*/true, [&](size_t i, Stripe& s, uint64_t h) {
-      const uint32_t* slot = s.index.Find(ids[i], h);
-      float* row = slot != nullptr ? RowAt(s, *slot) : CreateRow(s, ids[i], h);
-      uint64_t step;
-      std::memcpy(&step, row + layout_.step_offset(), sizeof(step));
+      uint32_t slot = FindOrCreate(s, ids[i], h);
+      float* row = RowAt(s, slot);
+      uint64_t step = GetStep(row);
       optimizer_.Apply(lr, row, row + layout_.dim, &step, grads + i * layout_.dim, layout_.dim);
-      std::memcpy(row + layout_.step_offset(), &step, sizeof(step));
+      SetStep(row, step);
+      MarkDirty(s, slot);
+      if (steps != nullptr) steps[i] = step;
     });
+  }
+
+  void Replay(int64_t id, const float* grad, float lr, uint64_t step) override {
+    const uint64_t h = RouteHash(name_hash_, id);
+    Stripe& s = StripeOf(h);
+    SpinLockHolder lock(&s.mu);
+    const uint32_t slot = FindOrCreate(s, id, h);
+    float* row = RowAt(s, slot);
+    if (GetStep(row) >= step) return;
+    uint64_t before = step - 1;
+    optimizer_.Apply(lr, row, row + layout_.dim, &before, grad, layout_.dim);
+    SetStep(row, before);
+    MarkDirty(s, slot);
+  }
+
+  void Restore(int64_t id, const float* weights, const float* slots, uint64_t step) override {
+    const uint64_t h = RouteHash(name_hash_, id);
+    Stripe& s = StripeOf(h);
+    SpinLockHolder lock(&s.mu);
+    float* row = RowAt(s, FindOrCreate(s, id, h));
+    std::memcpy(row, weights, layout_.dim * sizeof(float));
+    std::memcpy(row + layout_.dim, slots, layout_.slot_floats * sizeof(float));
+    SetStep(row, step);
+  }
+
+  size_t CollectDirty(const std::function<void(const RowView&)>& fn,
+                      const std::function<void()>& between) override {
+    return Scan(/*dirty_only=*/true, fn, between);
+  }
+
+  size_t ForEachRow(const std::function<void(const RowView&)>& fn) override {
+    return Scan(/*dirty_only=*/false, fn, nullptr);
   }
 
   bool Inspect(int64_t id, const std::function<void(const RowView&)>& fn) override {
@@ -96,7 +133,7 @@ class EmbeddingTableImpl final : public EmbeddingTable {
     view.id = id;
     view.weights = row;
     view.slots = row + layout_.dim;
-    std::memcpy(&view.step, row + layout_.step_offset(), sizeof(view.step));
+    view.step = GetStep(row);
     fn(view);
     return true;
   }
@@ -109,6 +146,65 @@ class EmbeddingTableImpl final : public EmbeddingTable {
 
  private:
   static constexpr size_t kGroup = 16;
+  // Rows visited per lock hold by Scan, so a long scan never stalls a stripe's writers.
+  static constexpr uint32_t kScanChunk = 256;
+
+  uint64_t GetStep(const float* row) const {
+    uint64_t step;
+    std::memcpy(&step, row + layout_.step_offset(), sizeof(step));
+    return step;
+  }
+  void SetStep(float* row, uint64_t step) const {
+    std::memcpy(row + layout_.step_offset(), &step, sizeof(step));
+  }
+
+  uint32_t FindOrCreate(Stripe& s, int64_t id, uint64_t h) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mu) {
+    const uint32_t* slot = s.index.Find(id, h);
+    if (slot != nullptr) return *slot;
+    CreateRow(s, id, h);
+    return s.used_slots - 1;
+  }
+
+  void MarkDirty(Stripe& s, uint32_t slot) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mu) {
+    if (track_dirty_) s.dirty[slot >> 6] |= uint64_t{1} << (slot & 63);
+  }
+
+  // Visits the rows of every stripe (only the dirty ones, clearing their marks, if
+  // dirty_only), kScanChunk slots per lock hold. Slots never move, so resuming a stripe
+  // at a slot index after re-locking is safe.
+  size_t Scan(bool dirty_only, const std::function<void(const RowView&)>& fn,
+              const std::function<void()>& between) {
+    size_t visited = 0;
+    for (Stripe& s : stripes_) {
+      for (uint32_t begin = 0;; begin += kScanChunk) {
+        if (between && begin > 0) between();
+        SpinLockHolder lock(&s.mu);
+        if (begin >= s.used_slots) break;
+        const uint32_t end = std::min(s.used_slots, begin + kScanChunk);
+        for (uint32_t slot = begin; slot < end; ++slot) {
+          if (dirty_only) {
+            uint64_t& word = s.dirty[slot >> 6];
+            const uint64_t bit = uint64_t{1} << (slot & 63);
+            if ((word & bit) == 0) {
+              // Skip clean words whole.
+              if (word == 0) slot |= 63;
+              continue;
+            }
+            word &= ~bit;
+          }
+          const float* row = RowAt(s, slot);
+          RowView view;
+          view.id = s.ids[slot];
+          view.weights = row;
+          view.slots = row + layout_.dim;
+          view.step = GetStep(row);
+          fn(view);
+          ++visited;
+        }
+      }
+    }
+    return visited;
+  }
 
   // Calls fn(i, stripe, hash) for every i with the stripe of ids[i] locked. Per group of
   // kGroup ids: pass 0 prefetches each id's index bucket without any lock; pass 1 locks,
@@ -166,6 +262,8 @@ class EmbeddingTableImpl final : public EmbeddingTable {
       s.blocks.push_back(
           static_cast<float*>(arena_.Allocate(rows_per_block_ * layout_.stride * sizeof(float))));
     }
+    s.ids.push_back(id);
+    if (track_dirty_ && (slot & 63) == 0) s.dirty.push_back(0);
     const size_t index_bytes = s.index.memory_bytes();
     s.index.Insert(id, h, slot);
     index_bytes_.fetch_add(s.index.memory_bytes() - index_bytes, std::memory_order_relaxed);
@@ -173,8 +271,7 @@ class EmbeddingTableImpl final : public EmbeddingTable {
     float* row = RowAt(s, slot);
     initializer_.Fill(name_hash_, id, row, layout_.dim);
     optimizer_.InitSlots(row + layout_.dim, layout_.dim);
-    const uint64_t zero = 0;
-    std::memcpy(row + layout_.step_offset(), &zero, sizeof(zero));
+    SetStep(row, 0);
     return row;
   }
 
@@ -186,6 +283,7 @@ class EmbeddingTableImpl final : public EmbeddingTable {
   const RowLayout layout_;
   const size_t rows_per_block_;
   const uint64_t stripe_mask_;
+  const bool track_dirty_;
 
   BlockArena arena_;             // declared before the stripes that point into it
   std::vector<Stripe> stripes_;  // each guarded by its own mu

@@ -24,6 +24,9 @@ struct TableOptions {
   // Lock stripes (a power of two). 256 keeps two threads on different stripes >99% of the
   // time even on many-core pods, at about 16 KiB of fixed overhead per stripe in use.
   int num_stripes = 256;
+  // Remember which rows pushes changed since the last CollectDirty (one bit per row),
+  // for a durable pod that writes changed rows to storage in the background.
+  bool track_dirty = false;
 };
 
 // One row as the table stores it, for inspection and export.
@@ -53,8 +56,36 @@ class EmbeddingTable {
 
   // Applies grads[i*dim, (i+1)*dim) to row ids[i] for every i in order, creating missing
   // rows first. lr > 0 overrides the table's learning rate. The caller has checked that
-  // the gradients are finite. Thread-safe.
-  virtual void Push(absl::Span<const int64_t> ids, const float* grads, float lr) = 0;
+  // the gradients are finite. If `steps` is not null, steps[i] receives the row's update
+  // count right after update i: (id, step) names each update exactly, which is how a
+  // durable log replays updates in the order they were applied. Thread-safe.
+  virtual void Push(absl::Span<const int64_t> ids, const float* grads, float lr,
+                    uint64_t* steps = nullptr) = 0;
+
+  // Replays one logged update: if row `id` has had fewer than `step` updates, its count is
+  // set to step - 1 and grad[0..dim) is applied with lr (so its count becomes `step`);
+  // otherwise the update is already in the row and nothing happens. Updates of one row
+  // must be replayed in increasing step order. Thread-safe.
+  virtual void Replay(int64_t id, const float* grad, float lr, uint64_t step) = 0;
+
+  // Sets row `id` to the given weights (dim floats), optimizer slots (slot_floats()) and
+  // update count, creating it if missing; the row is not marked dirty. Thread-safe.
+  virtual void Restore(int64_t id, const float* weights, const float* slots, uint64_t step) = 0;
+
+  // Calls fn for every row changed since the previous call (with track_dirty), under its
+  // stripe's lock (fn must not call back into the table), and clears the marks. Rows
+  // changed while it runs are reported now or by the next call. Rows are visited a few
+  // hundred per lock hold; `between` (if set) runs with no lock held after each group, so
+  // the caller can write out what it gathered. Returns the rows reported. Thread-safe;
+  // one caller at a time.
+  virtual size_t CollectDirty(const std::function<void(const RowView&)>& fn,
+                              const std::function<void()>& between = nullptr) = 0;
+
+  // Calls fn for every row (as CollectDirty, without clearing marks). Thread-safe.
+  virtual size_t ForEachRow(const std::function<void(const RowView&)>& fn) = 0;
+
+  // Optimizer slot floats per row (slots() * dim).
+  virtual uint32_t slot_floats() const = 0;
 
   // Calls fn for the row `id` if it exists, under its stripe's lock (fn must not call back
   // into the table); returns whether it exists. Thread-safe.

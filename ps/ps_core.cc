@@ -1,10 +1,14 @@
 #include "ps/ps_core.h"
 
+#include <glog/logging.h>
+
 #include <cstring>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
 #include "embedding/hash.h"
+#include "embedding/spec.h"
 #include "embedding/status_macros.h"
 #include "ps/codec.h"
 
@@ -67,6 +71,20 @@ PsCore::PsCore(PsCoreOptions options, ShardOwnership ownership)
       dedup_(options.dedup),
       ownership_(std::make_shared<const ShardOwnership>(std::move(ownership))) {}
 
+PsCore::~PsCore() = default;
+
+absl::StatusOr<std::unique_ptr<PsCore>> PsCore::Open(PsCoreOptions options,
+                                                     ShardOwnership ownership) {
+  const bool durable = !options.storage.db.dir.empty();
+  if (durable) options.table.track_dirty = true;
+  auto core = std::make_unique<PsCore>(options, std::move(ownership));
+  if (durable) {
+    ASSIGN_OR_RETURN(core->storage_,
+                     PodStorage::Open(options.storage, &core->store_, &core->dedup_));
+  }
+  return core;
+}
+
 void PsCore::SetOwnership(ShardOwnership ownership) {
   auto next = std::make_shared<const ShardOwnership>(std::move(ownership));
   absl::MutexLock lock(&mu_);
@@ -105,12 +123,23 @@ absl::Status PsCore::CheckOwnedDense(const ShardOwnership& own, absl::string_vie
 }
 
 absl::Status PsCore::CreateTable(const CreateTableRequest& req, CreateTableResponse* resp) {
+  absl::MutexLock lock(&create_mu_);
+  if (storage_ != nullptr && store_.FindTable(req.spec().name()) == nullptr) {
+    // Stored before it exists in memory, so no push to it is logged before its spec.
+    ASSIGN_OR_RETURN(TableSpec normalized, NormalizeTableSpec(req.spec()));
+    RETURN_IF_ERROR(storage_->AddTable(normalized));
+  }
   ASSIGN_OR_RETURN(bool created, store_.CreateTable(req.spec()));
   resp->set_created(created);
   return absl::OkStatus();
 }
 
 absl::Status PsCore::CreateDense(const CreateDenseRequest& req, CreateDenseResponse* resp) {
+  absl::MutexLock lock(&create_mu_);
+  if (storage_ != nullptr && store_.FindDense(req.spec().name()) == nullptr) {
+    ASSIGN_OR_RETURN(DenseSpec normalized, NormalizeDenseSpec(req.spec()));
+    RETURN_IF_ERROR(storage_->AddDense(normalized));
+  }
   ASSIGN_OR_RETURN(bool created, store_.CreateDense(req.spec()));
   resp->set_created(created);
   return absl::OkStatus();
@@ -153,35 +182,50 @@ absl::Status PsCore::Pull(const PullRequest& req, PullResponse* resp) {
   return absl::OkStatus();
 }
 
-absl::Status PsCore::ApplyOnce(const PushKey& key, PushResponse* resp,
-                               const std::function<void()>& apply) {
-  ASSIGN_OR_RETURN(PushDedup::Claim claim, dedup_.Begin(key));
-  switch (claim) {
+void PsCore::ApplyOnce(const PushKey& key, PushResponse* resp, size_t record_bytes,
+                       const std::function<void(LogRecordBuilder*)>& apply, Done done) {
+  if (storage_ != nullptr) {
+    if (absl::Status s = storage_->log().health(); !s.ok()) return done(s);
+  }
+  absl::StatusOr<PushDedup::Claim> claim = dedup_.Begin(key);
+  if (!claim.ok()) return done(claim.status());
+  switch (*claim) {
     case PushDedup::Claim::kDuplicate:
       counters_.duplicate_pushes.fetch_add(1, std::memory_order_relaxed);
       resp->set_duplicate(true);
-      return absl::OkStatus();
+      return done(absl::OkStatus());
     case PushDedup::Claim::kInProgress:
-      return absl::AbortedError(absl::StrCat("push ", key.worker_id(), "/", key.incarnation(), "/",
-                                             key.sequence(), " is being applied now; retry"));
+      return done(
+          absl::AbortedError(absl::StrCat("push ", key.worker_id(), "/", key.incarnation(), "/",
+                                          key.sequence(), " is being applied now; retry")));
     case PushDedup::Claim::kNew:
       break;
   }
-  apply();
-  dedup_.Finish(key, /*applied=*/true);
-  return absl::OkStatus();
+  if (storage_ == nullptr) {
+    apply(nullptr);
+    dedup_.Finish(key, /*applied=*/true);
+    return done(absl::OkStatus());
+  }
+  // Applied and logged under the shared apply lock (see PodStorage::apply_mu); the key
+  // is marked applied only once the record is durable, so a retry before then is told to
+  // wait (ABORTED) rather than acknowledged early.
+  absl::ReaderMutexLock lock(&storage_->apply_mu());
+  LogRecordBuilder record(key, record_bytes);
+  apply(&record);
+  storage_->log().Append(record.Finish(), [this, key, done = std::move(done)](absl::Status s) {
+    dedup_.Finish(key, /*applied=*/s.ok());
+    done(s);
+  });
 }
 
-absl::Status PsCore::Push(const PushRequest& req, PushResponse* resp) {
-  auto own = ownership();
-  resp->set_epoch(own->epoch());
+absl::Status PsCore::PreparePush(const PushRequest& req, const ShardOwnership& own,
+                                 std::vector<PreparedPush>* prepared, size_t* total) {
   if (req.tables_size() == 0) return absl::InvalidArgumentError("push names no tables");
-  std::vector<PreparedPush> prepared(req.tables_size());
-  size_t total = 0;
+  prepared->resize(req.tables_size());
   for (int i = 0; i < req.tables_size(); ++i) {
     const TableGrads& entry = req.tables(i);
-    PreparedPush& p = prepared[i];
-    RETURN_IF_ERROR(PrepareIds("push", entry.table(), entry.ids(), *own, &total, &p.rows));
+    PreparedPush& p = (*prepared)[i];
+    RETURN_IF_ERROR(PrepareIds("push", entry.table(), entry.ids(), own, total, &p.rows));
     ASSIGN_OR_RETURN(
         p.grads, PackedView<float>(entry.grads(), &p.grad_scratch, "gradients of", entry.table()));
     const size_t dim = p.rows.table->dim();
@@ -199,12 +243,65 @@ absl::Status PsCore::Push(const PushRequest& req, PushResponse* resp) {
     RETURN_IF_ERROR(CheckLearningRate(entry.learning_rate(), entry.table()));
     p.lr = entry.learning_rate();
   }
-  RETURN_IF_ERROR(ApplyOnce(req.key(), resp, [&] {
-    for (PreparedPush& p : prepared) p.rows.table->Push(p.rows.ids, p.grads.data(), p.lr);
-  }));
-  counters_.push_requests.fetch_add(1, std::memory_order_relaxed);
-  counters_.pushed_rows.fetch_add(total, std::memory_order_relaxed);
   return absl::OkStatus();
+}
+
+void PsCore::PushAsync(const PushRequest& req, PushResponse* resp, Done done) {
+  auto own = ownership();
+  resp->set_epoch(own->epoch());
+  // Shared so the (copyable) apply function can hold it; lives until this call returns.
+  auto prepared = std::make_shared<std::vector<PreparedPush>>();
+  size_t total = 0;
+  if (absl::Status s = PreparePush(req, *own, prepared.get(), &total); !s.ok()) return done(s);
+  size_t record_bytes = 0;
+  for (const PreparedPush& p : *prepared) {
+    record_bytes += LogRecordBuilder::TableBytes(p.rows.table->spec().name(), p.rows.ids.size(),
+                                                 p.rows.table->dim());
+  }
+  ApplyOnce(
+      req.key(), resp, record_bytes,
+      [prepared](LogRecordBuilder* record) {
+        std::vector<uint64_t> steps;
+        for (PreparedPush& p : *prepared) {
+          EmbeddingTable& t = *p.rows.table;
+          if (record == nullptr) {
+            t.Push(p.rows.ids, p.grads.data(), p.lr);
+            continue;
+          }
+          steps.resize(p.rows.ids.size());
+          t.Push(p.rows.ids, p.grads.data(), p.lr, steps.data());
+          record->AddTable(t.spec().name(), p.lr, t.dim(), p.rows.ids, steps, p.grads.data());
+        }
+      },
+      [this, total, done = std::move(done)](absl::Status s) {
+        if (s.ok()) {
+          counters_.push_requests.fetch_add(1, std::memory_order_relaxed);
+          counters_.pushed_rows.fetch_add(total, std::memory_order_relaxed);
+        }
+        done(s);
+      });
+}
+
+absl::Status PsCore::Push(const PushRequest& req, PushResponse* resp) {
+  absl::Notification finished;
+  absl::Status result;
+  PushAsync(req, resp, [&](absl::Status s) {
+    result = s;
+    finished.Notify();
+  });
+  finished.WaitForNotification();
+  return result;
+}
+
+absl::Status PsCore::PushDense(const DensePushRequest& req, PushResponse* resp) {
+  absl::Notification finished;
+  absl::Status result;
+  PushDenseAsync(req, resp, [&](absl::Status s) {
+    result = s;
+    finished.Notify();
+  });
+  finished.WaitForNotification();
+  return result;
 }
 
 absl::Status PsCore::PullDense(const DensePullRequest& req, DensePullResponse* resp) {
@@ -228,20 +325,13 @@ absl::Status PsCore::PullDense(const DensePullRequest& req, DensePullResponse* r
   return absl::OkStatus();
 }
 
-absl::Status PsCore::PushDense(const DensePushRequest& req, PushResponse* resp) {
-  auto own = ownership();
-  resp->set_epoch(own->epoch());
+absl::Status PsCore::PrepareDensePush(const DensePushRequest& req, const ShardOwnership& own,
+                                      std::vector<PreparedDense>* prepared) {
   if (req.tensors_size() == 0) return absl::InvalidArgumentError("dense push names no tensors");
-  struct Prepared {
-    std::shared_ptr<DenseTensor> tensor;
-    absl::Span<const float> grads;
-    std::vector<float> scratch;
-    float lr;
-  };
-  std::vector<Prepared> prepared(req.tensors_size());
+  prepared->resize(req.tensors_size());
   for (int i = 0; i < req.tensors_size(); ++i) {
     const DenseGrads& entry = req.tensors(i);
-    Prepared& p = prepared[i];
+    PreparedDense& p = (*prepared)[i];
     p.tensor = store_.FindDense(entry.name());
     if (p.tensor == nullptr) {
       return absl::NotFoundError(absl::StrCat("dense tensor '", entry.name(), "' does not exist"));
@@ -261,11 +351,27 @@ absl::Status PsCore::PushDense(const DensePushRequest& req, PushResponse* resp) 
     }
     RETURN_IF_ERROR(CheckLearningRate(entry.learning_rate(), entry.name()));
     p.lr = entry.learning_rate();
-    RETURN_IF_ERROR(CheckOwnedDense(*own, entry.name()));
+    RETURN_IF_ERROR(CheckOwnedDense(own, entry.name()));
   }
-  return ApplyOnce(req.key(), resp, [&] {
-    for (Prepared& p : prepared) p.tensor->Push(p.grads.data(), p.lr);
-  });
+  return absl::OkStatus();
+}
+
+void PsCore::PushDenseAsync(const DensePushRequest& req, PushResponse* resp, Done done) {
+  auto own = ownership();
+  resp->set_epoch(own->epoch());
+  auto prepared = std::make_shared<std::vector<PreparedDense>>();
+  if (absl::Status s = PrepareDensePush(req, *own, prepared.get()); !s.ok()) return done(s);
+  size_t record_bytes = 0;
+  for (const PreparedDense& p : *prepared) record_bytes += 32 + p.grads.size() * sizeof(float);
+  ApplyOnce(
+      req.key(), resp, record_bytes,
+      [prepared](LogRecordBuilder* record) {
+        for (PreparedDense& p : *prepared) {
+          const uint64_t step = p.tensor->Push(p.grads.data(), p.lr);
+          if (record != nullptr) record->AddDense(p.tensor->spec().name(), p.lr, step, p.grads);
+        }
+      },
+      std::move(done));
 }
 
 absl::Status PsCore::Stats(const StatsRequest&, StatsResponse* resp) {
@@ -285,6 +391,36 @@ absl::Status PsCore::Stats(const StatsRequest&, StatsResponse* resp) {
   resp->set_rows(rows);
   resp->set_memory_bytes(bytes);
   resp->set_uptime_seconds(absl::ToDoubleSeconds(absl::Now() - started_));
+  if (storage_ != nullptr) {
+    resp->set_durability(DurabilityName(storage_->durability()));
+    const DurableLog::Stats log = storage_->log().stats();
+    resp->set_log_records(log.records);
+    resp->set_log_groups(log.groups);
+    resp->set_log_bytes(log.bytes);
+    resp->set_log_pending_bytes(log.pending_bytes);
+    resp->set_log_max_lag_ms(log.max_lag_ms);
+    const PodStorage::Stats st = storage_->stats();
+    resp->set_materialize_rounds(st.materialize_rounds);
+    resp->set_materialized_rows(st.materialized_rows);
+    resp->set_last_materialize_ms(st.last_materialize_ms);
+    resp->set_disk_bytes(st.disk_bytes);
+    const RecoveryStats& rec = storage_->recovery();
+    resp->set_recovery_seconds(rec.seconds);
+    resp->set_recovered_rows(rec.rows);
+    resp->set_recovered_log_records(rec.log_records);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status PsCore::Checkpoint(const CheckpointRequest& req, CheckpointResponse* resp) {
+  if (storage_ == nullptr) {
+    return absl::FailedPreconditionError("this pod has no --data_dir: nothing to checkpoint");
+  }
+  if (req.dir().empty()) return absl::InvalidArgumentError("checkpoint dir is empty");
+  const absl::Time start = absl::Now();
+  RETURN_IF_ERROR(storage_->Checkpoint(req.dir()));
+  resp->set_seconds(absl::ToDoubleSeconds(absl::Now() - start));
+  LOG(INFO) << "checkpoint written to " << req.dir() << " in " << resp->seconds() << " s";
   return absl::OkStatus();
 }
 

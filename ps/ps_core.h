@@ -6,6 +6,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <memory>
 
 #include "absl/base/thread_annotations.h"
@@ -14,6 +15,8 @@
 #include "absl/time/time.h"
 #include "embedding/model_store.h"
 #include "proto/ps.pb.h"
+#include "ps/log_record.h"
+#include "ps/pod_storage.h"
 #include "ps/push_dedup.h"
 #include "ps/shard_ownership.h"
 
@@ -25,11 +28,21 @@ struct PsCoreOptions {
   size_t max_batch_rows = size_t{1} << 20;
   PushDedupOptions dedup;
   TableOptions table;
+  // storage.db.dir empty: state in memory only (lost when the process ends).
+  PodStorageOptions storage;
 };
 
 class PsCore {
  public:
+  using Done = std::function<void(absl::Status)>;
+
+  // A pod; with options.storage.db.dir set, its state is recovered from and kept durable
+  // in that directory (errors: see StorageDb::Open and PodStorage::Open).
+  static absl::StatusOr<std::unique_ptr<PsCore>> Open(PsCoreOptions options,
+                                                      ShardOwnership ownership);
+  // An in-memory pod (options.storage is ignored).
   PsCore(PsCoreOptions options, ShardOwnership ownership);
+  ~PsCore();
 
   // Each returns OK or the most specific error: INVALID_ARGUMENT (malformed, empty,
   // oversized, non-finite gradients), NOT_FOUND (unknown table), ALREADY_EXISTS (table
@@ -44,12 +57,22 @@ class PsCore {
   absl::Status PullDense(const DensePullRequest& req, DensePullResponse* resp);
   absl::Status PushDense(const DensePushRequest& req, PushResponse* resp);
   absl::Status Stats(const StatsRequest& req, StatsResponse* resp);
+  // FAILED_PRECONDITION for a pod without storage.
+  absl::Status Checkpoint(const CheckpointRequest& req, CheckpointResponse* resp);
+
+  // Pushes complete asynchronously on a durable pod: `done` runs once the push is durable
+  // (or failed), possibly on another thread, possibly before the call returns. *resp must
+  // stay valid until then. Push / PushDense above wait for it.
+  void PushAsync(const PushRequest& req, PushResponse* resp, Done done);
+  void PushDenseAsync(const DensePushRequest& req, PushResponse* resp, Done done);
 
   // Replaces the ownership (a new shard map epoch). Thread-safe.
   void SetOwnership(ShardOwnership ownership);
   std::shared_ptr<const ShardOwnership> ownership() const;
 
   ModelStore& store() { return store_; }
+  // Null for an in-memory pod.
+  PodStorage* storage() { return storage_.get(); }
 
  private:
   // A table entry of a pull or push, validated: the table exists, the ids are whole
@@ -67,14 +90,28 @@ class PsCore {
   absl::Status CheckOwned(const ShardOwnership& own, const EmbeddingTable& table,
                           absl::Span<const int64_t> ids);
   absl::Status CheckOwnedDense(const ShardOwnership& own, absl::string_view name);
-  // Runs `apply` once for a key: handles duplicates and in-flight retries.
-  absl::Status ApplyOnce(const PushKey& key, PushResponse* resp,
-                         const std::function<void()>& apply);
+  // Runs `apply` once for a key: handles duplicates and in-flight retries. `apply` adds
+  // the push's entries to the log record it is given (when the pod is durable); `done`
+  // gets the outcome once the push is durable.
+  void ApplyOnce(const PushKey& key, PushResponse* resp, size_t record_bytes,
+                 const std::function<void(LogRecordBuilder*)>& apply, Done done);
+  absl::Status PreparePush(const PushRequest& req, const ShardOwnership& own,
+                           std::vector<PreparedPush>* prepared, size_t* total);
+  struct PreparedDense {
+    std::shared_ptr<DenseTensor> tensor;
+    absl::Span<const float> grads;
+    std::vector<float> scratch;
+    float lr;
+  };
+  absl::Status PrepareDensePush(const DensePushRequest& req, const ShardOwnership& own,
+                                std::vector<PreparedDense>* prepared);
 
   const PsCoreOptions options_;
   const absl::Time started_;
   ModelStore store_;
   PushDedup dedup_;
+  std::unique_ptr<PodStorage> storage_;  // null: in memory only
+  absl::Mutex create_mu_;                // serializes table and tensor creation
 
   mutable absl::Mutex mu_;
   std::shared_ptr<const ShardOwnership> ownership_ ABSL_GUARDED_BY(mu_);

@@ -15,10 +15,10 @@ namespace {
 
 class PsServerImpl final : public PsServer {
  public:
-  PsServerImpl(const PsServerOptions& options, ShardOwnership ownership)
-      : core_(options.core, std::move(ownership)),
+  PsServerImpl(const PsServerOptions& options, std::unique_ptr<PsCore> core)
+      : core_(std::move(core)),
         pool_(WorkPoolOptions{options.threads, 1024}),
-        service_(&core_, &pool_) {}
+        service_(core_.get(), &pool_) {}
 
   absl::Status Start(const PsServerOptions& options) {
     grpc::EnableDefaultHealthCheckService(true);
@@ -41,7 +41,7 @@ class PsServerImpl final : public PsServer {
   }
 
   int port() const override { return port_; }
-  PsCore& core() override { return core_; }
+  PsCore& core() override { return *core_; }
 
   void Shutdown(int grace_ms) override {
     server_->GetHealthCheckService()->SetServingStatus(false);
@@ -56,7 +56,7 @@ class PsServerImpl final : public PsServer {
   }
 
  private:
-  PsCore core_;
+  std::unique_ptr<PsCore> core_;  // destroyed last: the storage flushes on destruction
   WorkPool pool_;
   PsService service_;
   std::unique_ptr<grpc::Server> server_;
@@ -67,7 +67,11 @@ class PsServerImpl final : public PsServer {
 
 absl::StatusOr<std::unique_ptr<PsServer>> PsServer::Start(const PsServerOptions& options,
                                                           ShardOwnership ownership) {
-  auto server = std::make_unique<PsServerImpl>(options, std::move(ownership));
+  // Recovery (with a data dir) completes before the port opens: a pod that answers
+  // serves its recovered state.
+  auto core = PsCore::Open(options.core, std::move(ownership));
+  if (!core.ok()) return core.status();
+  auto server = std::make_unique<PsServerImpl>(options, *std::move(core));
   if (auto s = server->Start(options); !s.ok()) return s;
   return std::unique_ptr<PsServer>(std::move(server));
 }

@@ -40,6 +40,42 @@ grpc::ServerUnaryReactor* PsService::Run(grpc::CallbackServerContext* ctx, const
   return reactor;
 }
 
+template <typename Req>
+grpc::ServerUnaryReactor* PsService::RunAsync(grpc::CallbackServerContext* ctx, const Req* req,
+                                              PushResponse* resp,
+                                              void (PsCore::*method)(const Req&, PushResponse*,
+                                                                     PsCore::Done)) {
+  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+  PsCore* core = core_;
+  bool queued = pool_->TrySubmit([core, ctx, req, resp, reactor, method] {
+    (core->*method)(*req, resp, [core, ctx, reactor](absl::Status s) {
+      if (!s.ok()) {
+        if (s.code() == absl::StatusCode::kFailedPrecondition) {
+          ctx->AddTrailingMetadata("ps-epoch", absl::StrCat(core->ownership()->epoch()));
+        }
+        LOG_EVERY_N(WARNING, 1000) << "push from " << ctx->peer() << " failed: " << s
+                                   << " (every 1000th failure is logged)";
+      }
+      reactor->Finish(ToGrpcStatus(s));
+    });
+  });
+  if (!queued) {
+    reactor->Finish(grpc::Status(grpc::StatusCode::UNAVAILABLE,
+                                 "server work queue is full; retry with backoff"));
+  }
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* PsService::Push(grpc::CallbackServerContext* ctx, const PushRequest* req,
+                                          PushResponse* resp) {
+  return RunAsync(ctx, req, resp, &PsCore::PushAsync);
+}
+
+grpc::ServerUnaryReactor* PsService::PushDense(grpc::CallbackServerContext* ctx,
+                                               const DensePushRequest* req, PushResponse* resp) {
+  return RunAsync(ctx, req, resp, &PsCore::PushDenseAsync);
+}
+
 #define PS_RPC(Name, Req, Resp)                                                               \
   grpc::ServerUnaryReactor* PsService::Name(grpc::CallbackServerContext* ctx, const Req* req, \
                                             Resp* resp) {                                     \
@@ -50,10 +86,9 @@ PS_RPC(CreateTable, CreateTableRequest, CreateTableResponse)
 PS_RPC(CreateDense, CreateDenseRequest, CreateDenseResponse)
 PS_RPC(Describe, DescribeRequest, DescribeResponse)
 PS_RPC(Pull, PullRequest, PullResponse)
-PS_RPC(Push, PushRequest, PushResponse)
 PS_RPC(PullDense, DensePullRequest, DensePullResponse)
-PS_RPC(PushDense, DensePushRequest, PushResponse)
 PS_RPC(Stats, StatsRequest, StatsResponse)
+PS_RPC(Checkpoint, CheckpointRequest, CheckpointResponse)
 
 #undef PS_RPC
 

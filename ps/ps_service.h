@@ -31,11 +31,20 @@ class PsService final : public ParameterServer::CallbackService {
                                       PushResponse* resp) override;
   grpc::ServerUnaryReactor* Stats(grpc::CallbackServerContext* ctx, const StatsRequest* req,
                                   StatsResponse* resp) override;
+  grpc::ServerUnaryReactor* Checkpoint(grpc::CallbackServerContext* ctx,
+                                       const CheckpointRequest* req,
+                                       CheckpointResponse* resp) override;
 
  private:
   template <typename Req, typename Resp>
   grpc::ServerUnaryReactor* Run(grpc::CallbackServerContext* ctx, const Req* req, Resp* resp,
                                 absl::Status (PsCore::*method)(const Req&, Resp*));
+  // For pushes, which complete when durable: the reactor finishes from PsCore's callback.
+  template <typename Req>
+  grpc::ServerUnaryReactor* RunAsync(grpc::CallbackServerContext* ctx, const Req* req,
+                                     PushResponse* resp,
+                                     void (PsCore::*method)(const Req&, PushResponse*,
+                                                            PsCore::Done));
 
   PsCore* const core_;
   WorkPool* const pool_;

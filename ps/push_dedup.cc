@@ -1,5 +1,7 @@
 #include "ps/push_dedup.h"
 
+#include <cstring>
+
 #include "absl/strings/str_cat.h"
 
 namespace ps {
@@ -86,6 +88,68 @@ void PushDedup::EvictOldest() {
     if (it->second.last_used < oldest->second.last_used) oldest = it;
   }
   if (oldest != writers_.end()) writers_.erase(oldest);
+}
+
+namespace {
+
+template <typename T>
+void Append(std::string* out, T v) {
+  out->append(reinterpret_cast<const char*>(&v), sizeof(v));
+}
+
+template <typename T>
+bool Take(absl::string_view* in, T* v) {
+  if (in->size() < sizeof(T)) return false;
+  std::memcpy(v, in->data(), sizeof(T));
+  in->remove_prefix(sizeof(T));
+  return true;
+}
+
+}  // namespace
+
+// Layout (host order, little-endian here): u32 window, u64 writers, then per writer
+// u64 worker_id, u64 incarnation, u64 base, window/64 u64 words of done bits.
+std::string PushDedup::Serialize() const {
+  absl::MutexLock lock(&mu_);
+  std::string out;
+  Append<uint32_t>(&out, options_.window);
+  Append<uint64_t>(&out, writers_.size());
+  for (const auto& [id, w] : writers_) {
+    Append<uint64_t>(&out, id);
+    Append<uint64_t>(&out, w.incarnation);
+    Append<uint64_t>(&out, w.base);
+    for (uint64_t word : w.done) Append<uint64_t>(&out, word);
+  }
+  return out;
+}
+
+absl::Status PushDedup::Restore(absl::string_view bytes) {
+  uint32_t window = 0;
+  uint64_t count = 0;
+  if (!Take(&bytes, &window) || !Take(&bytes, &count)) {
+    return absl::InvalidArgumentError("push de-duplication state is truncated");
+  }
+  if (window != options_.window) {
+    return absl::InvalidArgumentError(absl::StrCat("push de-duplication state has window ", window,
+                                                   ", this pod uses ", options_.window));
+  }
+  const size_t words = (window + 63) / 64;
+  absl::flat_hash_map<uint64_t, Writer> writers;
+  for (uint64_t i = 0; i < count; ++i) {
+    uint64_t id = 0;
+    Writer w;
+    w.done.resize(words);
+    bool ok = Take(&bytes, &id) && Take(&bytes, &w.incarnation) && Take(&bytes, &w.base);
+    for (size_t k = 0; ok && k < words; ++k) ok = Take(&bytes, &w.done[k]);
+    if (!ok) return absl::InvalidArgumentError("push de-duplication state is truncated");
+    writers.emplace(id, std::move(w));
+  }
+  if (!bytes.empty()) {
+    return absl::InvalidArgumentError("push de-duplication state has trailing bytes");
+  }
+  absl::MutexLock lock(&mu_);
+  writers_ = std::move(writers);
+  return absl::OkStatus();
 }
 
 size_t PushDedup::writers() const {

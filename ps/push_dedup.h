@@ -8,6 +8,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -48,6 +49,12 @@ class PushDedup {
   void Finish(const PushKey& key, bool applied);
 
   size_t writers() const;
+
+  // The applied keys (claims in progress are not included), as bytes for storage, and
+  // back. Restore replaces the state; INVALID_ARGUMENT for bytes it cannot read (or of
+  // another window size). Thread-safe.
+  std::string Serialize() const;
+  absl::Status Restore(absl::string_view bytes);
 
  private:
   struct Writer {

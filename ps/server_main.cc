@@ -31,6 +31,21 @@ DEFINE_string(shard, "",
               "Static map: 'I/N' makes this pod the I-th of N, owning the contiguous range "
               "of vshards [I*V/N, (I+1)*V/N). Empty: this pod owns every vshard.");
 DEFINE_int32(table_stripes, 256, "Lock stripes per embedding table (power of two).");
+DEFINE_string(data_dir, "",
+              "Directory of the pod's RocksDB database (its volume). Set: every table, row, "
+              "optimizer state and push key is durable there and recovered at start. A "
+              "missing or empty directory starts a new pod; one holding anything else is "
+              "refused. Empty: state lives in memory only and is lost when the process ends.");
+DEFINE_string(durability, "process",
+              "With --data_dir, what an acknowledged push survives. process: kill -9 of the "
+              "pod (acknowledged once in the OS page cache). machine: power loss "
+              "(acknowledged once fsynced; concurrent pushes share an fsync). periodic: "
+              "acknowledged at once, written and fsynced every --flush_ms, so a crash loses "
+              "at most the last --flush_ms of acknowledged pushes.");
+DEFINE_int32(flush_ms, 100, "--durability=periodic: most milliseconds of pushes a crash loses.");
+DEFINE_int32(materialize_ms, 1000,
+             "With --data_dir: how often changed rows are written to the database and the "
+             "push log truncated. Recovery replays about this much of the log.");
 DEFINE_int32(shutdown_grace_ms, 5000,
              "On SIGTERM/SIGINT: stop accepting, let calls in flight finish for this long.");
 
@@ -45,6 +60,17 @@ int Main() {
   options.memory_quota_bytes = int64_t{FLAGS_memory_quota_mb} << 20;
   options.core.max_batch_rows = FLAGS_max_batch_rows;
   options.core.table.num_stripes = FLAGS_table_stripes;
+  options.core.storage.db.dir = FLAGS_data_dir;
+  options.core.storage.materialize_ms = FLAGS_materialize_ms;
+  options.core.storage.log.flush_ms = FLAGS_flush_ms;
+  absl::StatusOr<ps::Durability> durability = ps::ParseDurability(FLAGS_durability);
+  if (!durability.ok() || FLAGS_flush_ms < 1 || FLAGS_materialize_ms < 1) {
+    LOG(ERROR) << "bad durability flags: "
+               << (durability.ok() ? "--flush_ms and --materialize_ms must be >= 1"
+                                   : durability.status().ToString());
+    return 2;
+  }
+  options.core.storage.log.durability = *durability;
   if (FLAGS_threads < 1 || FLAGS_max_message_mb < 1 || FLAGS_max_message_mb > 2047 ||
       FLAGS_memory_quota_mb < FLAGS_max_message_mb) {
     LOG(ERROR) << "--threads must be >= 1, --max_message_mb in [1, 2047] and "
@@ -75,7 +101,10 @@ int Main() {
   }
   LOG(INFO) << "ps-server serving on " << FLAGS_host << ":" << (*server)->port() << ", owning "
             << (*server)->core().ownership()->owned_count() << " of " << FLAGS_num_vshards
-            << " vshards, " << FLAGS_threads << " work threads";
+            << " vshards, " << FLAGS_threads << " work threads, "
+            << (FLAGS_data_dir.empty()
+                    ? std::string("in memory only (no --data_dir)")
+                    : "data in " + FLAGS_data_dir + ", durability " + FLAGS_durability);
   if (!FLAGS_port_file.empty()) {
     const std::string tmp = FLAGS_port_file + ".tmp";
     std::ofstream(tmp) << (*server)->port() << "\n";
@@ -99,7 +128,8 @@ int Main() {
 int main(int argc, char** argv) {
   ps::InitBinary(&argc, &argv,
                  "ps-server: a parameter-server pod holding embedding tables and dense tensors.\n"
-                 "Usage: ps-server --port=50051 [--shard=I/N --num_vshards=256]",
+                 "Usage: ps-server --port=50051 [--data_dir=DIR --durability=process] "
+                 "[--shard=I/N --num_vshards=256]",
                  __FILE__);
   return Main();
 }

@@ -1,0 +1,164 @@
+#include "ps/durable_log.h"
+
+#include <glog/logging.h>
+
+#include "absl/strings/str_cat.h"
+
+namespace ps {
+
+absl::StatusOr<Durability> ParseDurability(absl::string_view name) {
+  if (name == "process") return Durability::kProcess;
+  if (name == "machine") return Durability::kMachine;
+  if (name == "periodic") return Durability::kPeriodic;
+  return absl::InvalidArgumentError(
+      absl::StrCat("durability '", name, "' is not one of process, machine, periodic"));
+}
+
+const char* DurabilityName(Durability d) {
+  switch (d) {
+    case Durability::kProcess:
+      return "process";
+    case Durability::kMachine:
+      return "machine";
+    case Durability::kPeriodic:
+      return "periodic";
+  }
+  return "?";
+}
+
+DurableLog::DurableLog(StorageDb* db, uint64_t next_lsn, DurableLogOptions options)
+    : db_(db), options_(options), next_lsn_(next_lsn), written_lsn_(next_lsn) {
+  writer_ = std::thread([this] { Run(); });
+}
+
+DurableLog::~DurableLog() {
+  {
+    absl::MutexLock lock(&mu_);
+    stop_ = true;
+  }
+  writer_.join();
+}
+
+void DurableLog::Append(std::string record, Done done) {
+  const size_t bytes = record.size();
+  const absl::Time now = absl::Now();
+  bool ack_now = false;
+  absl::Status refused;
+  {
+    absl::MutexLock lock(&mu_);
+    auto room = [this] {
+      mu_.AssertHeld();
+      return pending_bytes_ < options_.max_pending_bytes || !failed_.ok() || stop_;
+    };
+    mu_.Await(absl::Condition(&room));
+    if (!failed_.ok()) {
+      refused = absl::UnavailableError(absl::StrCat(
+          "the push log failed earlier (", failed_.message(),
+          "); this pod refuses pushes until it is restarted and recovers from its log"));
+    } else {
+      // Periodic mode acknowledges now unless the writer lags: then the record waits for
+      // its write like in process mode, which keeps the loss bound.
+      if (options_.durability == Durability::kPeriodic) {
+        absl::Time oldest = writing_since_;
+        if (!queue_.empty()) oldest = std::min(oldest, queue_.front().queued);
+        ack_now = now - oldest < absl::Milliseconds(options_.flush_ms) / 2;
+      }
+      queue_.push_back(
+          Entry{next_lsn_++, std::move(record), ack_now ? nullptr : std::move(done), now});
+      pending_bytes_ += bytes;
+    }
+  }
+  if (!refused.ok()) {
+    done(refused);
+  } else if (ack_now) {
+    done(absl::OkStatus());
+  }
+}
+
+absl::Status DurableLog::health() const {
+  absl::MutexLock lock(&mu_);
+  if (failed_.ok()) return absl::OkStatus();
+  return absl::UnavailableError(
+      absl::StrCat("the push log failed (", failed_.message(),
+                   "); this pod refuses pushes until it is restarted and recovers from its log"));
+}
+
+uint64_t DurableLog::next_lsn() const {
+  absl::MutexLock lock(&mu_);
+  return next_lsn_;
+}
+
+absl::Status DurableLog::WaitWritten(uint64_t lsn) {
+  absl::MutexLock lock(&mu_);
+  auto written = [this, lsn] {
+    mu_.AssertHeld();
+    return written_lsn_ >= lsn || !failed_.ok();
+  };
+  mu_.Await(absl::Condition(&written));
+  return failed_;
+}
+
+DurableLog::Stats DurableLog::stats() const {
+  absl::MutexLock lock(&mu_);
+  Stats s = stats_;
+  s.pending_bytes = pending_bytes_;
+  return s;
+}
+
+void DurableLog::Run() {
+  const bool periodic = options_.durability == Durability::kPeriodic;
+  const bool sync = options_.durability != Durability::kProcess;
+  std::vector<Entry> group;
+  std::vector<std::pair<uint64_t, std::string>> records;
+  for (;;) {
+    {
+      absl::MutexLock lock(&mu_);
+      auto ready = [this] {
+        mu_.AssertHeld();
+        return !queue_.empty() || stop_;
+      };
+      if (periodic) {
+        // Gather for up to half the bound, so a record is written within flush_ms.
+        mu_.AwaitWithTimeout(absl::Condition(&stop_), absl::Milliseconds(options_.flush_ms) / 2);
+      }
+      mu_.Await(absl::Condition(&ready));
+      if (queue_.empty() && stop_) return;
+      group.swap(queue_);
+      writing_since_ = group.front().queued;
+    }
+    records.clear();
+    size_t bytes = 0;
+    for (Entry& e : group) {
+      bytes += e.record.size();
+      records.emplace_back(e.lsn, std::move(e.record));
+    }
+    absl::Status s;
+    {
+      absl::MutexLock lock(&mu_);
+      if (!failed_.ok()) s = failed_;
+    }
+    if (s.ok()) s = db_->AppendLog(records, sync);
+    if (!s.ok()) LOG(ERROR) << "push log write failed: " << s;
+    // Acknowledge before publishing written_lsn_: WaitWritten(lsn) then implies that the
+    // callbacks of the records below lsn (which mark their keys applied) have run.
+    for (Entry& e : group) {
+      if (e.done) e.done(s);
+    }
+    const absl::Time now = absl::Now();
+    {
+      absl::MutexLock lock(&mu_);
+      if (!s.ok() && failed_.ok()) failed_ = s;
+      written_lsn_ = group.back().lsn + 1;
+      writing_since_ = absl::InfiniteFuture();
+      pending_bytes_ -= bytes;
+      stats_.records += group.size();
+      stats_.groups += 1;
+      stats_.bytes += bytes;
+      stats_.max_lag_ms =
+          std::max(stats_.max_lag_ms, absl::ToDoubleMilliseconds(now - group.front().queued));
+    }
+    group.clear();
+  }
+}
+
+}  // namespace ps

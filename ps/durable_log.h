@@ -1,0 +1,96 @@
+// The pod's push log writer: records of applied pushes are queued by request threads and
+// written by one thread in groups (one RocksDB write, one WAL append, at most one fsync
+// per group), so durability costs a sequential write per group rather than a put per row.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "ps/storage_db.h"
+
+namespace ps {
+
+// What an acknowledged push survives (docs/operations.md, "Durability modes").
+enum class Durability {
+  kProcess,   // acknowledged once written to the WAL (page cache): survives kill -9
+  kMachine,   // acknowledged once fsynced, groups share an fsync: survives power loss
+  kPeriodic,  // acknowledged at once; written and fsynced every flush_ms: a crash loses at
+              // most the last flush_ms of acknowledged pushes
+};
+absl::StatusOr<Durability> ParseDurability(absl::string_view name);
+const char* DurabilityName(Durability d);
+
+struct DurableLogOptions {
+  Durability durability = Durability::kProcess;
+  // Periodic mode: the longest an acknowledged record waits to be written.
+  int flush_ms = 100;
+  // Queued bytes beyond which Append blocks until the writer catches up (backpressure:
+  // memory stays bounded when the disk is slower than the pushes).
+  size_t max_pending_bytes = size_t{512} << 20;
+};
+
+class DurableLog {
+ public:
+  using Done = std::function<void(absl::Status)>;
+
+  // Records get log sequence numbers from `next_lsn` on. `db` must outlive the log.
+  DurableLog(StorageDb* db, uint64_t next_lsn, DurableLogOptions options);
+  // Writes what is queued, then stops the writer.
+  ~DurableLog();
+
+  // Queues a record and calls done(OK) once it is durable as the mode says (periodic:
+  // before Append returns, unless the writer has fallen more than flush_ms behind, in
+  // which case it waits for the write, so the loss bound holds). done gets the error if
+  // the write fails; after a failed write every Append fails at once with UNAVAILABLE:
+  // memory then holds updates that are not durable, and the pod must restart to recover
+  // from its log. done may run on the caller's thread or the writer's. Thread-safe.
+  void Append(std::string record, Done done);
+
+  // OK, or UNAVAILABLE once a write has failed (see Append). Thread-safe.
+  absl::Status health() const;
+
+  // The sequence number the next record will get: records below it are queued.
+  uint64_t next_lsn() const;
+  // Blocks until every record below `lsn` has been written (or failed); returns the first
+  // write error, if any. Thread-safe.
+  absl::Status WaitWritten(uint64_t lsn);
+
+  struct Stats {
+    uint64_t records = 0, groups = 0, bytes = 0, pending_bytes = 0;
+    double max_lag_ms = 0;  // longest a record waited for its write, since start
+  };
+  Stats stats() const;
+
+ private:
+  struct Entry {
+    uint64_t lsn;
+    std::string record;
+    Done done;  // null once acknowledged
+    absl::Time queued;
+  };
+  void Run();
+
+  StorageDb* const db_;
+  const DurableLogOptions options_;
+
+  mutable absl::Mutex mu_;
+  std::vector<Entry> queue_ ABSL_GUARDED_BY(mu_);
+  uint64_t next_lsn_ ABSL_GUARDED_BY(mu_);
+  uint64_t written_lsn_ ABSL_GUARDED_BY(mu_);  // records below it are written
+  size_t pending_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  // When the oldest record of the group being written was queued (InfiniteFuture: none).
+  absl::Time writing_since_ ABSL_GUARDED_BY(mu_) = absl::InfiniteFuture();
+  absl::Status failed_ ABSL_GUARDED_BY(mu_);
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  Stats stats_ ABSL_GUARDED_BY(mu_);
+  std::thread writer_;
+};
+
+}  // namespace ps

@@ -1,0 +1,141 @@
+#include "ps/log_record.h"
+
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+
+namespace ps {
+namespace {
+
+constexpr uint8_t kVersion = 1;
+constexpr uint8_t kTable = 1;
+constexpr uint8_t kDense = 2;
+
+template <typename T>
+void Put(std::string* out, T v) {
+  out->append(reinterpret_cast<const char*>(&v), sizeof(v));
+}
+
+void PutBytes(std::string* out, const void* p, size_t n) {
+  out->append(static_cast<const char*>(p), n);
+}
+
+// Reads from a record, remembering the first failure.
+class Reader {
+ public:
+  explicit Reader(absl::string_view in) : in_(in) {}
+  template <typename T>
+  T Get() {
+    T v{};
+    Copy(&v, sizeof(T));
+    return v;
+  }
+  template <typename T>
+  void GetArray(std::vector<T>* v, size_t n) {
+    if (n > in_.size() / sizeof(T)) {
+      ok_ = false;
+      return;
+    }
+    v->resize(n);
+    Copy(v->data(), n * sizeof(T));
+  }
+  std::string GetString(size_t n) {
+    if (n > in_.size()) {
+      ok_ = false;
+      return "";
+    }
+    std::string s(in_.substr(0, n));
+    in_.remove_prefix(n);
+    return s;
+  }
+  bool ok() const { return ok_; }
+  bool done() const { return in_.empty(); }
+
+ private:
+  void Copy(void* dst, size_t n) {
+    if (!ok_ || in_.size() < n) {
+      ok_ = false;
+      return;
+    }
+    std::memcpy(dst, in_.data(), n);
+    in_.remove_prefix(n);
+  }
+  absl::string_view in_;
+  bool ok_ = true;
+};
+
+}  // namespace
+
+LogRecordBuilder::LogRecordBuilder(const PushKey& key, size_t expected_bytes) {
+  out_.reserve(25 + expected_bytes);
+  Put<uint8_t>(&out_, kVersion);
+  Put<uint64_t>(&out_, key.worker_id());
+  Put<uint64_t>(&out_, key.incarnation());
+  Put<uint64_t>(&out_, key.sequence());
+}
+
+void LogRecordBuilder::AddTable(absl::string_view table, float lr, uint32_t dim,
+                                absl::Span<const int64_t> ids, absl::Span<const uint64_t> steps,
+                                const float* grads) {
+  Put<uint8_t>(&out_, kTable);
+  Put<uint16_t>(&out_, static_cast<uint16_t>(table.size()));
+  PutBytes(&out_, table.data(), table.size());
+  Put<float>(&out_, lr);
+  Put<uint32_t>(&out_, static_cast<uint32_t>(ids.size()));
+  Put<uint32_t>(&out_, dim);
+  PutBytes(&out_, ids.data(), ids.size() * sizeof(int64_t));
+  PutBytes(&out_, steps.data(), steps.size() * sizeof(uint64_t));
+  PutBytes(&out_, grads, ids.size() * dim * sizeof(float));
+}
+
+void LogRecordBuilder::AddDense(absl::string_view name, float lr, uint64_t step,
+                                absl::Span<const float> grads) {
+  Put<uint8_t>(&out_, kDense);
+  Put<uint16_t>(&out_, static_cast<uint16_t>(name.size()));
+  PutBytes(&out_, name.data(), name.size());
+  Put<float>(&out_, lr);
+  Put<uint64_t>(&out_, step);
+  Put<uint32_t>(&out_, static_cast<uint32_t>(grads.size()));
+  PutBytes(&out_, grads.data(), grads.size() * sizeof(float));
+}
+
+absl::StatusOr<LogRecord> DecodeLogRecord(absl::string_view bytes) {
+  Reader r(bytes);
+  LogRecord rec;
+  const uint8_t version = r.Get<uint8_t>();
+  if (r.ok() && version != kVersion) {
+    return absl::DataLossError(absl::StrCat("log record version ", version, " is unknown"));
+  }
+  rec.key.set_worker_id(r.Get<uint64_t>());
+  rec.key.set_incarnation(r.Get<uint64_t>());
+  rec.key.set_sequence(r.Get<uint64_t>());
+  while (r.ok() && !r.done()) {
+    const uint8_t tag = r.Get<uint8_t>();
+    const std::string name = r.GetString(r.Get<uint16_t>());
+    const float lr = r.Get<float>();
+    if (tag == kTable) {
+      LogTableEntry& e = rec.tables.emplace_back();
+      e.table = name;
+      e.lr = lr;
+      const uint32_t n = r.Get<uint32_t>();
+      e.dim = r.Get<uint32_t>();
+      r.GetArray(&e.ids, n);
+      r.GetArray(&e.steps, n);
+      r.GetArray(&e.grads, size_t{n} * e.dim);
+    } else if (tag == kDense) {
+      LogDenseEntry& e = rec.dense.emplace_back();
+      e.name = name;
+      e.lr = lr;
+      e.step = r.Get<uint64_t>();
+      r.GetArray(&e.grads, r.Get<uint32_t>());
+    } else {
+      return absl::DataLossError(absl::StrCat("log record entry tag ", tag, " is unknown"));
+    }
+  }
+  if (!r.ok()) {
+    return absl::DataLossError(absl::StrCat("log record of ", bytes.size(), " bytes is truncated"));
+  }
+  return rec;
+}
+
+}  // namespace ps

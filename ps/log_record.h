@@ -1,0 +1,69 @@
+// The durable log's record of one applied push: its key (for exactly-once across
+// restarts) and, per table, the ids, the step each row reached with this update
+// (EmbeddingTable::Push) and the gradients; per dense tensor, the step and gradients.
+// Recovery replays each row's updates in step order, so the recovered rows equal the
+// ones in memory before the crash, bit for bit.
+//
+// Encoding (little-endian): u8 version (1), u64 worker_id, u64 incarnation, u64 sequence,
+// then entries until the end, each
+//   u8 1 (table), u16 name length, name, f32 lr, u32 n, u32 dim, n i64 ids, n u64 steps,
+//        n*dim f32 gradients
+//   u8 2 (dense), u16 name length, name, f32 lr, u64 step, u32 numel, numel f32 gradients
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/types/span.h"
+#include "proto/ps.pb.h"
+
+namespace ps {
+
+struct LogTableEntry {
+  std::string table;
+  float lr = 0;
+  uint32_t dim = 0;
+  std::vector<int64_t> ids;
+  std::vector<uint64_t> steps;
+  std::vector<float> grads;
+};
+
+struct LogDenseEntry {
+  std::string name;
+  float lr = 0;
+  uint64_t step = 0;
+  std::vector<float> grads;
+};
+
+struct LogRecord {
+  PushKey key;
+  std::vector<LogTableEntry> tables;
+  std::vector<LogDenseEntry> dense;
+};
+
+// Builds one encoded record. Not thread-safe.
+class LogRecordBuilder {
+ public:
+  // `expected_bytes` sizes the buffer once (EncodedTableBytes helps compute it).
+  LogRecordBuilder(const PushKey& key, size_t expected_bytes);
+  void AddTable(absl::string_view table, float lr, uint32_t dim, absl::Span<const int64_t> ids,
+                absl::Span<const uint64_t> steps, const float* grads);
+  void AddDense(absl::string_view name, float lr, uint64_t step, absl::Span<const float> grads);
+  // The encoded record; the builder is empty afterwards.
+  std::string Finish() { return std::move(out_); }
+
+  static size_t TableBytes(absl::string_view table, size_t n, uint32_t dim) {
+    return 1 + 2 + table.size() + 4 + 4 + 4 + n * (8 + 8 + 4 * size_t{dim});
+  }
+
+ private:
+  std::string out_;
+};
+
+// DATA_LOSS if `bytes` is not a well-formed record.
+absl::StatusOr<LogRecord> DecodeLogRecord(absl::string_view bytes);
+
+}  // namespace ps

@@ -1,0 +1,62 @@
+#include "ps/log_record.h"
+
+#include <gtest/gtest.h>
+
+namespace ps {
+namespace {
+
+TEST(LogRecordTest, RoundTripsTablesAndDense) {
+  PushKey key;
+  key.set_worker_id(7);
+  key.set_incarnation(2);
+  key.set_sequence(99);
+  const std::vector<int64_t> ids = {-5, 1LL << 40};
+  const std::vector<uint64_t> steps = {3, 1};
+  const std::vector<float> grads = {1, 2, 3, 4, 5, 6};
+  LogRecordBuilder b(key, LogRecordBuilder::TableBytes("emb", 2, 3));
+  b.AddTable("emb", 0.5f, 3, ids, steps, grads.data());
+  b.AddDense("bias", 0, 12, {0.25f, -1});
+  const std::string bytes = b.Finish();
+  EXPECT_EQ(bytes.size(),
+            25 + LogRecordBuilder::TableBytes("emb", 2, 3) + 1 + 2 + 4 + 4 + 8 + 4 + 8);
+
+  auto rec = DecodeLogRecord(bytes);
+  ASSERT_TRUE(rec.ok()) << rec.status();
+  EXPECT_EQ(rec->key.worker_id(), 7u);
+  EXPECT_EQ(rec->key.incarnation(), 2u);
+  EXPECT_EQ(rec->key.sequence(), 99u);
+  ASSERT_EQ(rec->tables.size(), 1u);
+  EXPECT_EQ(rec->tables[0].table, "emb");
+  EXPECT_EQ(rec->tables[0].lr, 0.5f);
+  EXPECT_EQ(rec->tables[0].dim, 3u);
+  EXPECT_EQ(rec->tables[0].ids, ids);
+  EXPECT_EQ(rec->tables[0].steps, steps);
+  EXPECT_EQ(rec->tables[0].grads, grads);
+  ASSERT_EQ(rec->dense.size(), 1u);
+  EXPECT_EQ(rec->dense[0].name, "bias");
+  EXPECT_EQ(rec->dense[0].step, 12u);
+  EXPECT_EQ(rec->dense[0].grads, (std::vector<float>{0.25f, -1}));
+}
+
+TEST(LogRecordTest, DamagedRecordsAreDataLoss) {
+  PushKey key;
+  key.set_worker_id(1);
+  key.set_sequence(1);
+  const std::vector<int64_t> ids = {1};
+  const std::vector<uint64_t> steps = {1};
+  const float grad = 1;
+  LogRecordBuilder b(key, 0);
+  b.AddTable("t", 0, 1, ids, steps, &grad);
+  const std::string bytes = b.Finish();
+  for (size_t cut = 0; cut < bytes.size(); ++cut) {
+    if (cut == 25) continue;  // a record with no entries is well-formed
+    auto rec = DecodeLogRecord(bytes.substr(0, cut));
+    EXPECT_EQ(rec.status().code(), absl::StatusCode::kDataLoss) << "cut at " << cut;
+  }
+  std::string bad_version = bytes;
+  bad_version[0] = 9;
+  EXPECT_EQ(DecodeLogRecord(bad_version).status().code(), absl::StatusCode::kDataLoss);
+}
+
+}  // namespace
+}  // namespace ps

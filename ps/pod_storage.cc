@@ -1,0 +1,270 @@
+#include "ps/pod_storage.h"
+
+#include <glog/logging.h>
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "embedding/status_macros.h"
+#include "ps/log_record.h"
+
+namespace ps {
+
+absl::StatusOr<std::unique_ptr<PodStorage>> PodStorage::Open(const PodStorageOptions& options,
+                                                             ModelStore* store, PushDedup* dedup) {
+  ASSIGN_OR_RETURN(std::unique_ptr<StorageDb> db, StorageDb::Open(options.db));
+  std::unique_ptr<PodStorage> storage(new PodStorage(options, std::move(db), store, dedup));
+  RETURN_IF_ERROR(storage->Recover());
+  return storage;
+}
+
+PodStorage::PodStorage(const PodStorageOptions& options, std::unique_ptr<StorageDb> db,
+                       ModelStore* store, PushDedup* dedup)
+    : options_(options), db_(std::move(db)), store_(store), dedup_(dedup) {}
+
+PodStorage::~PodStorage() {
+  {
+    absl::MutexLock lock(&mu_);
+    stop_ = true;
+  }
+  if (materializer_.joinable()) materializer_.join();
+  if (log_ != nullptr && options_.materialize_on_close) {
+    absl::Status s = Materialize();
+    if (!s.ok()) LOG(WARNING) << "final materialization failed (the log still has it): " << s;
+    log_.reset();
+  }
+}
+
+absl::Status PodStorage::Recover() {
+  const absl::Time start = absl::Now();
+  ASSIGN_OR_RETURN(StorageDb::Catalog catalog, db_->LoadCatalog());
+  absl::flat_hash_map<uint32_t, std::shared_ptr<EmbeddingTable>> by_number;
+  {
+    absl::MutexLock lock(&mu_);
+    for (const auto& [no, spec] : catalog.tables) {
+      RETURN_IF_ERROR(store_->CreateTable(spec).status());
+      by_number[no] = store_->FindTable(spec.name());
+      table_numbers_[spec.name()] = no;
+      next_table_no_ = std::max(next_table_no_, no + 1);
+    }
+  }
+  for (const DenseSpec& spec : catalog.dense) RETURN_IF_ERROR(store_->CreateDense(spec).status());
+  recovery_.tables = catalog.tables.size();
+  recovery_.dense = catalog.dense.size();
+  if (!catalog.dedup.empty()) RETURN_IF_ERROR(dedup_->Restore(catalog.dedup));
+
+  // Stored rows.
+  RETURN_IF_ERROR(db_->ForEachRow(
+      [&](const StoredRow& row) -> absl::Status {
+        auto it = by_number.find(row.table_no);
+        if (it == by_number.end()) {
+          return absl::DataLossError(absl::StrCat("stored row ", row.id, " of table number ",
+                                                  row.table_no, " which the catalog lacks"));
+        }
+        EmbeddingTable& t = *it->second;
+        if (row.values.size() != t.dim() + t.slot_floats()) {
+          return absl::DataLossError(absl::StrCat("stored row ", row.id, " of '", t.spec().name(),
+                                                  "' has ", row.values.size(), " floats, expected ",
+                                                  t.dim() + t.slot_floats()));
+        }
+        t.Restore(row.id, row.values.data(), row.values.data() + t.dim(), row.step);
+        ++recovery_.rows;
+        return absl::OkStatus();
+      },
+      [&](absl::string_view name, uint64_t step, absl::Span<const float> values) {
+        auto d = store_->FindDense(name);
+        if (d == nullptr) {
+          return absl::DataLossError(
+              absl::StrCat("stored dense tensor '", name, "' which the catalog lacks"));
+        }
+        return d->Restore(values, step);
+      }));
+
+  // The log: every row's updates in step order (see log_record.h).
+  std::vector<LogRecord> records;
+  uint64_t next_lsn = catalog.log_base;
+  RETURN_IF_ERROR(db_->ForEachLog([&](uint64_t lsn, absl::string_view bytes) -> absl::Status {
+    ASSIGN_OR_RETURN(LogRecord rec, DecodeLogRecord(bytes));
+    records.push_back(std::move(rec));
+    next_lsn = std::max(next_lsn, lsn + 1);
+    return absl::OkStatus();
+  }));
+  struct Update {
+    EmbeddingTable* table;
+    int64_t id;
+    uint64_t step;
+    const float* grad;
+    float lr;
+  };
+  std::vector<Update> updates;
+  struct DenseUpdate {
+    DenseTensor* tensor;
+    uint64_t step;
+    const float* grad;
+    float lr;
+  };
+  std::vector<DenseUpdate> dense_updates;
+  std::vector<std::shared_ptr<DenseTensor>> keep_dense;
+  for (const LogRecord& rec : records) {
+    for (const LogTableEntry& e : rec.tables) {
+      auto table = store_->FindTable(e.table);
+      if (table == nullptr || table->dim() != e.dim) {
+        return absl::DataLossError(absl::StrCat("log record of worker ", rec.key.worker_id(),
+                                                " names table '", e.table, "' (dim ", e.dim,
+                                                ") which the catalog lacks"));
+      }
+      for (size_t i = 0; i < e.ids.size(); ++i) {
+        updates.push_back({table.get(), e.ids[i], e.steps[i], e.grads.data() + i * e.dim, e.lr});
+      }
+    }
+    for (const LogDenseEntry& e : rec.dense) {
+      auto d = store_->FindDense(e.name);
+      if (d == nullptr || d->numel() != e.grads.size()) {
+        return absl::DataLossError(
+            absl::StrCat("log record names dense tensor '", e.name, "' which the catalog lacks"));
+      }
+      dense_updates.push_back({d.get(), e.step, e.grads.data(), e.lr});
+      keep_dense.push_back(std::move(d));
+    }
+    // The push is durable: a retry of its key must not apply it again.
+    auto claim = dedup_->Begin(rec.key);
+    if (claim.ok() && *claim == PushDedup::Claim::kNew) dedup_->Finish(rec.key, true);
+  }
+  std::sort(updates.begin(), updates.end(), [](const Update& a, const Update& b) {
+    return std::tie(a.table, a.id, a.step) < std::tie(b.table, b.id, b.step);
+  });
+  for (const Update& u : updates) u.table->Replay(u.id, u.grad, u.lr, u.step);
+  std::sort(dense_updates.begin(), dense_updates.end(),
+            [](const DenseUpdate& a, const DenseUpdate& b) {
+              return std::tie(a.tensor, a.step) < std::tie(b.tensor, b.step);
+            });
+  for (const DenseUpdate& u : dense_updates) u.tensor->Replay(u.grad, u.lr, u.step);
+  recovery_.log_records = records.size();
+  recovery_.replayed_updates = updates.size() + dense_updates.size();
+  recovery_.seconds = absl::ToDoubleSeconds(absl::Now() - start);
+  LOG(INFO) << "recovered " << options_.db.dir << " in " << recovery_.seconds
+            << " s: " << recovery_.tables << " tables, " << recovery_.dense << " dense tensors, "
+            << recovery_.rows << " stored rows, " << recovery_.log_records
+            << " log records replayed (" << recovery_.replayed_updates << " row updates)";
+
+  log_ = std::make_unique<DurableLog>(db_.get(), next_lsn, options_.log);
+  materializer_ = std::thread([this] { RunMaterializer(); });
+  return absl::OkStatus();
+}
+
+absl::Status PodStorage::AddTable(const TableSpec& spec) {
+  uint32_t no;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = table_numbers_.find(spec.name());
+    no = it != table_numbers_.end() ? it->second : next_table_no_++;
+  }
+  RETURN_IF_ERROR(db_->PutTable(no, spec));
+  absl::MutexLock lock(&mu_);
+  table_numbers_[spec.name()] = no;
+  return absl::OkStatus();
+}
+
+absl::Status PodStorage::AddDense(const DenseSpec& spec) { return db_->PutDense(spec); }
+
+uint64_t PodStorage::BarrierLsn() {
+  absl::WriterMutexLock lock(&apply_mu_);
+  return log_->next_lsn();
+}
+
+absl::Status PodStorage::Materialize() {
+  absl::MutexLock round(&materialize_mu_);
+  return MaterializeLocked();
+}
+
+absl::Status PodStorage::MaterializeLocked() {
+  const absl::Time start = absl::Now();
+  // Every update of a record below `cut` is in memory and its key is marked applied.
+  const uint64_t cut = BarrierLsn();
+  RETURN_IF_ERROR(log_->WaitWritten(cut));
+
+  RowBatch batch = db_->NewRowBatch();
+  absl::Status status;
+  // Before a group of rows is written, the log records of every update in it must be
+  // written (else a crash could keep the update in a row while its key is forgotten).
+  auto write_group = [&] {
+    if (!status.ok() || batch.count() == 0) return;
+    status = log_->WaitWritten(BarrierLsn());
+    if (status.ok()) status = db_->WriteRows(&batch);
+    batch.Clear();
+  };
+  std::vector<std::pair<uint32_t, std::shared_ptr<EmbeddingTable>>> tables;
+  {
+    absl::MutexLock lock(&mu_);
+    for (auto& t : store_->Tables()) {
+      auto it = table_numbers_.find(t->spec().name());
+      if (it != table_numbers_.end()) tables.emplace_back(it->second, std::move(t));
+    }
+  }
+  size_t rows = 0;
+  for (auto& [no, table] : tables) {
+    const uint32_t dim = table->dim();
+    const uint32_t slots = table->slot_floats();
+    rows += table->CollectDirty(
+        [&, no = no](const RowView& r) {
+          batch.AddRow(no, r.id, r.step, absl::MakeConstSpan(r.weights, dim),
+                       absl::MakeConstSpan(r.slots, slots));
+        },
+        [&] {
+          if (batch.bytes() >= options_.materialize_group_bytes) write_group();
+        });
+    write_group();
+  }
+  std::vector<float> values;
+  for (auto& d : store_->DenseTensors()) {
+    uint64_t step;
+    if (d->Snapshot(/*always=*/false, &values, &step)) {
+      batch.AddDense(d->spec().name(), step, values);
+      write_group();
+    }
+  }
+  RETURN_IF_ERROR(status);
+  RETURN_IF_ERROR(db_->FlushRows());
+  RETURN_IF_ERROR(
+      db_->TruncateLog(cut, dedup_->Serialize(), options_.log.durability != Durability::kProcess));
+  absl::MutexLock lock(&mu_);
+  stats_.materialize_rounds++;
+  stats_.materialized_rows += rows;
+  stats_.last_materialize_ms = absl::ToDoubleMilliseconds(absl::Now() - start);
+  return absl::OkStatus();
+}
+
+void PodStorage::RunMaterializer() {
+  for (;;) {
+    {
+      absl::MutexLock lock(&mu_);
+      if (mu_.AwaitWithTimeout(absl::Condition(&stop_),
+                               absl::Milliseconds(options_.materialize_ms))) {
+        return;
+      }
+    }
+    absl::Status s = Materialize();
+    if (!s.ok()) {
+      LOG_EVERY_N(ERROR, 10) << "materialization failed (will retry): " << s;
+    }
+  }
+}
+
+absl::Status PodStorage::Checkpoint(const std::string& dir) {
+  // Rows live in memtables without the WAL until flushed: materialize first, so the
+  // checkpoint's log (which the copy keeps) and rows together hold every update.
+  absl::MutexLock round(&materialize_mu_);
+  RETURN_IF_ERROR(MaterializeLocked());
+  return db_->Checkpoint(dir);
+}
+
+PodStorage::Stats PodStorage::stats() {
+  const uint64_t disk = db_->disk_bytes();
+  absl::MutexLock lock(&mu_);
+  Stats s = stats_;
+  s.disk_bytes = disk;
+  return s;
+}
+
+}  // namespace ps

@@ -1,0 +1,113 @@
+// Durability of one PS pod: its RocksDB database (storage_db.h), the push log
+// (durable_log.h), recovery at start and the background materializer.
+//
+// How an update becomes durable: a push is applied in memory, then its record (key, ids,
+// row steps, gradients) is appended to the log and the push is acknowledged when the log
+// says so (durable_log.h). The materializer, every `materialize_ms`, writes the rows that
+// changed to the rows column family, flushes them, and deletes the log records they make
+// redundant, storing the push de-duplication state with that deletion. Recovery loads the
+// catalog, the rows and the de-duplication state, then replays the remaining log records,
+// each row's updates in step order, skipping those its stored row already holds.
+//
+// Invariants (docs/architecture.md, "Durability"): a stored row holds only updates whose
+// records are written (the materializer waits for the log before writing a group of
+// rows), so a retried push is never applied twice; a log record is deleted only after
+// the rows it changed are flushed, so an acknowledged push is never lost.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <thread>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "embedding/model_store.h"
+#include "ps/durable_log.h"
+#include "ps/push_dedup.h"
+#include "ps/storage_db.h"
+
+namespace ps {
+
+struct PodStorageOptions {
+  StorageDbOptions db;
+  DurableLogOptions log;
+  // How often changed rows are written out and the log truncated. Recovery replays at
+  // most about this much of the log; 1 s keeps restarts fast at a small write cost.
+  int materialize_ms = 1000;
+  // Row bytes gathered before the materializer writes a group.
+  size_t materialize_group_bytes = size_t{8} << 20;
+  // Materialize once more when closing, so the next start replays little. Tests turn it
+  // off to leave the log as a crash would.
+  bool materialize_on_close = true;
+};
+
+struct RecoveryStats {
+  uint64_t tables = 0, dense = 0, rows = 0, log_records = 0, replayed_updates = 0;
+  double seconds = 0;
+};
+
+class PodStorage {
+ public:
+  // Opens (or creates) the database, recovers its contents into `store` (which must be
+  // empty and built with TableOptions.track_dirty) and `dedup`, and starts the log writer
+  // and the materializer. `store` and `dedup` must outlive the storage.
+  static absl::StatusOr<std::unique_ptr<PodStorage>> Open(const PodStorageOptions& options,
+                                                          ModelStore* store, PushDedup* dedup);
+  // Writes what is queued, materializes once more (so the next start replays little) and
+  // closes the database.
+  ~PodStorage();
+
+  // Persists a new table / tensor (normalized spec) before it is created in memory; the
+  // caller serializes creations. Thread-compatible.
+  absl::Status AddTable(const TableSpec& spec);
+  absl::Status AddDense(const DenseSpec& spec);
+
+  // Pushes hold this shared from before they apply until their record is appended, so
+  // the materializer (which takes it exclusively, briefly) knows every update it reads
+  // from memory has a log sequence number below the one it then sees.
+  absl::Mutex& apply_mu() { return apply_mu_; }
+  DurableLog& log() { return *log_; }
+
+  // One materialization round now (the background thread calls it too). Thread-safe.
+  absl::Status Materialize();
+  // A consistent copy of the pod's database into `dir` (see StorageDb::Checkpoint).
+  absl::Status Checkpoint(const std::string& dir);
+
+  const RecoveryStats& recovery() const { return recovery_; }
+  Durability durability() const { return options_.log.durability; }
+  struct Stats {
+    uint64_t materialize_rounds = 0, materialized_rows = 0;
+    double last_materialize_ms = 0;
+    uint64_t disk_bytes = 0;
+  };
+  Stats stats();
+
+ private:
+  PodStorage(const PodStorageOptions& options, std::unique_ptr<StorageDb> db, ModelStore* store,
+             PushDedup* dedup);
+  absl::Status Recover();
+  uint64_t BarrierLsn();  // next_lsn read with apply_mu_ held exclusively
+  void RunMaterializer();
+  absl::Status MaterializeLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(materialize_mu_);
+
+  const PodStorageOptions options_;
+  std::unique_ptr<StorageDb> db_;
+  ModelStore* const store_;
+  PushDedup* const dedup_;
+  RecoveryStats recovery_;
+  std::unique_ptr<DurableLog> log_;
+  absl::Mutex apply_mu_;
+
+  absl::Mutex materialize_mu_;  // one round at a time
+  absl::Mutex mu_;
+  absl::flat_hash_map<std::string, uint32_t> table_numbers_ ABSL_GUARDED_BY(mu_);
+  uint32_t next_table_no_ ABSL_GUARDED_BY(mu_) = 1;
+  Stats stats_ ABSL_GUARDED_BY(mu_);
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  std::thread materializer_;
+};
+
+}  // namespace ps

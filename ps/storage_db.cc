@@ -1,0 +1,352 @@
+#include "ps/storage_db.h"
+
+#include <dirent.h>
+#include <rocksdb/db.h>
+#include <rocksdb/filter_policy.h>
+#include <rocksdb/table.h>
+#include <rocksdb/utilities/checkpoint.h>
+#include <rocksdb/write_batch.h>
+#include <sys/stat.h>
+
+#include <cstring>
+#include <filesystem>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "embedding/status_macros.h"
+
+namespace ps {
+namespace {
+
+constexpr char kFormat[] = "ps-server-1";
+constexpr char kDenseKeyPrefix[] = "\xff\xff\xff\xff";
+
+absl::Status FromRocks(const rocksdb::Status& s, absl::string_view what) {
+  if (s.ok()) return absl::OkStatus();
+  const std::string msg = absl::StrCat(what, ": ", s.ToString());
+  if (s.IsCorruption()) return absl::DataLossError(msg);
+  if (s.IsNoSpace() || s.IsIOError()) return absl::UnavailableError(msg);
+  if (s.IsNotFound()) return absl::NotFoundError(msg);
+  if (s.IsInvalidArgument()) return absl::FailedPreconditionError(msg);
+  return absl::InternalError(msg);
+}
+
+void PutBE32(std::string* out, uint32_t v) {
+  for (int i = 3; i >= 0; --i) out->push_back(static_cast<char>(v >> (8 * i)));
+}
+void PutBE64(std::string* out, uint64_t v) {
+  for (int i = 7; i >= 0; --i) out->push_back(static_cast<char>(v >> (8 * i)));
+}
+uint64_t GetBE(const char* p, int bytes) {
+  uint64_t v = 0;
+  for (int i = 0; i < bytes; ++i) v = (v << 8) | static_cast<uint8_t>(p[i]);
+  return v;
+}
+
+std::string LogKey(uint64_t lsn) {
+  std::string k;
+  PutBE64(&k, lsn);
+  return k;
+}
+
+// Value: u64 step then floats (little-endian, this machine's order).
+std::string RowValue(uint64_t step, absl::Span<const float> a, absl::Span<const float> b) {
+  std::string v(sizeof(step) + (a.size() + b.size()) * sizeof(float), '\0');
+  std::memcpy(v.data(), &step, sizeof(step));
+  std::memcpy(v.data() + sizeof(step), a.data(), a.size() * sizeof(float));
+  std::memcpy(v.data() + sizeof(step) + a.size() * sizeof(float), b.data(),
+              b.size() * sizeof(float));
+  return v;
+}
+
+bool DirIsMissingOrEmpty(const std::string& dir) {
+  DIR* d = opendir(dir.c_str());
+  if (d == nullptr) return errno == ENOENT;
+  bool empty = true;
+  while (dirent* e = readdir(d)) {
+    if (std::strcmp(e->d_name, ".") != 0 && std::strcmp(e->d_name, "..") != 0) {
+      empty = false;
+      break;
+    }
+  }
+  closedir(d);
+  return empty;
+}
+
+}  // namespace
+
+struct RowBatch::Rep {
+  rocksdb::WriteBatch batch;
+  rocksdb::ColumnFamilyHandle* cf = nullptr;
+};
+
+RowBatch::RowBatch() : rep_(std::make_unique<Rep>()) {}
+RowBatch::~RowBatch() = default;
+RowBatch::RowBatch(RowBatch&&) noexcept = default;
+
+void RowBatch::AddRow(uint32_t table_no, int64_t id, uint64_t step, absl::Span<const float> weights,
+                      absl::Span<const float> slots) {
+  std::string key;
+  key.reserve(12);
+  PutBE32(&key, table_no);
+  PutBE64(&key, static_cast<uint64_t>(id) ^ (uint64_t{1} << 63));
+  rep_->batch.Put(rep_->cf, key, RowValue(step, weights, slots));
+  ++count_;
+}
+
+void RowBatch::AddDense(absl::string_view name, uint64_t step, absl::Span<const float> values) {
+  rep_->batch.Put(rep_->cf, absl::StrCat(kDenseKeyPrefix, name), RowValue(step, values, {}));
+  ++count_;
+}
+
+size_t RowBatch::bytes() const { return rep_->batch.GetDataSize(); }
+
+void RowBatch::Clear() {
+  rep_->batch.Clear();
+  count_ = 0;
+}
+
+struct StorageDb::Rep {
+  std::string dir;
+  std::unique_ptr<rocksdb::DB> db;
+  std::vector<rocksdb::ColumnFamilyHandle*> handles;  // default, meta, rows, log
+  rocksdb::ColumnFamilyHandle* meta = nullptr;
+  rocksdb::ColumnFamilyHandle* rows = nullptr;
+  rocksdb::ColumnFamilyHandle* log = nullptr;
+
+  ~Rep() {
+    for (auto* h : handles) db->DestroyColumnFamilyHandle(h);
+  }
+};
+
+StorageDb::StorageDb(std::unique_ptr<Rep> rep) : rep_(std::move(rep)) {}
+StorageDb::~StorageDb() = default;
+
+absl::StatusOr<std::unique_ptr<StorageDb>> StorageDb::Open(const StorageDbOptions& options) {
+  if (options.dir.empty()) return absl::InvalidArgumentError("storage directory is empty");
+  const bool fresh = DirIsMissingOrEmpty(options.dir);
+  if (!fresh) {
+    struct stat st;
+    if (stat((options.dir + "/CURRENT").c_str(), &st) != 0) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "data dir ", options.dir,
+          " is not empty but holds no RocksDB database (no CURRENT file): refusing to start "
+          "over it. Point --data_dir at the pod's volume, or at an empty directory for a new "
+          "pod"));
+    }
+  } else {
+    std::error_code ec;
+    std::filesystem::create_directories(options.dir, ec);
+    if (ec) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("cannot create data dir ", options.dir, ": ", ec.message()));
+    }
+  }
+
+  rocksdb::DBOptions db_options;
+  db_options.create_if_missing = fresh;
+  db_options.error_if_exists = fresh;
+  db_options.create_missing_column_families = fresh;
+  db_options.paranoid_checks = true;
+  db_options.max_background_jobs = 2;
+  db_options.keep_log_file_num = 5;
+  db_options.max_total_wal_size = 4 * options.log_memtable_bytes;
+
+  rocksdb::ColumnFamilyOptions meta_options;
+  rocksdb::ColumnFamilyOptions rows_options;
+  rows_options.compression = rocksdb::kNoCompression;  // float rows barely compress
+  rows_options.write_buffer_size = size_t{64} << 20;
+  rocksdb::BlockBasedTableOptions table_options;
+  table_options.filter_policy.reset(rocksdb::NewBloomFilterPolicy(10));
+  rows_options.table_factory.reset(rocksdb::NewBlockBasedTableFactory(table_options));
+  rocksdb::ColumnFamilyOptions log_options;
+  log_options.compression = rocksdb::kNoCompression;
+  log_options.write_buffer_size = options.log_memtable_bytes;
+  log_options.max_write_buffer_number = 4;
+
+  std::vector<rocksdb::ColumnFamilyDescriptor> families = {
+      {rocksdb::kDefaultColumnFamilyName, meta_options},
+      {"meta", meta_options},
+      {"rows", rows_options},
+      {"log", log_options}};
+  auto rep = std::make_unique<Rep>();
+  rep->dir = options.dir;
+  rocksdb::DB* db = nullptr;
+  rocksdb::Status s = rocksdb::DB::Open(db_options, options.dir, families, &rep->handles, &db);
+  if (!s.ok()) {
+    return FromRocks(s, absl::StrCat("cannot open the pod database in ", options.dir));
+  }
+  rep->db.reset(db);
+  rep->meta = rep->handles[1];
+  rep->rows = rep->handles[2];
+  rep->log = rep->handles[3];
+
+  rocksdb::WriteOptions sync;
+  sync.sync = true;
+  if (fresh) {
+    RETURN_IF_ERROR(FromRocks(rep->db->Put(sync, rep->meta, "format", kFormat),
+                              "cannot initialize the pod database"));
+  } else {
+    std::string format;
+    s = rep->db->Get(rocksdb::ReadOptions(), rep->meta, "format", &format);
+    if (!s.ok() || format != kFormat) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "data dir ", options.dir, " holds a RocksDB database that is not a ps-server pod's (",
+          s.ok() ? absl::StrCat("format '", format, "'") : s.ToString(), ")"));
+    }
+  }
+  return std::unique_ptr<StorageDb>(new StorageDb(std::move(rep)));
+}
+
+absl::Status StorageDb::PutTable(uint32_t table_no, const TableSpec& spec) {
+  std::string value;
+  PutBE32(&value, table_no);
+  value += spec.SerializeAsString();
+  rocksdb::WriteOptions sync;
+  sync.sync = true;
+  return FromRocks(rep_->db->Put(sync, rep_->meta, "table/" + spec.name(), value),
+                   absl::StrCat("cannot store table '", spec.name(), "'"));
+}
+
+absl::Status StorageDb::PutDense(const DenseSpec& spec) {
+  rocksdb::WriteOptions sync;
+  sync.sync = true;
+  return FromRocks(
+      rep_->db->Put(sync, rep_->meta, "dense/" + spec.name(), spec.SerializeAsString()),
+      absl::StrCat("cannot store dense tensor '", spec.name(), "'"));
+}
+
+absl::StatusOr<StorageDb::Catalog> StorageDb::LoadCatalog() {
+  Catalog catalog;
+  std::unique_ptr<rocksdb::Iterator> it(rep_->db->NewIterator(rocksdb::ReadOptions(), rep_->meta));
+  for (it->SeekToFirst(); it->Valid(); it->Next()) {
+    const absl::string_view key(it->key().data(), it->key().size());
+    const absl::string_view value(it->value().data(), it->value().size());
+    if (absl::StartsWith(key, "table/")) {
+      TableSpec spec;
+      if (value.size() < 4 || !spec.ParseFromArray(value.data() + 4, value.size() - 4)) {
+        return absl::DataLossError(absl::StrCat("stored spec of ", key, " is unreadable"));
+      }
+      catalog.tables.emplace_back(static_cast<uint32_t>(GetBE(value.data(), 4)), spec);
+    } else if (absl::StartsWith(key, "dense/")) {
+      DenseSpec spec;
+      if (!spec.ParseFromArray(value.data(), value.size())) {
+        return absl::DataLossError(absl::StrCat("stored spec of ", key, " is unreadable"));
+      }
+      catalog.dense.push_back(spec);
+    } else if (key == "dedup") {
+      catalog.dedup = std::string(value);
+    } else if (key == "log_base" && value.size() == 8) {
+      catalog.log_base = GetBE(value.data(), 8);
+    }
+  }
+  RETURN_IF_ERROR(FromRocks(it->status(), "cannot read the catalog"));
+  return catalog;
+}
+
+absl::Status StorageDb::AppendLog(absl::Span<const std::pair<uint64_t, std::string>> records,
+                                  bool sync) {
+  rocksdb::WriteBatch batch;
+  for (const auto& [lsn, record] : records) {
+    RETURN_IF_ERROR(FromRocks(batch.Put(rep_->log, LogKey(lsn), record), "log batch"));
+  }
+  rocksdb::WriteOptions options;
+  options.sync = sync;
+  return FromRocks(rep_->db->Write(options, &batch), "cannot append to the push log");
+}
+
+absl::Status StorageDb::ForEachLog(
+    const std::function<absl::Status(uint64_t, absl::string_view)>& fn) {
+  std::unique_ptr<rocksdb::Iterator> it(rep_->db->NewIterator(rocksdb::ReadOptions(), rep_->log));
+  for (it->SeekToFirst(); it->Valid(); it->Next()) {
+    if (it->key().size() != 8) {
+      return absl::DataLossError(absl::StrCat("log key of ", it->key().size(), " bytes"));
+    }
+    RETURN_IF_ERROR(
+        fn(GetBE(it->key().data(), 8), absl::string_view(it->value().data(), it->value().size())));
+  }
+  return FromRocks(it->status(), "cannot read the push log");
+}
+
+absl::Status StorageDb::TruncateLog(uint64_t cut, absl::string_view dedup, bool sync) {
+  rocksdb::WriteBatch batch;
+  RETURN_IF_ERROR(FromRocks(batch.DeleteRange(rep_->log, LogKey(0), LogKey(cut)), "truncate"));
+  RETURN_IF_ERROR(FromRocks(
+      batch.Put(rep_->meta, "dedup", rocksdb::Slice(dedup.data(), dedup.size())), "truncate"));
+  RETURN_IF_ERROR(FromRocks(batch.Put(rep_->meta, "log_base", LogKey(cut)), "truncate"));
+  rocksdb::WriteOptions options;
+  options.sync = sync;
+  return FromRocks(rep_->db->Write(options, &batch), "cannot truncate the push log");
+}
+
+RowBatch StorageDb::NewRowBatch() {
+  RowBatch batch;
+  batch.rep_->cf = rep_->rows;
+  return batch;
+}
+
+absl::Status StorageDb::WriteRows(RowBatch* batch) {
+  rocksdb::WriteOptions options;
+  options.disableWAL = true;
+  return FromRocks(rep_->db->Write(options, &batch->rep_->batch), "cannot write rows");
+}
+
+absl::Status StorageDb::FlushRows() {
+  rocksdb::FlushOptions options;
+  options.wait = true;
+  return FromRocks(rep_->db->Flush(options, rep_->rows), "cannot flush rows");
+}
+
+absl::Status StorageDb::ForEachRow(
+    const std::function<absl::Status(const StoredRow&)>& fn,
+    const std::function<absl::Status(absl::string_view, uint64_t, absl::Span<const float>)>&
+        fn_dense) {
+  rocksdb::ReadOptions read;
+  read.readahead_size = size_t{4} << 20;
+  read.fill_cache = false;
+  std::unique_ptr<rocksdb::Iterator> it(rep_->db->NewIterator(read, rep_->rows));
+  std::vector<float> values;
+  for (it->SeekToFirst(); it->Valid(); it->Next()) {
+    const rocksdb::Slice key = it->key();
+    const rocksdb::Slice value = it->value();
+    if (value.size() < 8 || (value.size() - 8) % sizeof(float) != 0) {
+      return absl::DataLossError(absl::StrCat("stored row value of ", value.size(), " bytes"));
+    }
+    uint64_t step;
+    std::memcpy(&step, value.data(), 8);
+    values.resize((value.size() - 8) / sizeof(float));
+    std::memcpy(values.data(), value.data() + 8, value.size() - 8);
+    if (key.starts_with(rocksdb::Slice(kDenseKeyPrefix, 4))) {
+      RETURN_IF_ERROR(fn_dense(absl::string_view(key.data() + 4, key.size() - 4), step, values));
+      continue;
+    }
+    if (key.size() != 12) {
+      return absl::DataLossError(absl::StrCat("stored row key of ", key.size(), " bytes"));
+    }
+    StoredRow row;
+    row.table_no = static_cast<uint32_t>(GetBE(key.data(), 4));
+    row.id = static_cast<int64_t>(GetBE(key.data() + 4, 8) ^ (uint64_t{1} << 63));
+    row.step = step;
+    row.values = values;
+    RETURN_IF_ERROR(fn(row));
+  }
+  return FromRocks(it->status(), "cannot read stored rows");
+}
+
+absl::Status StorageDb::Checkpoint(const std::string& dir) {
+  rocksdb::Checkpoint* raw = nullptr;
+  RETURN_IF_ERROR(FromRocks(rocksdb::Checkpoint::Create(rep_->db.get(), &raw), "checkpoint"));
+  std::unique_ptr<rocksdb::Checkpoint> checkpoint(raw);
+  return FromRocks(checkpoint->CreateCheckpoint(dir), absl::StrCat("cannot checkpoint to ", dir));
+}
+
+uint64_t StorageDb::disk_bytes() {
+  uint64_t total = 0;
+  for (auto* cf : {rep_->meta, rep_->rows, rep_->log}) {
+    uint64_t v = 0;
+    if (rep_->db->GetIntProperty(cf, "rocksdb.live-sst-files-size", &v)) total += v;
+  }
+  return total;
+}
+
+}  // namespace ps

@@ -1,0 +1,119 @@
+// The RocksDB database of one PS pod (its --data_dir): the system of record for what the
+// pod owns. RocksDB types stay inside storage_db.cc; rocksdb::Status is converted to
+// absl::Status there, once.
+//
+// Column families and keys (docs/architecture.md, "On-disk layout"):
+//   meta  "format"        -> "ps-server-1"
+//         "table/<name>"  -> u32 table number, then the normalized TableSpec (protobuf)
+//         "dense/<name>"  -> the normalized DenseSpec (protobuf)
+//         "dedup"         -> PushDedup::Serialize() as of the last log truncation
+//         "log_base"      -> u64be: log records below it were deleted
+//   rows  u32be table number, u64be id^2^63 -> u64 step, dim weights, slot floats
+//         ff ff ff ff, dense name           -> u64 step, weights, slot floats
+//   log   u64be log sequence number         -> one push record (ps/log_record.h)
+// Floats and the u64 step in values are little-endian.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/types/span.h"
+#include "proto/ps.pb.h"
+
+namespace ps {
+
+struct StorageDbOptions {
+  std::string dir;
+  // Memtable of the log column family. Log records are deleted (by range) soon after they
+  // are written, once the materializer has stored the rows they changed; a large memtable
+  // lets most of them die before ever reaching an SST file.
+  size_t log_memtable_bytes = size_t{256} << 20;
+};
+
+// A group of row writes (from StorageDb::NewRowBatch), applied by StorageDb::WriteRows.
+// Not thread-safe.
+class RowBatch {
+ public:
+  ~RowBatch();
+  RowBatch(RowBatch&&) noexcept;
+  void AddRow(uint32_t table_no, int64_t id, uint64_t step, absl::Span<const float> weights,
+              absl::Span<const float> slots);
+  void AddDense(absl::string_view name, uint64_t step, absl::Span<const float> values);
+  size_t bytes() const;
+  size_t count() const { return count_; }
+  void Clear();
+
+ private:
+  friend class StorageDb;
+  RowBatch();
+  struct Rep;
+  std::unique_ptr<Rep> rep_;
+  size_t count_ = 0;
+};
+
+// One stored row, as recovery reads it; the spans point into the iterator's buffer and
+// live only during the callback.
+struct StoredRow {
+  uint32_t table_no = 0;
+  int64_t id = 0;
+  uint64_t step = 0;
+  absl::Span<const float> values;  // weights then slots
+};
+
+class StorageDb {
+ public:
+  // Opens the database in options.dir, creating it if the directory is missing or empty.
+  // A directory that holds something that is not a pod's database (or a damaged one)
+  // is refused with FAILED_PRECONDITION / DATA_LOSS naming what is wrong: never a silent
+  // fresh start over existing files.
+  static absl::StatusOr<std::unique_ptr<StorageDb>> Open(const StorageDbOptions& options);
+  ~StorageDb();
+
+  // Catalog. PutTable stores the spec under `table_no`; both write synchronously (fsync)
+  // before returning, since a table's log records are useless without it.
+  absl::Status PutTable(uint32_t table_no, const TableSpec& spec);
+  absl::Status PutDense(const DenseSpec& spec);
+  struct Catalog {
+    std::vector<std::pair<uint32_t, TableSpec>> tables;
+    std::vector<DenseSpec> dense;
+    std::string dedup;      // empty if never truncated
+    uint64_t log_base = 1;  // log records below it were deleted
+  };
+  absl::StatusOr<Catalog> LoadCatalog();
+
+  // Appends log records in one write (one WAL append: a group commit); `sync` fsyncs it.
+  absl::Status AppendLog(absl::Span<const std::pair<uint64_t, std::string>> records, bool sync);
+  // Calls fn(lsn, record) for every log record in order; stops at fn's first error.
+  absl::Status ForEachLog(const std::function<absl::Status(uint64_t, absl::string_view)>& fn);
+  // Deletes log records below `cut` and stores the de-duplication state with them, in one
+  // atomic write.
+  absl::Status TruncateLog(uint64_t cut, absl::string_view dedup, bool sync);
+
+  RowBatch NewRowBatch();
+  // Writes rows without the WAL: they are durable only after FlushRows, which the
+  // materializer calls before it truncates the log records that would rebuild them.
+  absl::Status WriteRows(RowBatch* batch);
+  absl::Status FlushRows();
+  // Calls fn for every stored table row and fn_dense for every dense tensor.
+  absl::Status ForEachRow(const std::function<absl::Status(const StoredRow&)>& fn,
+                          const std::function<absl::Status(absl::string_view name, uint64_t step,
+                                                           absl::Span<const float>)>& fn_dense);
+
+  // A consistent copy of the database in `dir` (must not exist), hard-linked where it can.
+  absl::Status Checkpoint(const std::string& dir);
+
+  // Bytes of live SST files and memtables, for Stats.
+  uint64_t disk_bytes();
+
+ private:
+  struct Rep;
+  explicit StorageDb(std::unique_ptr<Rep> rep);
+  std::unique_ptr<Rep> rep_;
+};
+
+}  // namespace ps
