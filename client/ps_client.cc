@@ -111,7 +111,6 @@ class PsClientImpl final : public PsClient {
         args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
         args.SetInt("ps.channel_index", c);
         args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, options_.initial_backoff_ms);
-        args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, options_.initial_backoff_ms);
         args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, options_.max_backoff_ms);
         pod->stubs.push_back(ParameterServer::NewStub(
             grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args)));

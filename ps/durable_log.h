@@ -21,8 +21,9 @@ namespace ps {
 enum class Durability {
   kProcess,   // acknowledged once written to the WAL (page cache): survives kill -9
   kMachine,   // acknowledged once fsynced, groups share an fsync: survives power loss
-  kPeriodic,  // acknowledged at once; written and fsynced every flush_ms: a crash loses at
-              // most the last flush_ms of acknowledged pushes
+  kPeriodic,  // acknowledged at once; written within flush_ms and fsynced every flush_ms:
+              // a process crash loses at most the last flush_ms of acknowledged pushes, a
+              // power loss about twice that
 };
 absl::StatusOr<Durability> ParseDurability(absl::string_view name);
 const char* DurabilityName(Durability d);
@@ -46,8 +47,8 @@ class DurableLog {
   ~DurableLog();
 
   // Queues a record and calls done(OK) once it is durable as the mode says (periodic:
-  // before Append returns, unless the writer has fallen more than flush_ms behind, in
-  // which case it waits for the write, so the loss bound holds). done gets the error if
+  // before Append returns, unless the oldest unwritten record is already 3/4 of flush_ms
+  // old, in which case it waits for the write, so the loss bound holds). done gets the error if
   // the write fails; after a failed write every Append fails at once with UNAVAILABLE:
   // memory then holds updates that are not durable, and the pod must restart to recover
   // from its log. done may run on the caller's thread or the writer's. Thread-safe.

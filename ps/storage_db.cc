@@ -255,6 +255,10 @@ absl::Status StorageDb::AppendLog(absl::Span<const std::pair<uint64_t, std::stri
   return FromRocks(rep_->db->Write(options, &batch), "cannot append to the push log");
 }
 
+absl::Status StorageDb::SyncLog() {
+  return FromRocks(rep_->db->SyncWAL(), "cannot fsync the push log");
+}
+
 absl::Status StorageDb::ForEachLog(
     const std::function<absl::Status(uint64_t, absl::string_view)>& fn) {
   std::unique_ptr<rocksdb::Iterator> it(rep_->db->NewIterator(rocksdb::ReadOptions(), rep_->log));

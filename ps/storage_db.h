@@ -88,6 +88,8 @@ class StorageDb {
 
   // Appends log records in one write (one WAL append: a group commit); `sync` fsyncs it.
   absl::Status AppendLog(absl::Span<const std::pair<uint64_t, std::string>> records, bool sync);
+  // Fsyncs what AppendLog wrote without sync.
+  absl::Status SyncLog();
   // Calls fn(lsn, record) for every log record in order; stops at fn's first error.
   absl::Status ForEachLog(const std::function<absl::Status(uint64_t, absl::string_view)>& fn);
   // Deletes log records below `cut` and stores the de-duplication state with them, in one
