@@ -91,17 +91,30 @@ std::string FormatRanges(const std::vector<uint32_t>& v) {
   return absl::StrJoin(parts, ",");
 }
 
-std::string FormatPods(const StatusResponse& s) {
-  std::vector<std::vector<std::string>> rows = {{"POD", "ADDRESS", "STATE", "VSHARDS", "LEASE"}};
+std::string FormatPods(const StatusResponse& s, const PodStats& stats) {
+  std::vector<std::vector<std::string>> rows = {
+      {"POD", "ADDRESS", "STATE", "VSHARDS", "LEASE", "ROWS", "MEMORY", "PULLS/S", "PUSHES/S"}};
   for (const PodInfo& p : s.pods()) {
-    rows.push_back({p.pod_id(), p.address().empty() ? "-" : p.address(),
-                    PodInfo::State_Name(p.state()), absl::StrCat(p.vshards()),
-                    p.state() == PodInfo::NEVER_REGISTERED ? "-" : Lease(p.lease_remaining_ms())});
+    std::vector<std::string> row = {
+        p.pod_id(), p.address().empty() ? "-" : p.address(), PodInfo::State_Name(p.state()),
+        absl::StrCat(p.vshards()),
+        p.state() == PodInfo::NEVER_REGISTERED ? "-" : Lease(p.lease_remaining_ms())};
+    auto it = stats.find(p.pod_id());
+    if (it != stats.end()) {
+      const StatsResponse& st = it->second;
+      // Rates are averages over the pod's uptime (one sample per ps-admin run).
+      const double up = std::max(st.uptime_seconds(), 1e-3);
+      row.push_back(absl::StrCat(st.rows()));
+      row.push_back(absl::StrFormat("%.1f MiB", st.memory_bytes() / 1048576.0));
+      row.push_back(absl::StrFormat("%.1f", st.pull_requests() / up));
+      row.push_back(absl::StrFormat("%.1f", st.push_requests() / up));
+    }
+    rows.push_back(std::move(row));
   }
   return FormatColumns(rows);
 }
 
-std::string FormatStatus(const StatusResponse& s) {
+std::string FormatStatus(const StatusResponse& s, const PodStats& stats) {
   uint32_t live_pods = 0, live_workers = 0;
   for (const PodInfo& p : s.pods()) live_pods += p.state() == PodInfo::LIVE;
   for (const WorkerInfo& w : s.workers()) live_workers += w.state() == WorkerInfo::LIVE;
@@ -110,7 +123,7 @@ std::string FormatStatus(const StatusResponse& s) {
       "records trained; lease %d ms; master up %.0f s\n\n",
       s.epoch(), s.num_vshards(), live_pods, s.pods_size(), live_workers, s.tasks_done(),
       s.records_trained(), s.lease_ms(), s.uptime_seconds());
-  absl::StrAppend(&out, FormatPods(s), "\n", FormatWorkers(s), "\n", FormatJobs(s));
+  absl::StrAppend(&out, FormatPods(s, stats), "\n", FormatWorkers(s), "\n", FormatJobs(s));
   if (s.failed_tasks_size() > 0) {
     absl::StrAppend(&out, "\nFAILED TASKS\n", FormatTaskList(s.failed_tasks(), true));
   }

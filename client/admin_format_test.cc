@@ -41,10 +41,15 @@ TEST(AdminFormatTest, StatusShowsPodsWorkersJobsAndFailures) {
   t->set_file("a.rec");
   t->set_end_record(10);
   t->set_last_error("bad record");
-  const std::string out = FormatStatus(s);
+  StatsResponse stats;
+  stats.set_rows(1234);
+  stats.set_memory_bytes(3 << 20);
+  stats.set_pull_requests(500);
+  stats.set_uptime_seconds(10);
+  const std::string out = FormatStatus(s, {{"ps-0", stats}});
   for (const char* want :
        {"epoch 3", "pods 1/2 live", "127.0.0.1:5000", "LOST", "expired 40 ms ago", "ctr", "25.0%",
-        "FAILED TASKS", "a.rec[0,10)", "bad record"}) {
+        "FAILED TASKS", "a.rec[0,10)", "bad record", "1234", "3.0 MiB", "50.0"}) {
     EXPECT_NE(out.find(want), std::string::npos) << "missing '" << want << "' in:\n" << out;
   }
 }

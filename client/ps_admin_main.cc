@@ -15,6 +15,7 @@
 #include "client/admin_format.h"
 #include "embedding/binary_init.h"
 #include "proto/master.grpc.pb.h"
+#include "proto/ps.grpc.pb.h"
 
 DEFINE_string(master, "", "The master's address, HOST:PORT (required).");
 DEFINE_bool(json, false,
@@ -100,6 +101,24 @@ class Admin {
   std::unique_ptr<ps::Master::Stub> stub_;
 };
 
+// Each live pod's own Stats (rows, memory, request counts), asked of the pod directly, one
+// call per pod with the usual deadline. A pod that does not answer is left out: its row
+// shows only what the master knows.
+ps::PodStats CollectPodStats(const ps::StatusResponse& s) {
+  ps::PodStats stats;
+  for (const ps::PodInfo& p : s.pods()) {
+    if (p.state() != ps::PodInfo::LIVE || p.address().empty()) continue;
+    auto stub = ps::ParameterServer::NewStub(
+        grpc::CreateChannel(p.address(), grpc::InsecureChannelCredentials()));
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() +
+                     std::chrono::milliseconds(FLAGS_timeout_ms));
+    ps::StatsResponse st;
+    if (stub->Stats(&ctx, ps::StatsRequest(), &st).ok()) stats[p.pod_id()] = st;
+  }
+  return stats;
+}
+
 // Prints `msg` as JSON (--json) or as the text `format` makes of it.
 template <typename Msg>
 int Print(const Msg& msg, const std::function<std::string()>& format) {
@@ -137,7 +156,7 @@ int Main(const std::vector<std::string>& args) {
     ps::StatusResponse s;
     if (!admin.Call("status", &Master::Stub::Status, ps::StatusRequest(), &s)) return 1;
     return Print(s, [&] {
-      return cmd == "status"    ? ps::FormatStatus(s)
+      return cmd == "status"    ? ps::FormatStatus(s, CollectPodStats(s))
              : cmd == "workers" ? ps::FormatWorkers(s)
                                 : ps::FormatTasks(s);
     });
