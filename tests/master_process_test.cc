@@ -1,13 +1,15 @@
 // Integration tests of ps-master as a real process on loopback, with this test process
 // acting as the workers through the Master API: a master SIGKILLed and restarted mid-job
-// loses and duplicates no task, a vanished worker's task is re-run by another once its
-// lease expires (every record counted exactly once), bad input gets the documented codes,
+// loses and duplicates no task, a vanished worker's task (in-process, or a test_worker
+// process SIGKILLed mid-task) is re-run by another once its lease expires (every record
+// counted exactly once), bad input gets the documented codes,
 // a ps-server started with --master registers and serves what the master assigns, and
 // ps-admin prints the cluster (tables and JSON) and fails cleanly on an unreachable master.
 #include <google/protobuf/util/json_util.h>
 #include <grpcpp/grpcpp.h>
 #include <unistd.h>
 
+#include <cstdio>
 #include <cstdlib>
 #include <map>
 #include <memory>
@@ -24,8 +26,9 @@
 #include "proto/ps.grpc.pb.h"
 #include "tests/process.h"
 
-#if !defined(PS_MASTER_BINARY) || !defined(PS_SERVER_BINARY) || !defined(PS_ADMIN_BINARY)
-#error "PS_MASTER_BINARY, PS_SERVER_BINARY and PS_ADMIN_BINARY must be defined"
+#if !defined(PS_MASTER_BINARY) || !defined(PS_SERVER_BINARY) || !defined(PS_ADMIN_BINARY) || \
+    !defined(PS_TEST_WORKER_BINARY)
+#error "PS_MASTER_BINARY, PS_SERVER_BINARY, PS_ADMIN_BINARY, PS_TEST_WORKER_BINARY must be defined"
 #endif
 
 namespace ps {
@@ -270,6 +273,64 @@ TEST_F(MasterProcessTest, VanishedWorkersTaskIsRerunAfterItsLeaseExpires) {
   ASSERT_TRUE(status.ok());
   ASSERT_EQ(status->workers_size(), 2);
   EXPECT_EQ(status->workers(0).state(), WorkerInfo::LOST);
+  EXPECT_EQ(status->jobs(0).state(), JobInfo::SUCCEEDED);
+  EXPECT_EQ(status->jobs(0).train_records_done(), 60u);
+}
+
+TEST_F(MasterProcessTest, SigkilledWorkerProcessesTaskIsRerunByAnother) {
+  StartMaster(/*lease_ms=*/300);
+  CreateJob("job", /*epochs=*/1, /*files=*/3, /*records=*/20, /*per_task=*/10, /*eval=*/false);
+  const std::string log = Path("worker.log");
+  auto worker = ChildProcess::Start(
+      {Binary("PS_TEST_WORKER_BINARY", PS_TEST_WORKER_BINARY), master_address_, "job"}, log);
+  ASSERT_TRUE(worker.ok()) << worker.status();
+  // Wait until it holds a task, keep it heartbeating past a lease, then SIGKILL it.
+  uint64_t killed_task = 0;
+  const absl::Time deadline = absl::Now() + absl::Seconds(10);
+  for (;;) {
+    unsigned long w = 0, t = 0;
+    if (std::sscanf(integration::FileTail(log).c_str(), "worker %lu task %lu", &w, &t) == 2) {
+      killed_task = t;
+      break;
+    }
+    ASSERT_TRUE((*worker)->Running()) << integration::FileTail(log);
+    ASSERT_LT(absl::Now(), deadline) << "the worker took no task";
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  absl::SleepFor(absl::Milliseconds(400));  // longer than a lease: heartbeats keep it
+  auto before = Call(&Master::Stub::Status, StatusRequest());
+  ASSERT_TRUE(before.ok());
+  ASSERT_EQ(before->doing_tasks_size(), 1);
+  EXPECT_EQ(before->doing_tasks(0).task_id(), killed_task);
+  (*worker)->Kill();
+
+  RegisterWorkerResponse other = AddWorker();
+  std::map<std::string, std::vector<int>> seen;  // file -> times each record was trained
+  bool rerun = false;
+  for (const absl::Time end = absl::Now() + absl::Seconds(20); absl::Now() < end;) {
+    auto t = GetTask(other, "job");
+    ASSERT_TRUE(t.ok()) << t.status();
+    if (t->result() == GetTaskResponse::DONE) break;
+    if (t->result() == GetTaskResponse::WAIT) {
+      absl::SleepFor(absl::Milliseconds(50));
+      continue;
+    }
+    if (t->task().task_id() == killed_task) {
+      rerun = true;
+      EXPECT_EQ(t->task().attempt(), 2u);
+    }
+    auto& counts = seen[t->task().file()];
+    counts.resize(20, 0);
+    for (uint64_t r = t->task().first_record(); r < t->task().end_record(); ++r) ++counts[r];
+    ASSERT_TRUE(Report(other, t->task()).ok());
+  }
+  EXPECT_TRUE(rerun);
+  ASSERT_EQ(seen.size(), 3u);
+  for (const auto& [file, counts] : seen) {
+    for (size_t r = 0; r < counts.size(); ++r) EXPECT_EQ(counts[r], 1) << file << " record " << r;
+  }
+  auto status = Call(&Master::Stub::Status, StatusRequest());
+  ASSERT_TRUE(status.ok());
   EXPECT_EQ(status->jobs(0).state(), JobInfo::SUCCEEDED);
   EXPECT_EQ(status->jobs(0).train_records_done(), 60u);
 }
