@@ -45,9 +45,10 @@ int Usage(const std::string& why) {
   return 2;
 }
 
+// One master connection; calls are synchronous, each with --timeout_ms.
 class Admin {
  public:
-  Admin(const std::string& address)
+  explicit Admin(const std::string& address)
       : address_(address),
         stub_(
             ps::Master::NewStub(grpc::CreateChannel(address, grpc::InsecureChannelCredentials()))) {

@@ -29,9 +29,12 @@ class MessageLite;
 namespace ps {
 
 // Puts and deletes applied together, all or nothing.
+// Not thread-safe; build it on one thread, then hand it to MasterStore::Write.
 class StoreBatch {
  public:
+  // Sets `key` to the serialized `value` (copied now; `value` may change afterwards).
   void Put(std::string key, const google::protobuf::MessageLite& value);
+  // Removes `key` (absent keys are fine).
   void Delete(std::string key) { ops_.emplace_back(std::move(key), std::nullopt); }
   bool empty() const { return ops_.empty(); }
   // (key, value) in order; a missing value is a delete.
