@@ -29,6 +29,24 @@ const char* DurabilityName(Durability d) {
 DurableLog::DurableLog(StorageDb* db, uint64_t next_lsn, DurableLogOptions options)
     : db_(db), options_(options), next_lsn_(next_lsn), written_lsn_(next_lsn) {
   writer_ = std::thread([this] { Run(); });
+  if (options_.durability == Durability::kPeriodic) syncer_ = std::thread([this] { RunSyncer(); });
+}
+
+void DurableLog::RunSyncer() {
+  for (;;) {
+    {
+      absl::MutexLock lock(&mu_);
+      if (mu_.AwaitWithTimeout(absl::Condition(&stop_), absl::Milliseconds(options_.flush_ms))) {
+        return;
+      }
+    }
+    absl::Status s = db_->SyncLog();
+    if (!s.ok()) {
+      LOG(ERROR) << "push log fsync failed: " << s;
+      absl::MutexLock lock(&mu_);
+      if (failed_.ok()) failed_ = s;
+    }
+  }
 }
 
 DurableLog::~DurableLog() {
@@ -37,6 +55,7 @@ DurableLog::~DurableLog() {
     stop_ = true;
   }
   writer_.join();
+  if (syncer_.joinable()) syncer_.join();
 }
 
 void DurableLog::Append(std::string record, Done done) {
@@ -61,7 +80,7 @@ void DurableLog::Append(std::string record, Done done) {
       if (options_.durability == Durability::kPeriodic) {
         absl::Time oldest = writing_since_;
         if (!queue_.empty()) oldest = std::min(oldest, queue_.front().queued);
-        ack_now = now - oldest < absl::Milliseconds(options_.flush_ms) * 3 / 4;
+        ack_now = now - oldest < absl::Milliseconds(options_.flush_ms) / 2;
       }
       queue_.push_back(
           Entry{next_lsn_++, std::move(record), ack_now ? nullptr : std::move(done), now});
@@ -108,9 +127,8 @@ DurableLog::Stats DurableLog::stats() const {
 void DurableLog::Run() {
   const bool periodic = options_.durability == Durability::kPeriodic;
   // Periodic mode writes each group to the page cache at once (a process crash then
-  // loses nothing written) and fsyncs every flush_ms, off the acknowledgement path.
+  // loses nothing written); the syncer thread fsyncs every flush_ms.
   const bool sync = options_.durability == Durability::kMachine;
-  absl::Time last_sync = absl::Now();
   std::vector<Entry> group;
   std::vector<std::pair<uint64_t, std::string>> records;
   for (;;) {
@@ -143,10 +161,7 @@ void DurableLog::Run() {
       if (!failed_.ok()) s = failed_;
     }
     if (s.ok()) s = db_->AppendLog(records, sync);
-    if (s.ok() && periodic && absl::Now() - last_sync >= absl::Milliseconds(options_.flush_ms)) {
-      s = db_->SyncLog();
-      last_sync = absl::Now();
-    }
+
     if (!s.ok()) LOG(ERROR) << "push log write failed: " << s;
     // Acknowledge before publishing written_lsn_: WaitWritten(lsn) then implies that the
     // callbacks of the records below lsn (which mark their keys applied) have run.

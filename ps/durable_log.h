@@ -47,7 +47,7 @@ class DurableLog {
   ~DurableLog();
 
   // Queues a record and calls done(OK) once it is durable as the mode says (periodic:
-  // before Append returns, unless the oldest unwritten record is already 3/4 of flush_ms
+  // before Append returns, unless the oldest unwritten record is already half of flush_ms
   // old, in which case it waits for the write, so the loss bound holds). done gets the error if
   // the write fails; after a failed write every Append fails at once with UNAVAILABLE:
   // memory then holds updates that are not durable, and the pod must restart to recover
@@ -77,6 +77,7 @@ class DurableLog {
     absl::Time queued;
   };
   void Run();
+  void RunSyncer();  // periodic mode: fsyncs the WAL every flush_ms
 
   StorageDb* const db_;
   const DurableLogOptions options_;
@@ -92,6 +93,7 @@ class DurableLog {
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   Stats stats_ ABSL_GUARDED_BY(mu_);
   std::thread writer_;
+  std::thread syncer_;
 };
 
 }  // namespace ps

@@ -412,7 +412,7 @@ absl::Status PsCore::Stats(const StatsRequest&, StatsResponse* resp) {
   return absl::OkStatus();
 }
 
-absl::Status PsCore::Checkpoint(const CheckpointRequest& req, CheckpointResponse* resp) {
+absl::Status PsCore::Checkpoint(const PodCheckpointRequest& req, PodCheckpointResponse* resp) {
   if (storage_ == nullptr) {
     return absl::FailedPreconditionError("this pod has no --data_dir: nothing to checkpoint");
   }

@@ -58,7 +58,7 @@ class PsCore {
   absl::Status PushDense(const DensePushRequest& req, PushResponse* resp);
   absl::Status Stats(const StatsRequest& req, StatsResponse* resp);
   // FAILED_PRECONDITION for a pod without storage.
-  absl::Status Checkpoint(const CheckpointRequest& req, CheckpointResponse* resp);
+  absl::Status Checkpoint(const PodCheckpointRequest& req, PodCheckpointResponse* resp);
 
   // Pushes complete asynchronously on a durable pod: `done` runs once the push is durable
   // (or failed), possibly on another thread, possibly before the call returns. *resp must

@@ -88,7 +88,7 @@ PS_RPC(Describe, DescribeRequest, DescribeResponse)
 PS_RPC(Pull, PullRequest, PullResponse)
 PS_RPC(PullDense, DensePullRequest, DensePullResponse)
 PS_RPC(Stats, StatsRequest, StatsResponse)
-PS_RPC(Checkpoint, CheckpointRequest, CheckpointResponse)
+PS_RPC(Checkpoint, PodCheckpointRequest, PodCheckpointResponse)
 
 #undef PS_RPC
 

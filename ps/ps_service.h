@@ -32,8 +32,8 @@ class PsService final : public ParameterServer::CallbackService {
   grpc::ServerUnaryReactor* Stats(grpc::CallbackServerContext* ctx, const StatsRequest* req,
                                   StatsResponse* resp) override;
   grpc::ServerUnaryReactor* Checkpoint(grpc::CallbackServerContext* ctx,
-                                       const CheckpointRequest* req,
-                                       CheckpointResponse* resp) override;
+                                       const PodCheckpointRequest* req,
+                                       PodCheckpointResponse* resp) override;
 
  private:
   template <typename Req, typename Resp>

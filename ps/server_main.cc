@@ -7,6 +7,7 @@
 #include <thread>
 
 #include "embedding/binary_init.h"
+#include "ps/master_agent.h"
 #include "ps/ps_server.h"
 
 DEFINE_string(host, "0.0.0.0", "Address to listen on (0.0.0.0: all interfaces).");
@@ -46,6 +47,13 @@ DEFINE_int32(flush_ms, 100, "--durability=periodic: most milliseconds of pushes 
 DEFINE_int32(materialize_ms, 1000,
              "With --data_dir: how often changed rows are written to the database and the "
              "push log truncated. Recovery replays about this much of the log.");
+DEFINE_string(master, "",
+              "The master's HOST:PORT. If set, the pod registers as --pod_id and owns the "
+              "vshards the master assigns (--shard must then be empty). Empty: standalone.");
+DEFINE_string(pod_id, "", "This pod's stable identity with --master, e.g. ps-0.");
+DEFINE_string(advertise_address, "",
+              "HOST:PORT the master tells clients for this pod. Empty: --host:port, with the "
+              "host name in place of 0.0.0.0.");
 DEFINE_int32(shutdown_grace_ms, 5000,
              "On SIGTERM/SIGINT: stop accepting, let calls in flight finish for this long.");
 
@@ -78,6 +86,10 @@ int Main() {
     return 2;
   }
 
+  if (!FLAGS_master.empty() && (FLAGS_pod_id.empty() || !FLAGS_shard.empty())) {
+    LOG(ERROR) << "--master needs --pod_id and excludes --shard";
+    return 2;
+  }
   absl::StatusOr<ps::ShardOwnership> ownership =
       FLAGS_shard.empty() ? ps::ShardOwnership::Create(FLAGS_num_vshards, 0, {})
                           : ps::ShardOwnership::FromStaticShard(FLAGS_shard, FLAGS_num_vshards);
@@ -85,7 +97,10 @@ int Main() {
     LOG(ERROR) << "bad shard flags: " << ownership.status();
     return 2;
   }
-  if (FLAGS_shard.empty()) *ownership = ps::ShardOwnership::All(FLAGS_num_vshards);
+  // With a master the pod owns nothing until the master assigns its vshards.
+  if (FLAGS_shard.empty() && FLAGS_master.empty()) {
+    *ownership = ps::ShardOwnership::All(FLAGS_num_vshards);
+  }
 
   // SIGTERM/SIGINT are taken by a thread that runs the graceful shutdown.
   sigset_t signals;
@@ -105,6 +120,22 @@ int Main() {
             << (FLAGS_data_dir.empty()
                     ? std::string("in memory only (no --data_dir)")
                     : "data in " + FLAGS_data_dir + ", durability " + FLAGS_durability);
+  std::unique_ptr<ps::MasterAgent> agent;
+  if (!FLAGS_master.empty()) {
+    ps::MasterAgentOptions agent_options;
+    agent_options.master = FLAGS_master;
+    agent_options.pod_id = FLAGS_pod_id;
+    agent_options.address = FLAGS_advertise_address.empty()
+                                ? ps::DefaultAdvertiseAddress(FLAGS_host, (*server)->port())
+                                : FLAGS_advertise_address;
+    agent_options.num_vshards = FLAGS_num_vshards;
+    auto started = ps::MasterAgent::Start(agent_options, &(*server)->core());
+    if (!started.ok()) {
+      LOG(ERROR) << "cannot start the master agent: " << started.status();
+      return 2;
+    }
+    agent = *std::move(started);
+  }
   if (!FLAGS_port_file.empty()) {
     const std::string tmp = FLAGS_port_file + ".tmp";
     std::ofstream(tmp) << (*server)->port() << "\n";
@@ -119,6 +150,7 @@ int Main() {
   });
   (*server)->Wait();
   signal_thread.join();
+  agent.reset();
   LOG(INFO) << "ps-server stopped";
   return 0;
 }

@@ -1,0 +1,193 @@
+#include "client/admin_format.h"
+
+#include <algorithm>
+#include <map>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+
+namespace ps {
+namespace {
+
+std::string Lease(int64_t remaining_ms) {
+  if (remaining_ms >= 0) return absl::StrCat(remaining_ms, " ms");
+  return absl::StrCat("expired ", -remaining_ms, " ms ago");
+}
+
+std::string Percent(uint64_t part, uint64_t whole) {
+  if (whole == 0) return "-";
+  return absl::StrFormat("%.1f%%", 100.0 * static_cast<double>(part) / static_cast<double>(whole));
+}
+
+std::string TaskRange(const Task& t) {
+  return absl::StrCat(t.file(), "[", t.first_record(), ",", t.end_record(), ")");
+}
+
+std::string FormatJobs(const StatusResponse& s) {
+  if (s.jobs_size() == 0) return "no jobs\n";
+  std::vector<std::vector<std::string>> rows = {{"JOB", "STATE", "EPOCH",
+                                                 "TASKS todo/doing/done/failed", "TRAIN RECORDS",
+                                                 "PROGRESS", "EVAL RECORDS"}};
+  for (const JobInfo& j : s.jobs()) {
+    rows.push_back({j.name(), JobInfo::State_Name(j.state()),
+                    absl::StrCat(std::min(j.current_epoch() + 1, j.epochs()), "/", j.epochs()),
+                    absl::StrCat(j.tasks_todo(), "/", j.tasks_doing(), "/", j.tasks_done(), "/",
+                                 j.tasks_failed(), " of ", j.tasks_total()),
+                    absl::StrCat(j.train_records_done(), "/", j.train_records_total()),
+                    Percent(j.train_records_done(), j.train_records_total()),
+                    absl::StrCat(j.eval_records_done())});
+  }
+  return FormatColumns(rows);
+}
+
+std::string FormatTaskList(const google::protobuf::RepeatedPtrField<Task>& tasks, bool failed) {
+  std::vector<std::vector<std::string>> rows = {{"JOB", "TASK", "KIND", "EPOCH", "RECORDS",
+                                                 "ATTEMPT", "FAILURES",
+                                                 failed ? "LAST ERROR" : "WORKER"}};
+  for (const Task& t : tasks) {
+    rows.push_back({t.job(), absl::StrCat(t.task_id()), Task::Kind_Name(t.kind()),
+                    absl::StrCat(t.epoch()), TaskRange(t), absl::StrCat(t.attempt()),
+                    absl::StrCat(t.failures()),
+                    failed ? t.last_error()
+                           : absl::StrCat(t.worker_id(), " (incarnation ", t.incarnation(), ")")});
+  }
+  return FormatColumns(rows);
+}
+
+}  // namespace
+
+std::string FormatColumns(const std::vector<std::vector<std::string>>& rows) {
+  if (rows.empty()) return "";
+  std::vector<size_t> width(rows[0].size(), 0);
+  for (const auto& row : rows) {
+    for (size_t c = 0; c < row.size() && c < width.size(); ++c) {
+      width[c] = std::max(width[c], row[c].size());
+    }
+  }
+  std::string out;
+  for (const auto& row : rows) {
+    std::string line;
+    for (size_t c = 0; c < width.size(); ++c) {
+      const std::string cell = c < row.size() ? row[c] : "";
+      absl::StrAppend(&line, cell);
+      if (c + 1 < width.size()) line.append(width[c] - cell.size() + 2, ' ');
+    }
+    while (!line.empty() && line.back() == ' ') line.pop_back();
+    absl::StrAppend(&out, line, "\n");
+  }
+  return out;
+}
+
+std::string FormatRanges(const std::vector<uint32_t>& v) {
+  if (v.empty()) return "-";
+  std::vector<std::string> parts;
+  for (size_t i = 0; i < v.size();) {
+    size_t j = i;
+    while (j + 1 < v.size() && v[j + 1] == v[j] + 1) ++j;
+    parts.push_back(i == j ? absl::StrCat(v[i]) : absl::StrCat(v[i], "-", v[j]));
+    i = j + 1;
+  }
+  return absl::StrJoin(parts, ",");
+}
+
+std::string FormatPods(const StatusResponse& s, const PodStats& stats) {
+  std::vector<std::vector<std::string>> rows = {
+      {"POD", "ADDRESS", "STATE", "VSHARDS", "LEASE", "ROWS", "MEMORY", "PULLS/S", "PUSHES/S"}};
+  for (const PodInfo& p : s.pods()) {
+    std::vector<std::string> row = {
+        p.pod_id(), p.address().empty() ? "-" : p.address(), PodInfo::State_Name(p.state()),
+        absl::StrCat(p.vshards()),
+        p.state() == PodInfo::NEVER_REGISTERED ? "-" : Lease(p.lease_remaining_ms())};
+    auto it = stats.find(p.pod_id());
+    if (it != stats.end()) {
+      const StatsResponse& st = it->second;
+      // Rates are averages over the pod's uptime (one sample per ps-admin run).
+      const double up = std::max(st.uptime_seconds(), 1e-3);
+      row.push_back(absl::StrCat(st.rows()));
+      row.push_back(absl::StrFormat("%.1f MiB", st.memory_bytes() / 1048576.0));
+      row.push_back(absl::StrFormat("%.1f", st.pull_requests() / up));
+      row.push_back(absl::StrFormat("%.1f", st.push_requests() / up));
+    }
+    rows.push_back(std::move(row));
+  }
+  return FormatColumns(rows);
+}
+
+std::string FormatStatus(const StatusResponse& s, const PodStats& stats) {
+  uint32_t live_pods = 0, live_workers = 0;
+  for (const PodInfo& p : s.pods()) live_pods += p.state() == PodInfo::LIVE;
+  for (const WorkerInfo& w : s.workers()) live_workers += w.state() == WorkerInfo::LIVE;
+  std::string out = absl::StrFormat(
+      "shard map epoch %d, %d vshards; pods %d/%d live; workers %d live; %d tasks done, %d "
+      "records trained; lease %d ms; master up %.0f s\n\n",
+      s.epoch(), s.num_vshards(), live_pods, s.pods_size(), live_workers, s.tasks_done(),
+      s.records_trained(), s.lease_ms(), s.uptime_seconds());
+  absl::StrAppend(&out, FormatPods(s, stats), "\n", FormatWorkers(s), "\n", FormatJobs(s));
+  if (s.failed_tasks_size() > 0) {
+    absl::StrAppend(&out, "\nFAILED TASKS\n", FormatTaskList(s.failed_tasks(), true));
+  }
+  return out;
+}
+
+std::string FormatShards(const ShardMapResponse& m) {
+  std::map<uint32_t, std::vector<uint32_t>> owned;
+  for (int v = 0; v < m.owner_size(); ++v) owned[m.owner(v)].push_back(v);
+  std::vector<std::vector<std::string>> rows = {{"POD", "ADDRESS", "STATE", "COUNT", "VSHARDS"}};
+  for (int i = 0; i < m.pods_size(); ++i) {
+    const PodInfo& p = m.pods(i);
+    rows.push_back({p.pod_id(), p.address().empty() ? "-" : p.address(),
+                    PodInfo::State_Name(p.state()), absl::StrCat(owned[i].size()),
+                    FormatRanges(owned[i])});
+  }
+  return absl::StrCat("epoch ", m.epoch(), ", ", m.num_vshards(), " vshards\n",
+                      FormatColumns(rows));
+}
+
+std::string FormatTables(const ListTablesResponse& t, const StatusResponse& s) {
+  if (t.tables_size() == 0 && t.dense_size() == 0) {
+    return absl::StrCat("catalog version ", t.catalog_version(), "\nno tables\n");
+  }
+  std::map<std::string, uint64_t> version;
+  for (const TableProgress& p : s.tables()) version[p.name()] = p.version();
+  std::vector<std::vector<std::string>> rows = {
+      {"NAME", "KIND", "SHAPE", "INITIALIZER", "OPTIMIZER", "LR", "VERSION"}};
+  for (const TableSpec& spec : t.tables()) {
+    rows.push_back({spec.name(), "embedding", absl::StrCat("dim ", spec.dim()),
+                    InitializerSpec::Kind_Name(spec.initializer().kind()),
+                    OptimizerSpec::Kind_Name(spec.optimizer().kind()),
+                    absl::StrCat(spec.optimizer().learning_rate()),
+                    absl::StrCat(version[spec.name()])});
+  }
+  for (const DenseSpec& spec : t.dense()) {
+    rows.push_back({spec.name(), "dense", absl::StrJoin(spec.shape(), "x"),
+                    InitializerSpec::Kind_Name(spec.initializer().kind()),
+                    OptimizerSpec::Kind_Name(spec.optimizer().kind()),
+                    absl::StrCat(spec.optimizer().learning_rate()),
+                    absl::StrCat(version[spec.name()])});
+  }
+  return absl::StrCat("catalog version ", t.catalog_version(), "\n", FormatColumns(rows));
+}
+
+std::string FormatWorkers(const StatusResponse& s) {
+  if (s.workers_size() == 0) return "no workers\n";
+  std::vector<std::vector<std::string>> rows = {
+      {"WORKER", "INCARNATION", "STATE", "TASKS", "LEASE"}};
+  for (const WorkerInfo& w : s.workers()) {
+    rows.push_back({absl::StrCat(w.worker_id()), absl::StrCat(w.incarnation()),
+                    WorkerInfo::State_Name(w.state()), absl::StrCat(w.tasks_doing()),
+                    w.state() == WorkerInfo::LIVE ? Lease(w.lease_remaining_ms()) : "-"});
+  }
+  return FormatColumns(rows);
+}
+
+std::string FormatTasks(const StatusResponse& s) {
+  std::string out = FormatJobs(s);
+  absl::StrAppend(&out, "\nIN PROGRESS\n",
+                  s.doing_tasks_size() == 0 ? "none\n" : FormatTaskList(s.doing_tasks(), false));
+  absl::StrAppend(&out, "\nFAILED\n",
+                  s.failed_tasks_size() == 0 ? "none\n" : FormatTaskList(s.failed_tasks(), true));
+  return out;
+}
+
+}  // namespace ps

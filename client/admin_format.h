@@ -1,0 +1,34 @@
+// Human-readable tables of the master's admin answers, for ps-admin. (--json output is the
+// protobuf JSON mapping of the same messages and needs no code here.)
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "proto/master.pb.h"
+#include "proto/ps.pb.h"
+
+namespace ps {
+
+// Renders rows as left-aligned columns separated by two spaces; the first row is the header.
+// Rows shorter than the header are padded with empty cells.
+std::string FormatColumns(const std::vector<std::vector<std::string>>& rows);
+
+// "0-7,12,14-15" for the ascending vshard list; "-" when empty.
+std::string FormatRanges(const std::vector<uint32_t>& vshards);
+
+// Pod id -> the pod's own Stats, for the pods that answered.
+using PodStats = std::map<std::string, StatsResponse>;
+
+// Each returns the text ps-admin prints for its command (ending in a newline).
+// status: everything at a glance; `stats` adds rows, memory and request rates per pod.
+std::string FormatStatus(const StatusResponse& s, const PodStats& stats = {});
+std::string FormatPods(const StatusResponse& s, const PodStats& stats = {});     // part of status
+std::string FormatShards(const ShardMapResponse& m);                             // shards
+std::string FormatTables(const ListTablesResponse& t, const StatusResponse& s);  // tables
+std::string FormatWorkers(const StatusResponse& s);                              // workers
+std::string FormatTasks(const StatusResponse& s);                                // tasks
+
+}  // namespace ps

@@ -1,0 +1,70 @@
+#include "client/admin_format.h"
+
+#include "gtest/gtest.h"
+
+namespace ps {
+namespace {
+
+TEST(AdminFormatTest, ColumnsAlignAndRangesCompress) {
+  EXPECT_EQ(FormatColumns({{"A", "BB"}, {"ccc", "d"}, {"e"}}), "A    BB\nccc  d\ne\n");
+  EXPECT_EQ(FormatRanges({}), "-");
+  EXPECT_EQ(FormatRanges({0, 1, 2, 3, 7, 9, 10}), "0-3,7,9-10");
+}
+
+TEST(AdminFormatTest, StatusShowsPodsWorkersJobsAndFailures) {
+  StatusResponse s;
+  s.set_epoch(3);
+  s.set_num_vshards(16);
+  PodInfo* p = s.add_pods();
+  p->set_pod_id("ps-0");
+  p->set_address("127.0.0.1:5000");
+  p->set_state(PodInfo::LIVE);
+  p->set_vshards(8);
+  p->set_lease_remaining_ms(250);
+  p = s.add_pods();
+  p->set_pod_id("ps-1");
+  p->set_state(PodInfo::LOST);
+  p->set_lease_remaining_ms(-40);
+  WorkerInfo* w = s.add_workers();
+  w->set_worker_id(7);
+  w->set_incarnation(2);
+  w->set_state(WorkerInfo::LIVE);
+  JobInfo* j = s.add_jobs();
+  j->set_name("ctr");
+  j->set_state(JobInfo::RUNNING);
+  j->set_epochs(2);
+  j->set_train_records_total(200);
+  j->set_train_records_done(50);
+  Task* t = s.add_failed_tasks();
+  t->set_job("ctr");
+  t->set_task_id(4);
+  t->set_file("a.rec");
+  t->set_end_record(10);
+  t->set_last_error("bad record");
+  StatsResponse stats;
+  stats.set_rows(1234);
+  stats.set_memory_bytes(3 << 20);
+  stats.set_pull_requests(500);
+  stats.set_uptime_seconds(10);
+  const std::string out = FormatStatus(s, {{"ps-0", stats}});
+  for (const char* want :
+       {"epoch 3", "pods 1/2 live", "127.0.0.1:5000", "LOST", "expired 40 ms ago", "ctr", "25.0%",
+        "FAILED TASKS", "a.rec[0,10)", "bad record", "1234", "3.0 MiB", "50.0"}) {
+    EXPECT_NE(out.find(want), std::string::npos) << "missing '" << want << "' in:\n" << out;
+  }
+}
+
+TEST(AdminFormatTest, ShardsListEachPodsRanges) {
+  ShardMapResponse m;
+  m.set_epoch(2);
+  m.set_num_vshards(4);
+  m.add_pods()->set_pod_id("ps-0");
+  m.add_pods()->set_pod_id("ps-1");
+  for (uint32_t o : {0, 0, 1, 0}) m.add_owner(o);
+  const std::string out = FormatShards(m);
+  EXPECT_NE(out.find("ps-0  -        UNKNOWN  3      0-1,3"), std::string::npos) << out;
+  EXPECT_NE(out.find("ps-1  -        UNKNOWN  1      2"), std::string::npos) << out;
+}
+
+}  // namespace
+}  // namespace ps

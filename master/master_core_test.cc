@@ -1,0 +1,444 @@
+// MasterCore as a state machine: a fake clock drives leases, and "restart" is destroying
+// the core and opening the same RocksDB directory again.
+#include "master/master_core.h"
+
+#include <stdlib.h>
+
+#include <filesystem>
+#include <map>
+
+#include "gtest/gtest.h"
+
+namespace ps {
+namespace {
+
+constexpr absl::Duration kLease = absl::Seconds(1);
+
+class MasterCoreTest : public testing::Test {
+ protected:
+  void SetUp() override {
+    std::string templ = std::filesystem::temp_directory_path() / "master_core_test.XXXXXX";
+    ASSERT_NE(mkdtemp(templ.data()), nullptr);
+    dir_ = templ;
+    Reopen();
+  }
+  void TearDown() override {
+    core_.reset();
+    std::filesystem::remove_all(dir_);
+  }
+
+  MasterOptions Options() {
+    MasterOptions o;
+    o.data_dir = dir_;
+    o.num_vshards = 16;
+    o.num_ps = 2;
+    o.lease = kLease;
+    o.max_task_failures = 2;
+    o.clock = [this] { return now_; };
+    return o;
+  }
+
+  // Simulates a master restart: the old core is gone before the new one opens the dir.
+  void Reopen() {
+    core_.reset();
+    auto core = MasterCore::Open(Options());
+    ASSERT_TRUE(core.ok()) << core.status();
+    core_ = *std::move(core);
+  }
+
+  RegisterWorkerResponse AddWorker(uint64_t id = 0) {
+    RegisterWorkerRequest req;
+    req.set_worker_id(id);
+    RegisterWorkerResponse resp;
+    EXPECT_TRUE(core_->RegisterWorker(req, &resp).ok());
+    return resp;
+  }
+
+  // A job: one training file of 10 records and (optionally) one eval file of 5, 4 records
+  // per task: 3 training tasks and 2 eval tasks per epoch.
+  void MakeJob(const std::string& name, uint32_t epochs, bool eval) {
+    CreateJobRequest req;
+    req.set_name(name);
+    auto* f = req.add_files();
+    f->set_path("train.rec");
+    f->set_records(10);
+    if (eval) {
+      auto* e = req.add_eval_files();
+      e->set_path("eval.rec");
+      e->set_records(5);
+    }
+    req.set_epochs(epochs);
+    req.set_records_per_task(4);
+    CreateJobResponse resp;
+    ASSERT_TRUE(core_->CreateJob(req, &resp).ok());
+    EXPECT_TRUE(resp.created());
+    EXPECT_EQ(resp.num_tasks(), epochs * (eval ? 5u : 3u));
+  }
+
+  absl::StatusOr<GetTaskResponse> Get(const RegisterWorkerResponse& w, const std::string& job) {
+    GetTaskRequest req;
+    req.set_worker_id(w.worker_id());
+    req.set_incarnation(w.incarnation());
+    req.set_job(job);
+    GetTaskResponse resp;
+    absl::Status s = core_->GetTask(req, &resp);
+    if (!s.ok()) return s;
+    return resp;
+  }
+
+  absl::Status Report(const RegisterWorkerResponse& w, const Task& t, bool ok,
+                      ReportTaskResponse* resp = nullptr) {
+    ReportTaskRequest req;
+    req.set_worker_id(w.worker_id());
+    req.set_incarnation(w.incarnation());
+    req.set_job(t.job());
+    req.set_task_id(t.task_id());
+    req.set_ok(ok);
+    req.set_records(t.end_record() - t.first_record());
+    if (!ok) req.set_error("boom");
+    (*req.mutable_table_pushes())["emb"] = 2;
+    ReportTaskResponse ignored;
+    return core_->ReportTask(req, resp != nullptr ? resp : &ignored);
+  }
+
+  StatusResponse GetStatus() {
+    StatusResponse s;
+    EXPECT_TRUE(core_->Status(StatusRequest(), &s).ok());
+    return s;
+  }
+
+  std::string dir_;
+  absl::Time now_ = absl::FromUnixSeconds(1'000'000);
+  std::unique_ptr<MasterCore> core_;
+};
+
+TEST_F(MasterCoreTest, ImpossibleVShardCountsAreRefused) {
+  MasterOptions o = Options();
+  o.num_vshards = 100;
+  core_.reset();
+  auto bad = MasterCore::Open(o);
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(bad.status().message().find("100"), std::string::npos) << bad.status();
+  // The data dir keeps the cluster's shape: another num_ps is refused.
+  o = Options();
+  o.num_ps = 4;
+  auto other = MasterCore::Open(o);
+  EXPECT_EQ(other.status().code(), absl::StatusCode::kFailedPrecondition) << other.status();
+  Reopen();
+  RegisterPodRequest req;
+  req.set_pod_id("ps-0");
+  req.set_address("h:1");
+  req.set_num_vshards(32);
+  RegisterPodResponse resp;
+  absl::Status s = core_->RegisterPod(req, &resp);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("32"), std::string::npos) << s;
+}
+
+TEST_F(MasterCoreTest, PodsGetStaticRangesBackAtNewAddresses) {
+  RegisterPodRequest req;
+  req.set_pod_id("ps-1");
+  req.set_address("h:1");
+  req.set_num_vshards(16);
+  RegisterPodResponse first;
+  ASSERT_TRUE(core_->RegisterPod(req, &first).ok());
+  const auto& a = first.assignment();
+  EXPECT_EQ(std::vector<uint32_t>(a.owned_vshards().begin(), a.owned_vshards().end()),
+            (std::vector<uint32_t>{8, 9, 10, 11, 12, 13, 14, 15}));
+  const uint64_t epoch = a.epoch();
+
+  // Same address again: same epoch. Another address while the lease is live: refused.
+  RegisterPodResponse again;
+  ASSERT_TRUE(core_->RegisterPod(req, &again).ok());
+  EXPECT_EQ(again.assignment().epoch(), epoch);
+  req.set_address("h:2");
+  EXPECT_EQ(core_->RegisterPod(req, &again).code(), absl::StatusCode::kAlreadyExists);
+
+  // The lease runs out: the pod is LOST; a restarted pod may take the identity.
+  now_ += kLease + absl::Milliseconds(1);
+  ASSERT_TRUE(core_->ExpireLeases().ok());
+  StatusResponse st = GetStatus();
+  ASSERT_EQ(st.pods_size(), 2);
+  EXPECT_EQ(st.pods(0).state(), PodInfo::NEVER_REGISTERED);
+  EXPECT_EQ(st.pods(1).state(), PodInfo::LOST);
+  Reopen();  // and the master restarts meanwhile
+  ASSERT_TRUE(core_->RegisterPod(req, &again).code() == absl::StatusCode::kAlreadyExists);
+  now_ += kLease + absl::Milliseconds(1);
+  again.Clear();
+  ASSERT_TRUE(core_->RegisterPod(req, &again).ok());
+  EXPECT_EQ(again.assignment().epoch(), epoch + 1);
+  EXPECT_EQ(again.assignment().owned_vshards_size(), 8);
+
+  ShardMapResponse map;
+  ASSERT_TRUE(core_->GetShardMap(GetShardMapRequest(), &map).ok());
+  EXPECT_EQ(map.epoch(), epoch + 1);
+  ASSERT_EQ(map.owner_size(), 16);
+  EXPECT_EQ(map.pods(map.owner(15)).address(), "h:2");
+  EXPECT_EQ(map.pods(map.owner(0)).pod_id(), "ps-0");
+
+  PodHeartbeatRequest hb;
+  hb.set_pod_id("ps-1");
+  hb.set_address("h:1");
+  PodHeartbeatResponse hb_resp;
+  EXPECT_EQ(core_->PodHeartbeat(hb, &hb_resp).code(), absl::StatusCode::kFailedPrecondition);
+  hb.set_pod_id("ps-9");
+  EXPECT_EQ(core_->PodHeartbeat(hb, &hb_resp).code(), absl::StatusCode::kNotFound);
+}
+
+TEST_F(MasterCoreTest, CatalogIsIdempotentAndDurable) {
+  CreateTableRequest req;
+  req.mutable_spec()->set_name("emb");
+  req.mutable_spec()->set_dim(8);
+  CreateTableResponse resp;
+  ASSERT_TRUE(core_->CreateTable(req, &resp).ok());
+  EXPECT_TRUE(resp.created());
+  Reopen();
+  ASSERT_TRUE(core_->CreateTable(req, &resp).ok());
+  EXPECT_FALSE(resp.created());
+  req.mutable_spec()->set_dim(16);
+  EXPECT_EQ(core_->CreateTable(req, &resp).code(), absl::StatusCode::kAlreadyExists);
+  req.mutable_spec()->set_dim(0);
+  EXPECT_EQ(core_->CreateTable(req, &resp).code(), absl::StatusCode::kInvalidArgument);
+  ListTablesResponse list;
+  ASSERT_TRUE(core_->ListTables(ListTablesRequest(), &list).ok());
+  ASSERT_EQ(list.tables_size(), 1);
+  EXPECT_EQ(list.tables(0).dim(), 8u);
+  EXPECT_EQ(list.catalog_version(), 1u);
+  EXPECT_TRUE(list.tables(0).optimizer().has_learning_rate());  // stored normalized
+}
+
+TEST_F(MasterCoreTest, EvalTasksFollowTheirEpochsTraining) {
+  MakeJob("j", 2, /*eval=*/true);
+  auto w = AddWorker();
+  std::vector<std::string> order;
+  uint64_t train_records = 0;
+  while (true) {
+    // Take everything that is available, then finish it: WAIT marks a phase barrier.
+    std::vector<Task> taken;
+    while (true) {
+      auto r = Get(w, "j");
+      ASSERT_TRUE(r.ok()) << r.status();
+      if (r->result() != GetTaskResponse::TASK) break;
+      taken.push_back(r->task());
+    }
+    if (taken.empty()) break;
+    std::string phase;
+    for (const Task& t : taken) {
+      absl::StrAppend(&phase, Task::Kind_Name(t.kind()), t.epoch(), " ");
+      if (t.kind() == Task::TRAIN) train_records += t.end_record() - t.first_record();
+      ASSERT_TRUE(Report(w, t, true).ok());
+    }
+    order.push_back(phase);
+  }
+  EXPECT_EQ(order, (std::vector<std::string>{"TRAIN0 TRAIN0 TRAIN0 ", "EVAL0 EVAL0 ",
+                                             "TRAIN1 TRAIN1 TRAIN1 ", "EVAL1 EVAL1 "}));
+  EXPECT_EQ(train_records, 20u);
+  auto r = Get(w, "j");
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(r->result(), GetTaskResponse::DONE);
+  StatusResponse st = GetStatus();
+  ASSERT_EQ(st.jobs_size(), 1);
+  EXPECT_EQ(st.jobs(0).state(), JobInfo::SUCCEEDED);
+  EXPECT_EQ(st.jobs(0).train_records_done(), 20u);
+  EXPECT_EQ(st.jobs(0).train_records_total(), 20u);
+  EXPECT_EQ(st.jobs(0).eval_records_done(), 10u);
+  EXPECT_EQ(st.records_trained(), 20u);
+  ASSERT_EQ(st.tables_size(), 1);
+  EXPECT_EQ(st.tables(0).version(), 20u);  // 10 tasks x 2 pushes
+}
+
+TEST_F(MasterCoreTest, RepeatedFailuresMarkTheTaskFailedNotDropped) {
+  MakeJob("j", 1, /*eval=*/false);
+  auto w = AddWorker();
+  auto t0 = Get(w, "j");
+  ASSERT_TRUE(t0.ok());
+  ASSERT_TRUE(Report(w, t0->task(), false).ok());
+  // The failed task goes back to the front of the queue with its attempt count.
+  auto again = Get(w, "j");
+  ASSERT_TRUE(again.ok());
+  EXPECT_EQ(again->task().task_id(), t0->task().task_id());
+  EXPECT_EQ(again->task().attempt(), 2u);
+  ASSERT_TRUE(Report(w, again->task(), false).ok());  // second failure: FAILED (max 2)
+  for (int i = 0; i < 2; ++i) {
+    auto t = Get(w, "j");
+    ASSERT_TRUE(t.ok());
+    ASSERT_EQ(t->result(), GetTaskResponse::TASK);
+    EXPECT_NE(t->task().task_id(), t0->task().task_id());
+    ReportTaskResponse resp;
+    ASSERT_TRUE(Report(w, t->task(), true, &resp).ok());
+    EXPECT_EQ(resp.job_done(), i == 1);
+  }
+  Reopen();
+  StatusResponse st = GetStatus();
+  EXPECT_EQ(st.jobs(0).state(), JobInfo::FAILED);
+  EXPECT_EQ(st.jobs(0).tasks_failed(), 1u);
+  EXPECT_EQ(st.jobs(0).tasks_done(), 2u);
+  ASSERT_EQ(st.failed_tasks_size(), 1);
+  EXPECT_EQ(st.failed_tasks(0).last_error(), "boom");
+  EXPECT_EQ(st.failed_tasks(0).failures(), 2u);
+}
+
+TEST_F(MasterCoreTest, LostWorkersTaskIsRerunByAnother) {
+  MakeJob("j", 1, /*eval=*/false);
+  auto a = AddWorker();
+  auto b = AddWorker();
+  EXPECT_NE(a.worker_id(), b.worker_id());
+  auto ta = Get(a, "j");
+  ASSERT_TRUE(ta.ok());
+  // b keeps its lease alive; a falls silent.
+  now_ += kLease / 2;
+  WorkerHeartbeatRequest hb;
+  hb.set_worker_id(b.worker_id());
+  hb.set_incarnation(b.incarnation());
+  WorkerHeartbeatResponse hb_resp;
+  ASSERT_TRUE(core_->WorkerHeartbeat(hb, &hb_resp).ok());
+  now_ += kLease / 2 + absl::Milliseconds(1);
+  ASSERT_TRUE(core_->ExpireLeases().ok());
+  StatusResponse st = GetStatus();
+  EXPECT_EQ(st.workers(0).state(), WorkerInfo::LOST);
+  EXPECT_EQ(st.workers(1).state(), WorkerInfo::LIVE);
+  EXPECT_EQ(st.jobs(0).tasks_doing(), 0u);
+
+  std::map<uint64_t, int> done;  // task id -> times accepted as done
+  while (true) {
+    auto t = Get(b, "j");
+    ASSERT_TRUE(t.ok());
+    if (t->result() != GetTaskResponse::TASK) break;
+    if (t->task().task_id() == ta->task().task_id()) {
+      EXPECT_EQ(t->task().attempt(), 2u);
+    }
+    ASSERT_TRUE(Report(b, t->task(), true).ok());
+    ++done[t->task().task_id()];
+  }
+  EXPECT_EQ(done, (std::map<uint64_t, int>{{0, 1}, {1, 1}, {2, 1}}));
+  // The lost worker's late report and heartbeat are refused; it must register again.
+  absl::Status late = Report(a, ta->task(), true);
+  EXPECT_EQ(late.code(), absl::StatusCode::kFailedPrecondition) << late;
+  hb.set_worker_id(a.worker_id());
+  hb.set_incarnation(a.incarnation());
+  EXPECT_EQ(core_->WorkerHeartbeat(hb, &hb_resp).code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(GetStatus().jobs(0).train_records_done(), 10u);
+}
+
+TEST_F(MasterCoreTest, RestartMidJobLosesAndDuplicatesNothing) {
+  MakeJob("j", 2, /*eval=*/false);
+  auto a = AddWorker();
+  auto b = AddWorker();
+  auto t1 = Get(a, "j");
+  auto t2 = Get(b, "j");
+  ASSERT_TRUE(t1.ok() && t2.ok());
+  ASSERT_TRUE(Report(a, t1->task(), true).ok());
+  Reopen();
+  // After the restart: a's report was kept (a retry is recognized), b still holds its task.
+  ReportTaskResponse resp;
+  ASSERT_TRUE(Report(a, t1->task(), true, &resp).ok());
+  EXPECT_TRUE(resp.duplicate());
+  StatusResponse st = GetStatus();
+  EXPECT_EQ(st.jobs(0).tasks_done(), 1u);
+  EXPECT_EQ(st.jobs(0).tasks_doing(), 1u);
+  ASSERT_TRUE(Report(b, t2->task(), true).ok());
+  // A worker restarting under its id gets a new incarnation; its held task is re-queued.
+  auto t3 = Get(a, "j");
+  ASSERT_TRUE(t3.ok());
+  ASSERT_EQ(t3->result(), GetTaskResponse::TASK);
+  Reopen();
+  auto a2 = AddWorker(a.worker_id());
+  EXPECT_EQ(a2.incarnation(), a.incarnation() + 1);
+  EXPECT_EQ(Report(a, t3->task(), true).code(), absl::StatusCode::kFailedPrecondition);
+  uint64_t records = 20 - 8;  // t1 and t2 were 4 records each
+  while (true) {
+    auto t = Get(a2, "j");
+    ASSERT_TRUE(t.ok());
+    if (t->result() == GetTaskResponse::DONE) break;
+    ASSERT_EQ(t->result(), GetTaskResponse::TASK);
+    records -= t->task().end_record() - t->task().first_record();
+    ASSERT_TRUE(Report(a2, t->task(), true).ok());
+    if (t->task().task_id() == 1) Reopen();  // and once more in the middle
+  }
+  EXPECT_EQ(records, 0u);
+  st = GetStatus();
+  EXPECT_EQ(st.jobs(0).state(), JobInfo::SUCCEEDED);
+  EXPECT_EQ(st.jobs(0).tasks_done(), 6u);
+  EXPECT_EQ(st.jobs(0).train_records_done(), 20u);
+}
+
+TEST_F(MasterCoreTest, BadRequestsGetSpecificCodes) {
+  MakeJob("j", 1, false);
+  auto a = AddWorker();
+  auto b = AddWorker();
+  EXPECT_EQ(Get(a, "nope").status().code(), absl::StatusCode::kNotFound);
+  auto t = Get(a, "j");
+  ASSERT_TRUE(t.ok());
+  absl::Status s = Report(b, t->task(), true);
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(s.message().find("by worker " + std::to_string(a.worker_id())), std::string::npos) << s;
+  Task unknown = t->task();
+  unknown.set_job("nope");
+  EXPECT_EQ(Report(a, unknown, true).code(), absl::StatusCode::kNotFound);
+  RegisterWorkerResponse ghost;
+  ghost.set_worker_id(999);
+  ghost.set_incarnation(1);
+  EXPECT_EQ(Get(ghost, "j").status().code(), absl::StatusCode::kNotFound);
+  ghost.set_worker_id(a.worker_id());
+  ghost.set_incarnation(7);
+  EXPECT_EQ(Get(ghost, "j").status().code(), absl::StatusCode::kFailedPrecondition);
+
+  CreateJobRequest job;
+  job.set_name("j");
+  job.set_epochs(1);
+  job.set_records_per_task(4);
+  job.add_files()->set_path("other");
+  job.mutable_files(0)->set_records(3);
+  CreateJobResponse job_resp;
+  EXPECT_EQ(core_->CreateJob(job, &job_resp).code(), absl::StatusCode::kAlreadyExists);
+  job.set_name("k");
+  job.set_epochs(0);
+  EXPECT_EQ(core_->CreateJob(job, &job_resp).code(), absl::StatusCode::kInvalidArgument);
+
+  LeaveWorkerRequest leave;
+  leave.set_worker_id(a.worker_id());
+  leave.set_incarnation(a.incarnation());
+  LeaveWorkerResponse leave_resp;
+  ASSERT_TRUE(core_->LeaveWorker(leave, &leave_resp).ok());
+  EXPECT_EQ(leave_resp.requeued_tasks(), 1u);
+  auto again = Get(b, "j");
+  ASSERT_TRUE(again.ok());
+  EXPECT_EQ(again->task().task_id(), t->task().task_id());
+  EXPECT_EQ(again->task().failures(), 0u);  // leaving is not a failure
+}
+
+TEST_F(MasterCoreTest, AdminActionsThatNeedMigrationSaySo) {
+  DrainResponse drain;
+  DrainRequest req;
+  req.set_pod_id("ps-7");
+  EXPECT_EQ(core_->Drain(req, &drain).code(), absl::StatusCode::kNotFound);
+  req.set_pod_id("ps-0");
+  // No other live pod to take ps-0's vshards.
+  EXPECT_EQ(core_->Drain(req, &drain).code(), absl::StatusCode::kFailedPrecondition);
+  for (const char* id : {"ps-0", "ps-1"}) {
+    RegisterPodRequest reg;
+    reg.set_pod_id(id);
+    reg.set_address(std::string(id) + ":1");
+    RegisterPodResponse reg_resp;
+    ASSERT_TRUE(core_->RegisterPod(reg, &reg_resp).ok());
+  }
+  absl::Status s = core_->Drain(req, &drain);
+  EXPECT_EQ(s.code(), absl::StatusCode::kUnimplemented);
+  EXPECT_NE(s.message().find("8 vshards"), std::string::npos) << s;
+  RebalanceResponse rebalance;
+  EXPECT_TRUE(core_->Rebalance(RebalanceRequest(), &rebalance).ok());  // already balanced
+  // A third pod joins: balancing would move vshards onto it.
+  RegisterPodRequest reg;
+  reg.set_pod_id("ps-2");
+  reg.set_address("ps-2:1");
+  RegisterPodResponse reg_resp;
+  ASSERT_TRUE(core_->RegisterPod(reg, &reg_resp).ok());
+  EXPECT_EQ(reg_resp.assignment().owned_vshards_size(), 0);
+  EXPECT_EQ(core_->Rebalance(RebalanceRequest(), &rebalance).code(),
+            absl::StatusCode::kUnimplemented);
+  CheckpointResponse cp;
+  EXPECT_EQ(core_->Checkpoint(CheckpointRequest(), &cp).code(), absl::StatusCode::kUnimplemented);
+}
+
+}  // namespace
+}  // namespace ps

@@ -1,0 +1,36 @@
+// A running master: the gRPC server with the Master service and grpc.health.v1, and a
+// thread that expires leases.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "master/master_core.h"
+
+namespace ps {
+
+struct MasterServerOptions {
+  std::string host = "0.0.0.0";
+  int port = 0;  // 0: the kernel picks a free port (see MasterServer::port)
+  // RPC threads. Master calls are small; each state change waits for an fsync, so a few
+  // threads let independent callers overlap their waits.
+  int threads = 4;
+  MasterOptions core;
+};
+
+class MasterServer {
+ public:
+  // Opens the state (MasterCore::Open), binds and starts serving, or returns the error.
+  static absl::StatusOr<std::unique_ptr<MasterServer>> Start(const MasterServerOptions& options);
+  virtual ~MasterServer() = default;
+
+  virtual int port() const = 0;
+  virtual MasterCore& core() = 0;
+  // Stops accepting, waits up to `grace_ms` for calls in flight, then cancels the rest.
+  virtual void Shutdown(int grace_ms) = 0;
+  // Blocks until Shutdown.
+  virtual void Wait() = 0;
+};
+
+}  // namespace ps

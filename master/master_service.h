@@ -1,0 +1,46 @@
+// The gRPC face of the master: each RPC runs on a WorkPool (its state changes wait for a
+// synced RocksDB write) and finishes its reactor from there, so gRPC threads never block.
+#pragma once
+
+#include "master/master_core.h"
+#include "proto/master.grpc.pb.h"
+#include "ps/work_pool.h"
+
+namespace ps {
+
+class MasterService final : public Master::CallbackService {
+ public:
+  // `core` and `pool` must outlive the service.
+  MasterService(MasterCore* core, WorkPool* pool) : core_(core), pool_(pool) {}
+
+#define PS_MASTER_RPC(Name, Req, Resp)                                                         \
+  grpc::ServerUnaryReactor* Name(grpc::CallbackServerContext* ctx, const Req* req, Resp* resp) \
+      override;
+  PS_MASTER_RPC(RegisterPod, RegisterPodRequest, RegisterPodResponse)
+  PS_MASTER_RPC(PodHeartbeat, PodHeartbeatRequest, PodHeartbeatResponse)
+  PS_MASTER_RPC(GetShardMap, GetShardMapRequest, ShardMapResponse)
+  PS_MASTER_RPC(CreateTable, CreateTableRequest, CreateTableResponse)
+  PS_MASTER_RPC(CreateDense, CreateDenseRequest, CreateDenseResponse)
+  PS_MASTER_RPC(ListTables, ListTablesRequest, ListTablesResponse)
+  PS_MASTER_RPC(RegisterWorker, RegisterWorkerRequest, RegisterWorkerResponse)
+  PS_MASTER_RPC(WorkerHeartbeat, WorkerHeartbeatRequest, WorkerHeartbeatResponse)
+  PS_MASTER_RPC(LeaveWorker, LeaveWorkerRequest, LeaveWorkerResponse)
+  PS_MASTER_RPC(CreateJob, CreateJobRequest, CreateJobResponse)
+  PS_MASTER_RPC(GetTask, GetTaskRequest, GetTaskResponse)
+  PS_MASTER_RPC(ReportTask, ReportTaskRequest, ReportTaskResponse)
+  PS_MASTER_RPC(Status, StatusRequest, StatusResponse)
+  PS_MASTER_RPC(Drain, DrainRequest, DrainResponse)
+  PS_MASTER_RPC(Rebalance, RebalanceRequest, RebalanceResponse)
+  PS_MASTER_RPC(Checkpoint, CheckpointRequest, CheckpointResponse)
+#undef PS_MASTER_RPC
+
+ private:
+  template <typename Req, typename Resp>
+  grpc::ServerUnaryReactor* Run(grpc::CallbackServerContext* ctx, const Req* req, Resp* resp,
+                                absl::Status (MasterCore::*method)(const Req&, Resp*));
+
+  MasterCore* const core_;
+  WorkPool* const pool_;
+};
+
+}  // namespace ps

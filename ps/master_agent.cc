@@ -1,0 +1,171 @@
+#include "ps/master_agent.h"
+
+#include <glog/logging.h>
+#include <grpcpp/grpcpp.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
+#include "proto/master.grpc.pb.h"
+#include "ps/ps_service.h"
+
+namespace ps {
+namespace {
+
+class MasterAgentImpl final : public MasterAgent {
+ public:
+  MasterAgentImpl(const MasterAgentOptions& options, PsCore* core)
+      : options_(options),
+        core_(core),
+        stub_(Master::NewStub(
+            grpc::CreateChannel(options.master, grpc::InsecureChannelCredentials()))),
+        thread_([this] { Run(); }) {}
+
+  ~MasterAgentImpl() override {
+    stop_.Notify();
+    thread_.join();
+  }
+
+  bool registered() const override { return registered_.load(); }
+
+ private:
+  void Run() {
+    absl::Duration wait = absl::ZeroDuration();
+    int failures = 0;
+    while (!stop_.WaitForNotificationWithTimeout(wait)) {
+      absl::Status s = registered_ ? Heartbeat() : Register();
+      if (s.ok()) {
+        if (failures > 0) LOG(INFO) << "master " << options_.master << " reachable again";
+        failures = 0;
+        wait = heartbeat_interval_;
+        continue;
+      }
+      // Log the first failure and then one in 50, not one per retry.
+      if (failures++ % 50 == 0) {
+        LOG(WARNING) << (registered_ ? "heartbeat" : "registration") << " of pod "
+                     << options_.pod_id << " with master " << options_.master << " failed: " << s;
+      }
+      if (registered_ && (s.code() == absl::StatusCode::kNotFound ||
+                          s.code() == absl::StatusCode::kFailedPrecondition)) {
+        registered_ = false;  // the master forgot or re-assigned us: register again at once
+        wait = absl::ZeroDuration();
+        continue;
+      }
+      wait = registered_ ? heartbeat_interval_ : options_.retry_interval;
+    }
+  }
+
+  void SetDeadline(grpc::ClientContext* ctx) const {
+    ctx->set_deadline(absl::ToChronoTime(absl::Now() + options_.rpc_timeout));
+  }
+
+  absl::Status Register() {
+    RegisterPodRequest req;
+    req.set_pod_id(options_.pod_id);
+    req.set_address(options_.address);
+    req.set_num_vshards(options_.num_vshards);
+    RegisterPodResponse resp;
+    grpc::ClientContext ctx;
+    SetDeadline(&ctx);
+    absl::Status s = FromGrpcStatus(stub_->RegisterPod(&ctx, req, &resp));
+    if (!s.ok()) return s;
+    registered_ = true;
+    LOG(INFO) << "pod " << options_.pod_id << " registered with master " << options_.master
+              << " at " << options_.address;
+    return Apply(resp.assignment());
+  }
+
+  absl::Status Heartbeat() {
+    PodHeartbeatRequest req;
+    req.set_pod_id(options_.pod_id);
+    req.set_address(options_.address);
+    PodHeartbeatResponse resp;
+    grpc::ClientContext ctx;
+    SetDeadline(&ctx);
+    absl::Status s = FromGrpcStatus(stub_->PodHeartbeat(&ctx, req, &resp));
+    if (!s.ok()) return s;
+    return Apply(resp.assignment());
+  }
+
+  // Installs the assignment if it differs from the core's ownership, and syncs the catalog.
+  absl::Status Apply(const PodAssignment& a) {
+    heartbeat_interval_ = std::max(absl::Milliseconds(10), absl::Milliseconds(a.lease_ms()) / 3);
+    std::vector<uint32_t> owned(a.owned_vshards().begin(), a.owned_vshards().end());
+    auto next = ShardOwnership::Create(a.num_vshards(), a.epoch(), owned);
+    if (!next.ok()) return next.status();
+    auto current = core_->ownership();
+    if (current->epoch() != next->epoch() || current->num_vshards() != next->num_vshards() ||
+        current->Bitmap() != next->Bitmap()) {
+      LOG(INFO) << "pod " << options_.pod_id << ": shard map epoch " << next->epoch() << ", owning "
+                << next->owned_count() << " of " << next->num_vshards() << " vshards";
+      core_->SetOwnership(*std::move(next));
+    }
+    if (a.catalog_version() != catalog_version_) return SyncCatalog(a.catalog_version());
+    return absl::OkStatus();
+  }
+
+  // Creates every table and dense tensor of the master's catalog here (idempotent).
+  absl::Status SyncCatalog(uint64_t version) {
+    ListTablesResponse resp;
+    grpc::ClientContext ctx;
+    SetDeadline(&ctx);
+    absl::Status s = FromGrpcStatus(stub_->ListTables(&ctx, ListTablesRequest(), &resp));
+    if (!s.ok()) return s;
+    for (const TableSpec& spec : resp.tables()) {
+      CreateTableRequest req;
+      *req.mutable_spec() = spec;
+      CreateTableResponse ignored;
+      if (absl::Status c = core_->CreateTable(req, &ignored); !c.ok()) {
+        LOG(ERROR) << "pod " << options_.pod_id << " cannot create catalog table " << spec.name()
+                   << ": " << c;
+      }
+    }
+    for (const DenseSpec& spec : resp.dense()) {
+      CreateDenseRequest req;
+      *req.mutable_spec() = spec;
+      CreateDenseResponse ignored;
+      if (absl::Status c = core_->CreateDense(req, &ignored); !c.ok()) {
+        LOG(ERROR) << "pod " << options_.pod_id << " cannot create catalog dense tensor "
+                   << spec.name() << ": " << c;
+      }
+    }
+    catalog_version_ = std::max(version, resp.catalog_version());
+    return absl::OkStatus();
+  }
+
+  const MasterAgentOptions options_;
+  PsCore* const core_;
+  std::unique_ptr<Master::Stub> stub_;
+  absl::Notification stop_;
+  std::atomic<bool> registered_{false};
+  // Used by the agent thread only.
+  absl::Duration heartbeat_interval_ = absl::Seconds(1);
+  uint64_t catalog_version_ = 0;
+  std::thread thread_;  // last: starts after everything above is constructed
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<MasterAgent>> MasterAgent::Start(const MasterAgentOptions& options,
+                                                                PsCore* core) {
+  if (options.master.empty() || options.pod_id.empty() || options.address.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the master agent needs a master address, a pod id and the pod's address; got master '",
+        options.master, "', pod id '", options.pod_id, "', address '", options.address, "'"));
+  }
+  return std::unique_ptr<MasterAgent>(std::make_unique<MasterAgentImpl>(options, core));
+}
+
+std::string DefaultAdvertiseAddress(const std::string& host, int port) {
+  std::string h = host;
+  if (h.empty() || h == "0.0.0.0" || h == "::" || h == "[::]") {
+    char name[256] = {0};
+    h = gethostname(name, sizeof(name) - 1) == 0 && name[0] != '\0' ? name : "localhost";
+  }
+  return absl::StrCat(h, ":", port);
+}
+
+}  // namespace ps

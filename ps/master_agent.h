@@ -1,0 +1,50 @@
+// The PS pod's side of the master: registers the pod under its stable identity, renews its
+// lease by heartbeat, applies the vshard ownership the master assigns (a new epoch or a
+// changed set) to the PsCore, and creates the master's catalog tables on the pod.
+//
+// Everything runs on one background thread, so a pod starts serving at once, whether or
+// not the master is up: until the first registration succeeds it owns no vshard and
+// refuses data requests with FAILED_PRECONDITION, which clients retry after refreshing
+// their map. While the master is unreachable the pod keeps its last ownership.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "ps/ps_core.h"
+
+namespace ps {
+
+struct MasterAgentOptions {
+  std::string master;          // the master's HOST:PORT; required
+  std::string pod_id;          // stable identity, e.g. "ps-0" (the StatefulSet ordinal); required
+  std::string address;         // HOST:PORT clients reach this pod at; required
+  uint32_t num_vshards = 256;  // the pod's vshard count; the master refuses a mismatch
+  // Deadline of each call to the master. Heartbeats come every lease/3, so 2 s fits the
+  // default 10 s lease with room for one retry.
+  absl::Duration rpc_timeout = absl::Seconds(2);
+  // Wait between failed registration attempts (master down, identity still leased).
+  absl::Duration retry_interval = absl::Milliseconds(200);
+};
+
+class MasterAgent {
+ public:
+  // Starts the background thread. `core` must outlive the agent. INVALID_ARGUMENT when a
+  // required option is missing.
+  static absl::StatusOr<std::unique_ptr<MasterAgent>> Start(const MasterAgentOptions& options,
+                                                            PsCore* core);
+  // Stops the thread (waits for a call in flight, at most rpc_timeout).
+  virtual ~MasterAgent() = default;
+
+  // Whether the master has accepted this pod and its lease is being renewed. Thread-safe.
+  virtual bool registered() const = 0;
+};
+
+// The address a pod advertises when none is given: `host:port`, with the machine's host
+// name in place of a wildcard host (0.0.0.0, ::, empty).
+std::string DefaultAdvertiseAddress(const std::string& host, int port);
+
+}  // namespace ps
