@@ -3,6 +3,7 @@
 #include <dirent.h>
 #include <rocksdb/db.h>
 #include <rocksdb/filter_policy.h>
+#include <rocksdb/memtablerep.h>
 #include <rocksdb/table.h>
 #include <rocksdb/utilities/checkpoint.h>
 #include <rocksdb/write_batch.h>
@@ -149,6 +150,8 @@ absl::StatusOr<std::unique_ptr<StorageDb>> StorageDb::Open(const StorageDbOption
   db_options.create_missing_column_families = fresh;
   db_options.paranoid_checks = true;
   db_options.max_background_jobs = 2;
+  // Required by the vector memtable; writes come from one thread at a time anyway.
+  db_options.allow_concurrent_memtable_write = false;
   db_options.keep_log_file_num = 5;
   db_options.max_total_wal_size = 4 * options.log_memtable_bytes;
 
@@ -156,6 +159,9 @@ absl::StatusOr<std::unique_ptr<StorageDb>> StorageDb::Open(const StorageDbOption
   rocksdb::ColumnFamilyOptions rows_options;
   rows_options.compression = rocksdb::kNoCompression;  // float rows barely compress
   rows_options.write_buffer_size = size_t{64} << 20;
+  // Rows are written in large groups and read back only after a flush: an append-only
+  // vector memtable (sorted once, at flush) costs far less per row than a skiplist.
+  rows_options.memtable_factory.reset(new rocksdb::VectorRepFactory());
   rocksdb::BlockBasedTableOptions table_options;
   table_options.filter_policy.reset(rocksdb::NewBloomFilterPolicy(10));
   rows_options.table_factory.reset(rocksdb::NewBlockBasedTableFactory(table_options));
