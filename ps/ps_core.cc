@@ -282,10 +282,13 @@ void PsCore::PushAsync(const PushRequest& req, PushResponse* resp, Done done) {
       });
 }
 
-absl::Status PsCore::Push(const PushRequest& req, PushResponse* resp) {
+namespace {
+
+// Runs an asynchronous call and waits for its completion.
+absl::Status WaitFor(const std::function<void(PsCore::Done)>& start) {
   absl::Notification finished;
   absl::Status result;
-  PushAsync(req, resp, [&](absl::Status s) {
+  start([&](absl::Status s) {
     result = s;
     finished.Notify();
   });
@@ -293,15 +296,14 @@ absl::Status PsCore::Push(const PushRequest& req, PushResponse* resp) {
   return result;
 }
 
+}  // namespace
+
+absl::Status PsCore::Push(const PushRequest& req, PushResponse* resp) {
+  return WaitFor([&](Done done) { PushAsync(req, resp, std::move(done)); });
+}
+
 absl::Status PsCore::PushDense(const DensePushRequest& req, PushResponse* resp) {
-  absl::Notification finished;
-  absl::Status result;
-  PushDenseAsync(req, resp, [&](absl::Status s) {
-    result = s;
-    finished.Notify();
-  });
-  finished.WaitForNotification();
-  return result;
+  return WaitFor([&](Done done) { PushDenseAsync(req, resp, std::move(done)); });
 }
 
 absl::Status PsCore::PullDense(const DensePullRequest& req, DensePullResponse* resp) {
