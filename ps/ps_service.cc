@@ -3,6 +3,7 @@
 #include <glog/logging.h>
 
 #include "absl/strings/str_cat.h"
+#include "proto/wire.h"
 
 namespace ps {
 
@@ -16,14 +17,12 @@ absl::Status FromGrpcStatus(const grpc::Status& s) {
   return absl::Status(static_cast<absl::StatusCode>(s.error_code()), s.error_message());
 }
 
-template <typename Req, typename Resp>
-grpc::ServerUnaryReactor* PsService::Run(grpc::CallbackServerContext* ctx, const Req* req,
-                                         Resp* resp,
-                                         absl::Status (PsCore::*method)(const Req&, Resp*)) {
+grpc::ServerUnaryReactor* PsService::Submit(grpc::CallbackServerContext* ctx,
+                                            std::function<absl::Status()> work) {
   grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
   PsCore* core = core_;
-  bool queued = pool_->TrySubmit([core, ctx, req, resp, reactor, method] {
-    absl::Status s = (core->*method)(*req, resp);
+  bool queued = pool_->TrySubmit([core, ctx, reactor, work = std::move(work)] {
+    absl::Status s = work();
     if (!s.ok()) {
       if (s.code() == absl::StatusCode::kFailedPrecondition) {
         ctx->AddTrailingMetadata("ps-epoch", absl::StrCat(core->ownership()->epoch()));
@@ -40,6 +39,30 @@ grpc::ServerUnaryReactor* PsService::Run(grpc::CallbackServerContext* ctx, const
   return reactor;
 }
 
+template <typename Req, typename Resp>
+grpc::ServerUnaryReactor* PsService::Run(grpc::CallbackServerContext* ctx, const Req* req,
+                                         Resp* resp,
+                                         absl::Status (PsCore::*method)(const Req&, Resp*)) {
+  PsCore* core = core_;
+  return Submit(ctx, [core, req, resp, method] { return (core->*method)(*req, resp); });
+}
+
+grpc::ServerUnaryReactor* PsService::Pull(grpc::CallbackServerContext* ctx,
+                                          const grpc::ByteBuffer* req, grpc::ByteBuffer* resp) {
+  PsCore* core = core_;
+  return Submit(ctx, [core, req, resp]() -> absl::Status {
+    grpc::ByteBuffer raw(*req);  // shares the slices; Deserialize consumes its argument
+    PullRequest request;
+    if (!grpc::SerializationTraits<PullRequest>::Deserialize(&raw, &request).ok()) {
+      return absl::InvalidArgumentError("request is not a PullRequest");
+    }
+    PullResponse response;
+    absl::Status s = core->Pull(request, &response);
+    if (s.ok()) *resp = wire::EncodePullResponse(&response);
+    return s;
+  });
+}
+
 #define PS_RPC(Name, Req, Resp)                                                               \
   grpc::ServerUnaryReactor* PsService::Name(grpc::CallbackServerContext* ctx, const Req* req, \
                                             Resp* resp) {                                     \
@@ -49,7 +72,6 @@ grpc::ServerUnaryReactor* PsService::Run(grpc::CallbackServerContext* ctx, const
 PS_RPC(CreateTable, CreateTableRequest, CreateTableResponse)
 PS_RPC(CreateDense, CreateDenseRequest, CreateDenseResponse)
 PS_RPC(Describe, DescribeRequest, DescribeResponse)
-PS_RPC(Pull, PullRequest, PullResponse)
 PS_RPC(Push, PushRequest, PushResponse)
 PS_RPC(PullDense, DensePullRequest, DensePullResponse)
 PS_RPC(PushDense, DensePushRequest, PushResponse)

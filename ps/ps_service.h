@@ -1,6 +1,12 @@
 // The gRPC face of a PS pod: each RPC's work runs on the WorkPool and its reactor is
 // finished from there, so gRPC's threads never block on request work.
+//
+// Pull is a raw method: the request is parsed on the pool thread, and the response is
+// written by hand (proto/wire.h) so the rows go to the socket without being copied into
+// a protobuf serialization first. The wire format is ps.proto's either way.
 #pragma once
+
+#include <functional>
 
 #include "proto/ps.grpc.pb.h"
 #include "ps/ps_core.h"
@@ -8,7 +14,8 @@
 
 namespace ps {
 
-class PsService final : public ParameterServer::CallbackService {
+class PsService final
+    : public ParameterServer::WithRawCallbackMethod_Pull<ParameterServer::CallbackService> {
  public:
   // `core` and `pool` must outlive the service.
   PsService(PsCore* core, WorkPool* pool) : core_(core), pool_(pool) {}
@@ -21,8 +28,8 @@ class PsService final : public ParameterServer::CallbackService {
                                         CreateDenseResponse* resp) override;
   grpc::ServerUnaryReactor* Describe(grpc::CallbackServerContext* ctx, const DescribeRequest* req,
                                      DescribeResponse* resp) override;
-  grpc::ServerUnaryReactor* Pull(grpc::CallbackServerContext* ctx, const PullRequest* req,
-                                 PullResponse* resp) override;
+  grpc::ServerUnaryReactor* Pull(grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* req,
+                                 grpc::ByteBuffer* resp) override;
   grpc::ServerUnaryReactor* Push(grpc::CallbackServerContext* ctx, const PushRequest* req,
                                  PushResponse* resp) override;
   grpc::ServerUnaryReactor* PullDense(grpc::CallbackServerContext* ctx, const DensePullRequest* req,
@@ -33,6 +40,9 @@ class PsService final : public ParameterServer::CallbackService {
                                   StatsResponse* resp) override;
 
  private:
+  // Runs `work` on the pool and finishes the call with its status.
+  grpc::ServerUnaryReactor* Submit(grpc::CallbackServerContext* ctx,
+                                   std::function<absl::Status()> work);
   template <typename Req, typename Resp>
   grpc::ServerUnaryReactor* Run(grpc::CallbackServerContext* ctx, const Req* req, Resp* resp,
                                 absl::Status (PsCore::*method)(const Req&, Resp*));

@@ -1,0 +1,85 @@
+// Hand-written protobuf wire format for the bulk messages of ps.proto, so that their large
+// `bytes` fields (rows, ids, gradients) cross gRPC without being copied: an encoded message
+// is a grpc::ByteBuffer whose large fields are slices of their own, moved out of the
+// message; a decoded message gives those fields as pieces of the received slices.
+//
+// ps.proto stays the wire contract: what is written here parses with stock protobuf, and
+// anything protobuf writes (in any slice split, with unknown fields) decodes here.
+#pragma once
+
+#include <grpcpp/support/byte_buffer.h>
+
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/string_view.h"
+#include "absl/types/span.h"
+#include "proto/ps.pb.h"
+
+namespace ps::wire {
+
+// Moves the large bytes fields of the message into the returned buffer (they become empty
+// in *msg); the rest is copied. The buffer parses as the message did before the call.
+grpc::ByteBuffer EncodePullResponse(PullResponse* msg);
+grpc::ByteBuffer EncodePullRequest(PullRequest* msg);
+grpc::ByteBuffer EncodePushRequest(PushRequest* msg);
+
+// The slices of a received buffer as views. The views live as long as *slices, which
+// holds references to the buffer's memory (so the ByteBuffer itself may go).
+std::vector<absl::string_view> Pieces(const grpc::ByteBuffer& buffer,
+                                      std::vector<grpc::Slice>* slices);
+
+// A forward cursor over a message held in pieces (e.g. the slices of a received buffer).
+// Reads return false when the message ends early or is malformed. Not thread-safe; the
+// pieces must outlive the reader.
+class Reader {
+ public:
+  explicit Reader(absl::Span<const absl::string_view> pieces);
+
+  size_t remaining() const { return remaining_; }
+  bool ReadVarint(uint64_t* v);
+  bool ReadFixed32(uint32_t* v);
+  // The next n bytes, as views into the pieces (no copy).
+  bool ReadPieces(size_t n, std::vector<absl::string_view>* out);
+  // Copies the next n bytes to dst.
+  bool CopyTo(char* dst, size_t n) {
+    if (n <= left_in_piece_ && n <= remaining_) {  // the common case: within one piece
+      std::memcpy(dst, cur_, n);
+      cur_ += n;
+      left_in_piece_ -= n;
+      remaining_ -= n;
+      return true;
+    }
+    return CopySlow(dst, n);
+  }
+  bool Skip(size_t n);
+  // Skips a field's value of the given wire type (a tag's low 3 bits).
+  bool SkipValue(uint32_t wire_type);
+
+ private:
+  bool CopySlow(char* dst, size_t n);
+  void NextPiece();
+
+  absl::Span<const absl::string_view> pieces_;
+  size_t next_piece_ = 0;
+  const char* cur_ = nullptr;
+  size_t left_in_piece_ = 0;
+  size_t remaining_ = 0;
+};
+
+// One entry of a decoded PullResponse: `values` is the packed float32 bytes, in pieces.
+struct TableValuesView {
+  std::string table;
+  std::vector<absl::string_view> values;
+  size_t values_bytes = 0;
+};
+
+// Decodes a PullResponse held in `pieces`; the views in *tables live as long as the
+// pieces. INVALID_ARGUMENT (naming what was wrong) if the bytes are not a PullResponse.
+absl::Status DecodePullResponse(absl::Span<const absl::string_view> pieces, uint64_t* epoch,
+                                std::vector<TableValuesView>* tables);
+
+}  // namespace ps::wire
