@@ -24,7 +24,7 @@ namespace internal {
 
 // One logical call: several RPCs (one per pod) that finish independently; the last one
 // to finish marks the op done. `finish` runs once, on the waiting thread, after all RPCs
-// succeeded (the pull scatter).
+// succeeded (a pull's duplicate rows).
 class Op {
  public:
   explicit Op(int pending) : pending_(pending) {}
@@ -95,6 +95,9 @@ struct Rpc {
   Resp resp;
   std::unique_ptr<grpc::ClientContext> ctx;
   int attempt = 0;
+  // If set, runs on gRPC's thread when the RPC succeeds, before the op learns of it; its
+  // error becomes the RPC's. A pull scatters its rows here, while they are in cache.
+  std::function<absl::Status()> on_ok;
 };
 
 struct Pod {
@@ -263,6 +266,8 @@ class PsClientImpl final : public PsClient {
                 absl::StrCat(
                     "pod ", rpc->pod, " (", pods_[rpc->pod]->address, "): ", s.error_message(),
                     rpc->attempt > 1 ? absl::StrCat(" [after ", rpc->attempt, " attempts]") : ""));
+          } else if (rpc->on_ok) {
+            status = rpc->on_ok();
           }
           op->RpcDone(status);
           absl::MutexLock lock(&inflight_mu_);
@@ -393,12 +398,6 @@ struct PullPlan {
   std::vector<std::pair<uint32_t, uint32_t>> dups;  // (request index, first index)
 };
 
-// The decoded response of one pull RPC; the views point into `slices`.
-struct PulledResponse {
-  std::vector<grpc::Slice> slices;
-  std::vector<wire::TableValuesView> tables;
-};
-
 Handle PsClientImpl::PullAsync(std::vector<PullSpec> specs, bool read_only) {
   using PullRpc = Rpc<grpc::ByteBuffer, grpc::ByteBuffer>;
   const uint32_t num_pods = map_.num_pods();
@@ -460,35 +459,39 @@ Handle PsClientImpl::PullAsync(std::vector<PullSpec> specs, bool read_only) {
     rpcs->push_back(MakeRpc<grpc::ByteBuffer, grpc::ByteBuffer>(pod_of_rpc[r]));
     rpcs->back()->req = wire::EncodePullRequest(&reqs[r]);
   }
-  auto* rpcs_raw = rpcs.get();
-  auto finish = [plans, rpcs_raw, rpc_of_pod]() -> absl::Status {
-    std::vector<PulledResponse> responses(rpcs_raw->size());
-    for (size_t r = 0; r < rpcs_raw->size(); ++r) {
-      PulledResponse& pr = responses[r];
-      const PullRpc& rpc = *(*rpcs_raw)[r];
-      std::vector<absl::string_view> pieces = wire::Pieces(rpc.resp, &pr.slices);
+  // Each RPC scatters its pod's rows as it completes; the duplicates are filled in last,
+  // once every pod's rows are in place.
+  for (auto& rpc : *rpcs) {
+    PullRpc* r = rpc.get();
+    r->on_ok = [plans, r]() -> absl::Status {
+      std::vector<grpc::Slice> slices;
+      std::vector<absl::string_view> pieces = wire::Pieces(r->resp, &slices);
+      r->resp.Clear();  // the slices hold the memory from here
       uint64_t epoch;
-      absl::Status s = wire::DecodePullResponse(pieces, &epoch, &pr.tables);
-      if (!s.ok()) {
-        return absl::InternalError(absl::StrCat("pod ", rpc.pod, ": ", s.message()));
+      std::vector<wire::TableValuesView> tables;
+      absl::Status s = wire::DecodePullResponse(pieces, &epoch, &tables);
+      if (!s.ok()) return absl::InternalError(absl::StrCat("pod ", r->pod, ": ", s.message()));
+      for (const PullPlan& plan : *plans) {
+        const int e = plan.entry_of_pod[r->pod];
+        if (e < 0) continue;
+        const size_t row_bytes = plan.dim * sizeof(float);
+        const std::vector<uint32_t>& dest = plan.dest[r->pod];
+        if (static_cast<size_t>(e) >= tables.size() ||
+            tables[e].values_bytes != dest.size() * row_bytes) {
+          return absl::InternalError(absl::StrCat("pod ", r->pod, " answered a pull of '",
+                                                  plan.table, "' with the wrong number of values"));
+        }
+        char* out = reinterpret_cast<char*>(plan.out);
+        wire::Reader values(tables[e].values);
+        for (uint32_t i : dest) values.CopyTo(out + i * row_bytes, row_bytes);
       }
-    }
+      return absl::OkStatus();
+    };
+  }
+  auto finish = [plans]() -> absl::Status {
     for (const PullPlan& plan : *plans) {
       const size_t row_bytes = plan.dim * sizeof(float);
       char* out = reinterpret_cast<char*>(plan.out);
-      for (size_t pod = 0; pod < rpc_of_pod.size(); ++pod) {
-        const int e = plan.entry_of_pod[pod];
-        if (e < 0) continue;
-        const PulledResponse& pr = responses[rpc_of_pod[pod]];
-        const std::vector<uint32_t>& dest = plan.dest[pod];
-        if (static_cast<size_t>(e) >= pr.tables.size() ||
-            pr.tables[e].values_bytes != dest.size() * row_bytes) {
-          return absl::InternalError(absl::StrCat("pod ", pod, " answered a pull of '", plan.table,
-                                                  "' with the wrong number of values"));
-        }
-        wire::Reader values(pr.tables[e].values);
-        for (uint32_t i : dest) values.CopyTo(out + i * row_bytes, row_bytes);
-      }
       for (auto [i, first] : plan.dups) {
         std::memcpy(out + i * row_bytes, out + first * row_bytes, row_bytes);
       }
