@@ -1,6 +1,8 @@
 #include "proto/wire.h"
 
+#include <algorithm>
 #include <memory>
+#include <new>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -80,6 +82,12 @@ class Writer {
     const size_t size = owned->size();
     slices_.emplace_back(data, size, &DeleteString, owned.release());
   }
+  // Appends `bytes` bytes at `data` as a slice of their own; the slice owns them and
+  // gRPC calls free(data) once they are sent.
+  void OwnMalloced(char* data, size_t bytes) {
+    Flush();
+    slices_.emplace_back(data, bytes, &std::free);
+  }
   grpc::ByteBuffer Finish() {
     Flush();
     return grpc::ByteBuffer(slices_.data(), slices_.size());
@@ -111,6 +119,32 @@ grpc::ByteBuffer EncodePullResponse(PullResponse* msg) {
     w.StringField(1, t.table());
     w.BytesField(2, t.mutable_values());
   }
+  return w.Finish();
+}
+
+char* PullResponseWriter::AddEntry(const std::string& table, size_t bytes) {
+  Entry& e = entries_.emplace_back();
+  e.table = table;
+  e.bytes = bytes;
+  char* p = static_cast<char*>(std::malloc(std::max<size_t>(bytes, 1)));
+  if (p == nullptr) throw std::bad_alloc();
+  e.values.reset(p);
+  return p;
+}
+
+grpc::ByteBuffer PullResponseWriter::Finish() {
+  Writer w;
+  w.VarintField(1, epoch_);
+  for (Entry& e : entries_) {
+    w.MessageHeader(2, LengthFieldSize(e.table.size()) + LengthFieldSize(e.bytes));
+    w.StringField(1, e.table);
+    if (e.bytes > 0) {
+      w.MessageHeader(2, e.bytes);
+      w.OwnMalloced(e.values.release(), e.bytes);
+    }
+  }
+  entries_.clear();
+  epoch_ = 0;
   return w.Finish();
 }
 

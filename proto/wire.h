@@ -10,7 +10,9 @@
 #include <grpcpp/support/byte_buffer.h>
 
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -26,6 +28,35 @@ namespace ps::wire {
 grpc::ByteBuffer EncodePullResponse(PullResponse* msg);
 grpc::ByteBuffer EncodePullRequest(PullRequest* msg);
 grpc::ByteBuffer EncodePushRequest(PushRequest* msg);
+
+// Builds a PullResponse entry by entry, the values of each entry in a buffer of their own
+// that becomes a slice of the message, so rows written there are never copied again.
+// Not thread-safe.
+class PullResponseWriter {
+ public:
+  PullResponseWriter() = default;
+  PullResponseWriter(const PullResponseWriter&) = delete;
+  PullResponseWriter& operator=(const PullResponseWriter&) = delete;
+
+  void set_epoch(uint64_t epoch) { epoch_ = epoch; }
+  // Adds an entry and returns its values buffer: `bytes` bytes, uninitialized, 64-byte
+  // aligned, owned by the writer (then by the message) and valid until Finish.
+  char* AddEntry(const std::string& table, size_t bytes);
+  // The message; the writer is empty afterwards.
+  grpc::ByteBuffer Finish();
+
+ private:
+  struct FreeDeleter {
+    void operator()(char* p) const { std::free(p); }
+  };
+  struct Entry {
+    std::string table;
+    std::unique_ptr<char, FreeDeleter> values;
+    size_t bytes = 0;
+  };
+  uint64_t epoch_ = 0;
+  std::vector<Entry> entries_;
+};
 
 // The slices of a received buffer as views. The views live as long as *slices, which
 // holds references to the buffer's memory (so the ByteBuffer itself may go).

@@ -63,6 +63,25 @@ TEST(WireTest, PullResponseParsesWithProtobufAndMatchesItsBytes) {
   EXPECT_TRUE(MessageDifferencer::Equals(parsed, original));
 }
 
+TEST(WireTest, PullResponseWriterMatchesProtobuf) {
+  const PullResponse original = SamplePullResponse();
+  PullResponseWriter writer;
+  writer.set_epoch(original.epoch());
+  for (const TableValues& t : original.tables()) {
+    char* values = writer.AddEntry(t.table(), t.values().size());
+    EXPECT_EQ(reinterpret_cast<uintptr_t>(values) % alignof(float), 0u);
+    std::memcpy(values, t.values().data(), t.values().size());
+  }
+  writer.AddEntry("empty", 0);  // proto3 writes neither an empty name nor empty values
+  PullResponse expected = original;
+  expected.add_tables()->set_table("empty");
+  const std::string bytes = Flatten(writer.Finish());
+  EXPECT_EQ(bytes, expected.SerializeAsString());
+  PullResponse parsed;
+  ASSERT_TRUE(parsed.ParseFromString(bytes));
+  EXPECT_TRUE(MessageDifferencer::Equals(parsed, expected));
+}
+
 TEST(WireTest, PullRequestAndPushRequestParseWithProtobuf) {
   PullRequest pull;
   pull.set_epoch(7);

@@ -131,9 +131,33 @@ absl::Status PsCore::Describe(const DescribeRequest&, DescribeResponse* resp) {
   return absl::OkStatus();
 }
 
+namespace {
+
+// Writes a pull into a PullResponse.
+class ResponseSink final : public PullSink {
+ public:
+  explicit ResponseSink(PullResponse* resp) : resp_(resp) {}
+  void SetEpoch(uint64_t epoch) override { resp_->set_epoch(epoch); }
+  float* AddEntry(const std::string& table, size_t floats) override {
+    TableValues* out = resp_->add_tables();
+    out->set_table(table);
+    return PackedResize<float>(out->mutable_values(), floats);
+  }
+
+ private:
+  PullResponse* const resp_;
+};
+
+}  // namespace
+
 absl::Status PsCore::Pull(const PullRequest& req, PullResponse* resp) {
+  ResponseSink sink(resp);
+  return Pull(req, &sink);
+}
+
+absl::Status PsCore::Pull(const PullRequest& req, PullSink* sink) {
   auto own = ownership();
-  resp->set_epoch(own->epoch());
+  sink->SetEpoch(own->epoch());
   if (req.tables_size() == 0) return absl::InvalidArgumentError("pull names no tables");
   // Validate the whole request before touching any table.
   std::vector<TableIdsView> prepared(req.tables_size());
@@ -143,9 +167,7 @@ absl::Status PsCore::Pull(const PullRequest& req, PullResponse* resp) {
         PrepareIds("pull", req.tables(i).table(), req.tables(i).ids(), *own, &total, &prepared[i]));
   }
   for (TableIdsView& p : prepared) {
-    TableValues* out = resp->add_tables();
-    out->set_table(p.table->spec().name());
-    float* values = PackedResize<float>(out->mutable_values(), p.ids.size() * p.table->dim());
+    float* values = sink->AddEntry(p.table->spec().name(), p.ids.size() * p.table->dim());
     p.table->Pull(p.ids, values, req.read_only());
   }
   counters_.pull_requests.fetch_add(1, std::memory_order_relaxed);

@@ -7,6 +7,23 @@
 
 namespace ps {
 
+namespace {
+
+// Has the table write a pull's rows straight into the response's slices.
+class WirePullSink final : public PullSink {
+ public:
+  void SetEpoch(uint64_t epoch) override { writer_.set_epoch(epoch); }
+  float* AddEntry(const std::string& table, size_t floats) override {
+    return reinterpret_cast<float*>(writer_.AddEntry(table, floats * sizeof(float)));
+  }
+  grpc::ByteBuffer Finish() { return writer_.Finish(); }
+
+ private:
+  wire::PullResponseWriter writer_;
+};
+
+}  // namespace
+
 grpc::Status ToGrpcStatus(const absl::Status& s) {
   if (s.ok()) return grpc::Status::OK;
   return grpc::Status(static_cast<grpc::StatusCode>(s.code()), std::string(s.message()));
@@ -56,9 +73,9 @@ grpc::ServerUnaryReactor* PsService::Pull(grpc::CallbackServerContext* ctx,
     if (!grpc::SerializationTraits<PullRequest>::Deserialize(&raw, &request).ok()) {
       return absl::InvalidArgumentError("request is not a PullRequest");
     }
-    PullResponse response;
-    absl::Status s = core->Pull(request, &response);
-    if (s.ok()) *resp = wire::EncodePullResponse(&response);
+    WirePullSink sink;
+    absl::Status s = core->Pull(request, &sink);
+    if (s.ok()) *resp = sink.Finish();
     return s;
   });
 }
