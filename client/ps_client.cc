@@ -140,6 +140,9 @@ class PsClientImpl final : public PsClient {
         args.SetMaxSendMessageSize(options_.max_message_bytes);
         // Own connection per channel, rather than one shared subchannel.
         args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
+        // The client retries on its own (with backoff and push keys); gRPC's transparent
+        // retry layer would only add per-call work (it buffers every message it sends).
+        args.SetInt(GRPC_ARG_ENABLE_RETRIES, 0);
         args.SetInt("ps.channel_index", c);
         args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, options_.initial_backoff_ms);
         args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, options_.initial_backoff_ms);
