@@ -80,6 +80,25 @@ grpc::ServerUnaryReactor* PsService::Pull(grpc::CallbackServerContext* ctx,
   });
 }
 
+grpc::ServerUnaryReactor* PsService::Push(grpc::CallbackServerContext* ctx,
+                                          const grpc::ByteBuffer* req, grpc::ByteBuffer* resp) {
+  PsCore* core = core_;
+  return Submit(ctx, [core, req, resp]() -> absl::Status {
+    grpc::ByteBuffer raw(*req);  // shares the slices; Deserialize consumes its argument
+    PushRequest request;
+    if (!grpc::SerializationTraits<PushRequest>::Deserialize(&raw, &request).ok()) {
+      return absl::InvalidArgumentError("request is not a PushRequest");
+    }
+    PushResponse response;
+    absl::Status s = core->Push(request, &response);
+    if (s.ok()) {
+      bool own_buffer;
+      grpc::SerializationTraits<PushResponse>::Serialize(response, resp, &own_buffer);
+    }
+    return s;
+  });
+}
+
 #define PS_RPC(Name, Req, Resp)                                                               \
   grpc::ServerUnaryReactor* PsService::Name(grpc::CallbackServerContext* ctx, const Req* req, \
                                             Resp* resp) {                                     \
@@ -89,7 +108,6 @@ grpc::ServerUnaryReactor* PsService::Pull(grpc::CallbackServerContext* ctx,
 PS_RPC(CreateTable, CreateTableRequest, CreateTableResponse)
 PS_RPC(CreateDense, CreateDenseRequest, CreateDenseResponse)
 PS_RPC(Describe, DescribeRequest, DescribeResponse)
-PS_RPC(Push, PushRequest, PushResponse)
 PS_RPC(PullDense, DensePullRequest, DensePullResponse)
 PS_RPC(PushDense, DensePushRequest, PushResponse)
 PS_RPC(Stats, StatsRequest, StatsResponse)

@@ -1,9 +1,10 @@
 // The gRPC face of a PS pod: each RPC's work runs on the WorkPool and its reactor is
 // finished from there, so gRPC's threads never block on request work.
 //
-// Pull is a raw method: the request is parsed on the pool thread, and the response is
-// written by hand (proto/wire.h) so the rows go to the socket without being copied into
-// a protobuf serialization first. The wire format is ps.proto's either way.
+// Pull and Push are raw methods: their requests are parsed on the pool thread that then
+// uses them (so the gradients are in that core's cache), and a pull's response is written
+// by hand (proto/wire.h) so the rows go to the socket without being copied into a
+// protobuf serialization first. The wire format is ps.proto's either way.
 #pragma once
 
 #include <functional>
@@ -15,7 +16,8 @@
 namespace ps {
 
 class PsService final
-    : public ParameterServer::WithRawCallbackMethod_Pull<ParameterServer::CallbackService> {
+    : public ParameterServer::WithRawCallbackMethod_Pull<
+          ParameterServer::WithRawCallbackMethod_Push<ParameterServer::CallbackService>> {
  public:
   // `core` and `pool` must outlive the service.
   PsService(PsCore* core, WorkPool* pool) : core_(core), pool_(pool) {}
@@ -30,8 +32,8 @@ class PsService final
                                      DescribeResponse* resp) override;
   grpc::ServerUnaryReactor* Pull(grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* req,
                                  grpc::ByteBuffer* resp) override;
-  grpc::ServerUnaryReactor* Push(grpc::CallbackServerContext* ctx, const PushRequest* req,
-                                 PushResponse* resp) override;
+  grpc::ServerUnaryReactor* Push(grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* req,
+                                 grpc::ByteBuffer* resp) override;
   grpc::ServerUnaryReactor* PullDense(grpc::CallbackServerContext* ctx, const DensePullRequest* req,
                                       DensePullResponse* resp) override;
   grpc::ServerUnaryReactor* PushDense(grpc::CallbackServerContext* ctx, const DensePushRequest* req,
