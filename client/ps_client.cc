@@ -525,7 +525,12 @@ Handle PsClientImpl::PushAsync(std::vector<PushSpec> specs) {
     const uint32_t dim = *table_dim;
     const size_t row_bytes = dim * sizeof(float);
     const uint64_t name_hash = NameHash(spec.table);
-    std::vector<TableGrads*> entry_of_pod(num_pods, nullptr);
+    // Per pod: the ids and gradients of its entry for this table (null until it has one).
+    struct Entry {
+      std::string* ids = nullptr;
+      std::string* grads = nullptr;
+    };
+    std::vector<Entry> entry_of_pod(num_pods);
     unique.Reset(spec.ids.size());
     where.clear();
     for (size_t i = 0; i < spec.ids.size(); ++i) {
@@ -536,30 +541,31 @@ Handle PsClientImpl::PushAsync(std::vector<PushSpec> specs) {
       const uint32_t u = unique.FindOrInsert(id, h, static_cast<uint32_t>(where.size()), &inserted);
       if (!inserted) {  // a duplicate: sum into the first row
         auto [pod, pos] = where[u];
-        float* row =
-            reinterpret_cast<float*>(entry_of_pod[pod]->mutable_grads()->data() + pos * row_bytes);
+        float* row = reinterpret_cast<float*>(entry_of_pod[pod].grads->data() + pos * row_bytes);
         for (uint32_t j = 0; j < dim; ++j) row[j] += g[j];
         continue;
       }
       const uint32_t pod = map_.PodOfVShard(VShardOf(h, num_vshards));
-      TableGrads* entry = entry_of_pod[pod];
-      if (entry == nullptr) {
+      Entry& entry = entry_of_pod[pod];
+      if (entry.ids == nullptr) {
         if (rpc_of_pod[pod] < 0) {
           rpc_of_pod[pod] = static_cast<int>(reqs.size());
           pod_of_rpc.push_back(pod);
           reqs.emplace_back().set_epoch(map_.epoch());
           *reqs.back().mutable_key() = key;
         }
-        entry = entry_of_pod[pod] = reqs[rpc_of_pod[pod]].add_tables();
-        entry->set_table(spec.table);
-        entry->set_learning_rate(spec.learning_rate);
+        TableGrads* t = reqs[rpc_of_pod[pod]].add_tables();
+        t->set_table(spec.table);
+        t->set_learning_rate(spec.learning_rate);
+        entry.ids = t->mutable_ids();
+        entry.grads = t->mutable_grads();
         const size_t expect = ReserveRows(spec.ids.size());
-        entry->mutable_ids()->reserve(expect * sizeof(int64_t));
-        entry->mutable_grads()->reserve(expect * row_bytes);
+        entry.ids->reserve(expect * sizeof(int64_t));
+        entry.grads->reserve(expect * row_bytes);
       }
-      const uint32_t pos = static_cast<uint32_t>(entry->ids().size() / sizeof(int64_t));
-      entry->mutable_ids()->append(reinterpret_cast<const char*>(&id), sizeof(id));
-      entry->mutable_grads()->append(reinterpret_cast<const char*>(g), row_bytes);
+      const uint32_t pos = static_cast<uint32_t>(entry.ids->size() / sizeof(int64_t));
+      entry.ids->append(reinterpret_cast<const char*>(&id), sizeof(id));
+      entry.grads->append(reinterpret_cast<const char*>(g), row_bytes);
       where.emplace_back(pod, pos);
     }
   }
