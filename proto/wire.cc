@@ -111,17 +111,6 @@ absl::Status Malformed(absl::string_view what) {
 
 }  // namespace
 
-grpc::ByteBuffer EncodePullResponse(PullResponse* msg) {
-  Writer w;
-  w.VarintField(1, msg->epoch());
-  for (TableValues& t : *msg->mutable_tables()) {
-    w.MessageHeader(2, LengthFieldSize(t.table().size()) + LengthFieldSize(t.values().size()));
-    w.StringField(1, t.table());
-    w.BytesField(2, t.mutable_values());
-  }
-  return w.Finish();
-}
-
 char* PullResponseWriter::AddEntry(const std::string& table, size_t bytes) {
   Entry& e = entries_.emplace_back();
   e.table = table;

@@ -25,7 +25,7 @@ namespace ps::wire {
 
 // Moves the large bytes fields of the message into the returned buffer (they become empty
 // in *msg); the rest is copied. The buffer parses as the message did before the call.
-grpc::ByteBuffer EncodePullResponse(PullResponse* msg);
+// (A pod writes its PullResponse with PullResponseWriter below.)
 grpc::ByteBuffer EncodePullRequest(PullRequest* msg);
 grpc::ByteBuffer EncodePushRequest(PushRequest* msg);
 

@@ -51,18 +51,6 @@ PullResponse SamplePullResponse() {
   return r;
 }
 
-TEST(WireTest, PullResponseParsesWithProtobufAndMatchesItsBytes) {
-  const PullResponse original = SamplePullResponse();
-  PullResponse moved = original;
-  grpc::ByteBuffer buffer = EncodePullResponse(&moved);
-  EXPECT_TRUE(moved.tables(1).values().empty()) << "large values are moved, not copied";
-  const std::string bytes = Flatten(buffer);
-  EXPECT_EQ(bytes, original.SerializeAsString());
-  PullResponse parsed;
-  ASSERT_TRUE(parsed.ParseFromString(bytes));
-  EXPECT_TRUE(MessageDifferencer::Equals(parsed, original));
-}
-
 TEST(WireTest, PullResponseWriterMatchesProtobuf) {
   const PullResponse original = SamplePullResponse();
   PullResponseWriter writer;
