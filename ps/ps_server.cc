@@ -18,7 +18,7 @@ class PsServerImpl final : public PsServer {
   PsServerImpl(const PsServerOptions& options, ShardOwnership ownership)
       : core_(options.core, std::move(ownership)),
         pool_(WorkPoolOptions{options.threads, 1024}),
-        service_(&core_, &pool_) {}
+        service_(&core_, &pool_, options.inline_request_bytes) {}
 
   absl::Status Start(const PsServerOptions& options) {
     grpc::EnableDefaultHealthCheckService(true);

@@ -2,6 +2,8 @@
 
 #include <glog/logging.h>
 
+#include <limits>
+
 #include "absl/strings/str_cat.h"
 #include "proto/wire.h"
 
@@ -35,10 +37,11 @@ absl::Status FromGrpcStatus(const grpc::Status& s) {
 }
 
 grpc::ServerUnaryReactor* PsService::Submit(grpc::CallbackServerContext* ctx,
-                                            std::function<absl::Status()> work) {
+                                            std::function<absl::Status()> work,
+                                            size_t request_bytes) {
   grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
   PsCore* core = core_;
-  bool queued = pool_->TrySubmit([core, ctx, reactor, work = std::move(work)] {
+  auto run = [core, ctx, reactor, work = std::move(work)] {
     absl::Status s = work();
     if (!s.ok()) {
       if (s.code() == absl::StatusCode::kFailedPrecondition) {
@@ -48,8 +51,12 @@ grpc::ServerUnaryReactor* PsService::Submit(grpc::CallbackServerContext* ctx,
                                  << " (every 1000th failure is logged)";
     }
     reactor->Finish(ToGrpcStatus(s));
-  });
-  if (!queued) {
+  };
+  if (request_bytes <= inline_request_bytes_) {
+    run();  // tiny: a hand-off to the pool would cost more than the work
+    return reactor;
+  }
+  if (!pool_->TrySubmit(std::move(run))) {
     reactor->Finish(grpc::Status(grpc::StatusCode::UNAVAILABLE,
                                  "server work queue is full; retry with backoff"));
   }
@@ -61,42 +68,50 @@ grpc::ServerUnaryReactor* PsService::Run(grpc::CallbackServerContext* ctx, const
                                          Resp* resp,
                                          absl::Status (PsCore::*method)(const Req&, Resp*)) {
   PsCore* core = core_;
-  return Submit(ctx, [core, req, resp, method] { return (core->*method)(*req, resp); });
+  return Submit(
+      ctx, [core, req, resp, method] { return (core->*method)(*req, resp); },
+      std::numeric_limits<size_t>::max());
 }
 
 grpc::ServerUnaryReactor* PsService::Pull(grpc::CallbackServerContext* ctx,
                                           const grpc::ByteBuffer* req, grpc::ByteBuffer* resp) {
   PsCore* core = core_;
-  return Submit(ctx, [core, req, resp]() -> absl::Status {
-    grpc::ByteBuffer raw(*req);  // shares the slices; Deserialize consumes its argument
-    PullRequest request;
-    if (!grpc::SerializationTraits<PullRequest>::Deserialize(&raw, &request).ok()) {
-      return absl::InvalidArgumentError("request is not a PullRequest");
-    }
-    WirePullSink sink;
-    absl::Status s = core->Pull(request, &sink);
-    if (s.ok()) *resp = sink.Finish();
-    return s;
-  });
+  return Submit(
+      ctx,
+      [core, req, resp]() -> absl::Status {
+        grpc::ByteBuffer raw(*req);  // shares the slices; Deserialize consumes its argument
+        PullRequest request;
+        if (!grpc::SerializationTraits<PullRequest>::Deserialize(&raw, &request).ok()) {
+          return absl::InvalidArgumentError("request is not a PullRequest");
+        }
+        WirePullSink sink;
+        absl::Status s = core->Pull(request, &sink);
+        if (s.ok()) *resp = sink.Finish();
+        return s;
+      },
+      req->Length());
 }
 
 grpc::ServerUnaryReactor* PsService::Push(grpc::CallbackServerContext* ctx,
                                           const grpc::ByteBuffer* req, grpc::ByteBuffer* resp) {
   PsCore* core = core_;
-  return Submit(ctx, [core, req, resp]() -> absl::Status {
-    grpc::ByteBuffer raw(*req);  // shares the slices; Deserialize consumes its argument
-    PushRequest request;
-    if (!grpc::SerializationTraits<PushRequest>::Deserialize(&raw, &request).ok()) {
-      return absl::InvalidArgumentError("request is not a PushRequest");
-    }
-    PushResponse response;
-    absl::Status s = core->Push(request, &response);
-    if (s.ok()) {
-      bool own_buffer;
-      grpc::SerializationTraits<PushResponse>::Serialize(response, resp, &own_buffer);
-    }
-    return s;
-  });
+  return Submit(
+      ctx,
+      [core, req, resp]() -> absl::Status {
+        grpc::ByteBuffer raw(*req);  // shares the slices; Deserialize consumes its argument
+        PushRequest request;
+        if (!grpc::SerializationTraits<PushRequest>::Deserialize(&raw, &request).ok()) {
+          return absl::InvalidArgumentError("request is not a PushRequest");
+        }
+        PushResponse response;
+        absl::Status s = core->Push(request, &response);
+        if (s.ok()) {
+          bool own_buffer;
+          grpc::SerializationTraits<PushResponse>::Serialize(response, resp, &own_buffer);
+        }
+        return s;
+      },
+      req->Length());
 }
 
 #define PS_RPC(Name, Req, Resp)                                                               \

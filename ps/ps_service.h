@@ -1,6 +1,9 @@
 // The gRPC face of a PS pod: each RPC's work runs on the WorkPool and its reactor is
 // finished from there, so gRPC's threads never block on request work.
 //
+// Tiny pulls and pushes (see inline_request_bytes) run on gRPC's thread: for them the
+// hand-off to the pool costs more than the work, and adds a thread wake-up to latency.
+//
 // Pull and Push are raw methods: their requests are parsed on the pool thread that then
 // uses them (so the gradients are in that core's cache), and a pull's response is written
 // by hand (proto/wire.h) so the rows go to the socket without being copied into a
@@ -19,8 +22,10 @@ class PsService final
     : public ParameterServer::WithRawCallbackMethod_Pull<
           ParameterServer::WithRawCallbackMethod_Push<ParameterServer::CallbackService>> {
  public:
-  // `core` and `pool` must outlive the service.
-  PsService(PsCore* core, WorkPool* pool) : core_(core), pool_(pool) {}
+  // `core` and `pool` must outlive the service. Pulls and pushes whose request is at most
+  // `inline_request_bytes` run on gRPC's thread instead of the pool.
+  PsService(PsCore* core, WorkPool* pool, size_t inline_request_bytes = 0)
+      : core_(core), pool_(pool), inline_request_bytes_(inline_request_bytes) {}
 
   grpc::ServerUnaryReactor* CreateTable(grpc::CallbackServerContext* ctx,
                                         const CreateTableRequest* req,
@@ -42,15 +47,17 @@ class PsService final
                                   StatsResponse* resp) override;
 
  private:
-  // Runs `work` on the pool and finishes the call with its status.
+  // Runs `work` (inline if request_bytes <= inline_request_bytes_, else on the pool) and
+  // finishes the call with its status.
   grpc::ServerUnaryReactor* Submit(grpc::CallbackServerContext* ctx,
-                                   std::function<absl::Status()> work);
+                                   std::function<absl::Status()> work, size_t request_bytes);
   template <typename Req, typename Resp>
   grpc::ServerUnaryReactor* Run(grpc::CallbackServerContext* ctx, const Req* req, Resp* resp,
                                 absl::Status (PsCore::*method)(const Req&, Resp*));
 
   PsCore* const core_;
   WorkPool* const pool_;
+  const size_t inline_request_bytes_;
 };
 
 // absl::Status -> grpc::Status (the codes are the same google.rpc.Code values).
