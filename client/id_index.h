@@ -1,9 +1,11 @@
 // A per-batch map from int64 id to a small value (a row's first position), for the
 // client's de-duplication of the ids of one call. Open addressing over power-of-two
 // arrays kept across calls, so a batch costs no allocation; the caller supplies the hash
-// (the routing hash it computes anyway). Not thread-safe: use one per thread.
+// (the routing hash it computes anyway). Not thread-safe: use one per thread. Holds at
+// most max(32 n, 64 Ki) slots (12 bytes each) for the n of the last Reset.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <vector>
@@ -20,9 +22,11 @@ class IdIndex {
       cap <<= 1;
       ++bits;
     }
-    if (keys_.size() < cap) {
-      keys_.resize(cap);
-      values_.resize(cap);
+    // Grow as needed; give memory back after a batch far larger than this one, so a
+    // thread does not keep a huge index for its lifetime.
+    if (keys_.size() < cap || keys_.size() > std::max<size_t>(8 * cap, size_t{1} << 16)) {
+      keys_ = std::vector<int64_t>(cap);
+      values_ = std::vector<uint32_t>(cap);
     }
     shift_ = 64 - bits;
     mask_ = cap - 1;
