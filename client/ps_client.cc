@@ -1,5 +1,6 @@
 #include "client/ps_client.h"
 
+#include <grpcpp/generic/generic_stub.h>
 #include <grpcpp/grpcpp.h>
 
 #include <atomic>
@@ -9,11 +10,13 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "client/id_index.h"
 #include "client/shard_map.h"
 #include "client/timer.h"
 #include "embedding/hash.h"
 #include "embedding/status_macros.h"
 #include "proto/ps.grpc.pb.h"
+#include "proto/wire.h"
 #include "ps/shard_ownership.h"
 
 namespace ps {
@@ -21,7 +24,7 @@ namespace internal {
 
 // One logical call: several RPCs (one per pod) that finish independently; the last one
 // to finish marks the op done. `finish` runs once, on the waiting thread, after all RPCs
-// succeeded (the pull scatter).
+// succeeded (a pull's duplicate rows).
 class Op {
  public:
   explicit Op(int pending) : pending_(pending) {}
@@ -71,6 +74,14 @@ template <typename Req, typename Resp>
 using AsyncMethod = void (AsyncIface::*)(grpc::ClientContext*, const Req*, Resp*,
                                          std::function<void(grpc::Status)>);
 
+// A method called with raw messages (grpc::ByteBuffer both ways, encoded and decoded by
+// proto/wire.h), by its full name.
+struct RawMethod {
+  const char* name;
+};
+constexpr RawMethod kRawPull{"/ps.ParameterServer/Pull"};
+constexpr RawMethod kRawPush{"/ps.ParameterServer/Push"};
+
 bool Retryable(grpc::StatusCode code) {
   return code == grpc::StatusCode::UNAVAILABLE || code == grpc::StatusCode::ABORTED ||
          code == grpc::StatusCode::DEADLINE_EXCEEDED;
@@ -84,13 +95,33 @@ struct Rpc {
   Resp resp;
   std::unique_ptr<grpc::ClientContext> ctx;
   int attempt = 0;
+  // If set, runs on gRPC's thread when the RPC succeeds, before the op learns of it; its
+  // error becomes the RPC's. A pull scatters its rows here, while they are in cache.
+  std::function<absl::Status()> on_ok;
 };
 
 struct Pod {
   std::string address;
   std::vector<std::unique_ptr<Stub>> stubs;
+  std::vector<std::unique_ptr<grpc::GenericStub>> raw_stubs;  // on the same channels
   std::atomic<uint32_t> next{0};
+
+  uint32_t NextChannel() {
+    return next.fetch_add(1, std::memory_order_relaxed) % static_cast<uint32_t>(stubs.size());
+  }
 };
+
+template <typename Req, typename Resp>
+void Invoke(Pod& pod, AsyncMethod<Req, Resp> method, grpc::ClientContext* ctx, const Req* req,
+            Resp* resp, std::function<void(grpc::Status)> done) {
+  (pod.stubs[pod.NextChannel()]->async()->*method)(ctx, req, resp, std::move(done));
+}
+
+void Invoke(Pod& pod, RawMethod method, grpc::ClientContext* ctx, const grpc::ByteBuffer* req,
+            grpc::ByteBuffer* resp, std::function<void(grpc::Status)> done) {
+  pod.raw_stubs[pod.NextChannel()]->UnaryCall(ctx, method.name, grpc::StubOptions(), req, resp,
+                                              std::move(done));
+}
 
 class PsClientImpl final : public PsClient {
  public:
@@ -109,11 +140,15 @@ class PsClientImpl final : public PsClient {
         args.SetMaxSendMessageSize(options_.max_message_bytes);
         // Own connection per channel, rather than one shared subchannel.
         args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
+        // The client retries on its own (with backoff and push keys); gRPC's transparent
+        // retry layer would only add per-call work (it buffers every message it sends).
+        args.SetInt(GRPC_ARG_ENABLE_RETRIES, 0);
         args.SetInt("ps.channel_index", c);
         args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, options_.initial_backoff_ms);
         args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, options_.max_backoff_ms);
-        pod->stubs.push_back(ParameterServer::NewStub(
-            grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args)));
+        auto channel = grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);
+        pod->stubs.push_back(ParameterServer::NewStub(channel));
+        pod->raw_stubs.push_back(std::make_unique<grpc::GenericStub>(channel));
       }
       pods_.push_back(std::move(pod));
     }
@@ -201,8 +236,8 @@ class PsClientImpl final : public PsClient {
   // Sends (or re-sends) one RPC; on completion retries it or reports it to `op`.
   // Counts an RPC in flight from its first send until its final completion, retries
   // included, so the destructor can wait for it.
-  template <typename Req, typename Resp>
-  void Begin(AsyncMethod<Req, Resp> method, Rpc<Req, Resp>* rpc, std::shared_ptr<Op> op) {
+  template <typename Method, typename Req, typename Resp>
+  void Begin(Method method, Rpc<Req, Resp>* rpc, std::shared_ptr<Op> op) {
     {
       absl::MutexLock lock(&inflight_mu_);
       ++inflight_rpcs_;
@@ -210,16 +245,13 @@ class PsClientImpl final : public PsClient {
     Start(method, rpc, std::move(op));
   }
 
-  template <typename Req, typename Resp>
-  void Start(AsyncMethod<Req, Resp> method, Rpc<Req, Resp>* rpc, std::shared_ptr<Op> op) {
+  template <typename Method, typename Req, typename Resp>
+  void Start(Method method, Rpc<Req, Resp>* rpc, std::shared_ptr<Op> op) {
     rpc->ctx = std::make_unique<grpc::ClientContext>();
     rpc->ctx->set_deadline(std::chrono::system_clock::now() +
                            std::chrono::milliseconds(options_.deadline_ms));
-    Pod& pod = *pods_[rpc->pod];
-    Stub* stub =
-        pod.stubs[pod.next.fetch_add(1, std::memory_order_relaxed) % pod.stubs.size()].get();
-    (stub->async()->*method)(
-        rpc->ctx.get(), &rpc->req, &rpc->resp,
+    Invoke(
+        *pods_[rpc->pod], method, rpc->ctx.get(), &rpc->req, &rpc->resp,
         [this, method, rpc, op = std::move(op)](grpc::Status s) mutable {
           ++rpc->attempt;
           if (!s.ok() && Retryable(s.error_code()) && rpc->attempt < options_.max_attempts) {
@@ -236,6 +268,8 @@ class PsClientImpl final : public PsClient {
                 absl::StrCat(
                     "pod ", rpc->pod, " (", pods_[rpc->pod]->address, "): ", s.error_message(),
                     rpc->attempt > 1 ? absl::StrCat(" [after ", rpc->attempt, " attempts]") : ""));
+          } else if (rpc->on_ok) {
+            status = rpc->on_ok();
           }
           op->RpcDone(status);
           absl::MutexLock lock(&inflight_mu_);
@@ -251,9 +285,8 @@ class PsClientImpl final : public PsClient {
   }
 
   // Starts every RPC of `rpcs` under one op and returns a handle; `finish` runs on Wait.
-  template <typename Req, typename Resp>
-  Handle StartAll(AsyncMethod<Req, Resp> method,
-                  std::shared_ptr<std::vector<std::unique_ptr<Rpc<Req, Resp>>>> rpcs,
+  template <typename Method, typename Req, typename Resp>
+  Handle StartAll(Method method, std::shared_ptr<std::vector<std::unique_ptr<Rpc<Req, Resp>>>> rpcs,
                   std::function<absl::Status()> finish) {
     auto op = std::make_shared<Op>(static_cast<int>(rpcs->size()));
     // The op's finish closure owns the RPCs, so they live until every callback is done.
@@ -355,23 +388,27 @@ class PsClientImpl final : public PsClient {
   Timer timer_;  // last: destroyed first, so no retry fires into a dying client
 };
 
-// Where each requested row of one table comes from: unique row u sits at position loc[u]
-// of its pod's entry for this table.
+// Where the rows of one table's pull go: the row at position k of pod p's entry for this
+// table is written to out row dest[p][k] (the first request index of that id); a repeated
+// id's row is then copied from its first occurrence (dups).
 struct PullPlan {
+  std::string table;
   float* out;
   uint32_t dim;
-  std::vector<uint32_t> unique_of;  // per requested id
-  std::vector<uint32_t> pod_of;     // per unique id
-  std::vector<uint32_t> pos_of;     // per unique id, index within the pod's entry
-  std::vector<int> entry_of_pod;    // per pod: entry index in that pod's request, or -1
+  std::vector<int> entry_of_pod;                    // per pod: entry index, or -1
+  std::vector<std::vector<uint32_t>> dest;          // per pod, per entry position
+  std::vector<std::pair<uint32_t, uint32_t>> dups;  // (request index, first index)
 };
 
 Handle PsClientImpl::PullAsync(std::vector<PullSpec> specs, bool read_only) {
-  using PullRpc = Rpc<PullRequest, PullResponse>;
+  using PullRpc = Rpc<grpc::ByteBuffer, grpc::ByteBuffer>;
   const uint32_t num_pods = map_.num_pods();
-  auto rpcs = std::make_shared<std::vector<std::unique_ptr<PullRpc>>>();
+  const uint32_t num_vshards = map_.num_vshards();
+  std::vector<PullRequest> reqs;  // per RPC, encoded once complete
+  std::vector<uint32_t> pod_of_rpc;
   std::vector<int> rpc_of_pod(num_pods, -1);
   auto plans = std::make_shared<std::vector<PullPlan>>(specs.size());
+  thread_local IdIndex unique;
   for (size_t s = 0; s < specs.size(); ++s) {
     const PullSpec& spec = specs[s];
     auto dim = TableDim(spec.table);
@@ -381,74 +418,102 @@ Handle PsClientImpl::PullAsync(std::vector<PullSpec> specs, bool read_only) {
           absl::StrCat("pull of '", spec.table, "' has no output buffer")));
     }
     PullPlan& plan = (*plans)[s];
+    plan.table = spec.table;
     plan.out = spec.out;
     plan.dim = *dim;
     plan.entry_of_pod.assign(num_pods, -1);
-    plan.unique_of.resize(spec.ids.size());
+    plan.dest.resize(num_pods);
     const uint64_t name_hash = NameHash(spec.table);
-    absl::flat_hash_map<int64_t, uint32_t> unique;
-    unique.reserve(spec.ids.size());
+    unique.Reset(spec.ids.size());
+    std::vector<std::string*> ids_of_pod(num_pods, nullptr);
     for (size_t i = 0; i < spec.ids.size(); ++i) {
       const int64_t id = spec.ids[i];
-      auto [it, inserted] = unique.try_emplace(id, static_cast<uint32_t>(plan.pod_of.size()));
-      plan.unique_of[i] = it->second;
-      if (!inserted) continue;
-      const uint32_t pod = map_.PodOf(name_hash, id);
-      if (rpc_of_pod[pod] < 0) {
-        rpc_of_pod[pod] = static_cast<int>(rpcs->size());
-        rpcs->push_back(MakeRpc<PullRequest, PullResponse>(pod));
-        rpcs->back()->req.set_epoch(map_.epoch());
-        rpcs->back()->req.set_read_only(read_only);
+      const uint64_t h = RouteHash(name_hash, id);
+      bool inserted;
+      const uint32_t first = unique.FindOrInsert(id, h, static_cast<uint32_t>(i), &inserted);
+      if (!inserted) {
+        plan.dups.emplace_back(static_cast<uint32_t>(i), first);
+        continue;
       }
-      PullRequest& req = (*rpcs)[rpc_of_pod[pod]]->req;
-      if (plan.entry_of_pod[pod] < 0) {
+      const uint32_t pod = map_.PodOfVShard(VShardOf(h, num_vshards));
+      std::string* ids = ids_of_pod[pod];
+      if (ids == nullptr) {
+        if (rpc_of_pod[pod] < 0) {
+          rpc_of_pod[pod] = static_cast<int>(reqs.size());
+          pod_of_rpc.push_back(pod);
+          reqs.emplace_back().set_epoch(map_.epoch());
+          reqs.back().set_read_only(read_only);
+        }
+        PullRequest& req = reqs[rpc_of_pod[pod]];
         plan.entry_of_pod[pod] = req.tables_size();
         TableIds* entry = req.add_tables();
         entry->set_table(spec.table);
-        entry->mutable_ids()->reserve(ReserveRows(spec.ids.size()) * sizeof(int64_t));
+        ids = ids_of_pod[pod] = entry->mutable_ids();
+        ids->reserve(ReserveRows(spec.ids.size()) * sizeof(int64_t));
+        plan.dest[pod].reserve(ReserveRows(spec.ids.size()));
       }
-      std::string* ids = req.mutable_tables(plan.entry_of_pod[pod])->mutable_ids();
-      plan.pod_of.push_back(pod);
-      plan.pos_of.push_back(static_cast<uint32_t>(ids->size() / sizeof(int64_t)));
+      plan.dest[pod].push_back(static_cast<uint32_t>(i));
       ids->append(reinterpret_cast<const char*>(&id), sizeof(id));
     }
   }
-  auto* rpcs_raw = rpcs.get();
-  auto finish = [plans, rpcs_raw, rpc_of_pod]() -> absl::Status {
+  auto rpcs = std::make_shared<std::vector<std::unique_ptr<PullRpc>>>();
+  for (size_t r = 0; r < reqs.size(); ++r) {
+    rpcs->push_back(MakeRpc<grpc::ByteBuffer, grpc::ByteBuffer>(pod_of_rpc[r]));
+    rpcs->back()->req = wire::EncodePullRequest(&reqs[r]);
+  }
+  // Each RPC scatters its pod's rows as it completes; the duplicates are filled in last,
+  // once every pod's rows are in place.
+  for (auto& rpc : *rpcs) {
+    PullRpc* r = rpc.get();
+    r->on_ok = [plans, r]() -> absl::Status {
+      std::vector<grpc::Slice> slices;
+      std::vector<absl::string_view> pieces = wire::Pieces(r->resp, &slices);
+      r->resp.Clear();  // the slices hold the memory from here
+      uint64_t epoch;
+      std::vector<wire::TableValuesView> tables;
+      absl::Status s = wire::DecodePullResponse(pieces, &epoch, &tables);
+      if (!s.ok()) return absl::InternalError(absl::StrCat("pod ", r->pod, ": ", s.message()));
+      for (const PullPlan& plan : *plans) {
+        const int e = plan.entry_of_pod[r->pod];
+        if (e < 0) continue;
+        const size_t row_bytes = plan.dim * sizeof(float);
+        const std::vector<uint32_t>& dest = plan.dest[r->pod];
+        if (static_cast<size_t>(e) >= tables.size() ||
+            tables[e].values_bytes != dest.size() * row_bytes) {
+          return absl::InternalError(absl::StrCat("pod ", r->pod, " answered a pull of '",
+                                                  plan.table, "' with the wrong number of values"));
+        }
+        char* out = reinterpret_cast<char*>(plan.out);
+        wire::Reader values(tables[e].values);
+        for (uint32_t i : dest) values.CopyTo(out + i * row_bytes, row_bytes);
+      }
+      return absl::OkStatus();
+    };
+  }
+  auto finish = [plans]() -> absl::Status {
     for (const PullPlan& plan : *plans) {
       const size_t row_bytes = plan.dim * sizeof(float);
-      // Base pointer of this table's values in each pod's response.
-      std::vector<const char*> base(rpc_of_pod.size(), nullptr);
-      for (size_t pod = 0; pod < rpc_of_pod.size(); ++pod) {
-        if (plan.entry_of_pod[pod] < 0) continue;
-        const PullRpc& rpc = *(*rpcs_raw)[rpc_of_pod[pod]];
-        const int e = plan.entry_of_pod[pod];
-        if (e >= rpc.resp.tables_size() ||
-            rpc.resp.tables(e).values().size() !=
-                rpc.req.tables(e).ids().size() / sizeof(int64_t) * row_bytes) {
-          return absl::InternalError(absl::StrCat("pod ", pod, " answered a pull of '",
-                                                  rpc.req.tables(e).table(),
-                                                  "' with the wrong number of values"));
-        }
-        base[pod] = rpc.resp.tables(e).values().data();
-      }
-      for (size_t i = 0; i < plan.unique_of.size(); ++i) {
-        const uint32_t u = plan.unique_of[i];
-        std::memcpy(plan.out + i * plan.dim, base[plan.pod_of[u]] + plan.pos_of[u] * row_bytes,
-                    row_bytes);
+      char* out = reinterpret_cast<char*>(plan.out);
+      for (auto [i, first] : plan.dups) {
+        std::memcpy(out + i * row_bytes, out + first * row_bytes, row_bytes);
       }
     }
     return absl::OkStatus();
   };
-  return StartAll(&AsyncIface::Pull, rpcs, finish);
+  return StartAll(kRawPull, rpcs, finish);
 }
 
 Handle PsClientImpl::PushAsync(std::vector<PushSpec> specs) {
-  using PushRpc = Rpc<PushRequest, PushResponse>;
+  using PushRpc = Rpc<grpc::ByteBuffer, grpc::ByteBuffer>;
   const uint32_t num_pods = map_.num_pods();
-  auto rpcs = std::make_shared<std::vector<std::unique_ptr<PushRpc>>>();
+  const uint32_t num_vshards = map_.num_vshards();
+  std::vector<PushRequest> reqs;  // per RPC, encoded once complete
+  std::vector<uint32_t> pod_of_rpc;
   std::vector<int> rpc_of_pod(num_pods, -1);
   const PushKey key = NextKey();
+  thread_local IdIndex unique;
+  // Per unique id of the current spec: its pod and position in that pod's entry.
+  std::vector<std::pair<uint32_t, uint32_t>> where;
   for (const PushSpec& spec : specs) {
     auto table_dim = TableDim(spec.table);
     if (!table_dim.ok()) return Failed(table_dim.status());
@@ -459,47 +524,56 @@ Handle PsClientImpl::PushAsync(std::vector<PushSpec> specs) {
     const uint32_t dim = *table_dim;
     const size_t row_bytes = dim * sizeof(float);
     const uint64_t name_hash = NameHash(spec.table);
-    std::vector<int> entry_of_pod(num_pods, -1);
-    // id -> (pod, position in the pod's entry), to sum duplicates into the first row.
-    absl::flat_hash_map<int64_t, std::pair<uint32_t, uint32_t>> unique;
-    unique.reserve(spec.ids.size());
+    // Per pod: the ids and gradients of its entry for this table (null until it has one).
+    struct Entry {
+      std::string* ids = nullptr;
+      std::string* grads = nullptr;
+    };
+    std::vector<Entry> entry_of_pod(num_pods);
+    unique.Reset(spec.ids.size());
+    where.clear();
     for (size_t i = 0; i < spec.ids.size(); ++i) {
       const int64_t id = spec.ids[i];
       const float* g = spec.grads + i * dim;
-      auto it = unique.find(id);
-      if (it != unique.end()) {
-        auto [pod, pos] = it->second;
-        std::string* grads =
-            (*rpcs)[rpc_of_pod[pod]]->req.mutable_tables(entry_of_pod[pod])->mutable_grads();
-        float* row = reinterpret_cast<float*>(grads->data() + pos * row_bytes);
+      const uint64_t h = RouteHash(name_hash, id);
+      bool inserted;
+      const uint32_t u = unique.FindOrInsert(id, h, static_cast<uint32_t>(where.size()), &inserted);
+      if (!inserted) {  // a duplicate: sum into the first row
+        auto [pod, pos] = where[u];
+        float* row = reinterpret_cast<float*>(entry_of_pod[pod].grads->data() + pos * row_bytes);
         for (uint32_t j = 0; j < dim; ++j) row[j] += g[j];
         continue;
       }
-      const uint32_t pod = map_.PodOf(name_hash, id);
-      if (rpc_of_pod[pod] < 0) {
-        rpc_of_pod[pod] = static_cast<int>(rpcs->size());
-        rpcs->push_back(MakeRpc<PushRequest, PushResponse>(pod));
-        rpcs->back()->req.set_epoch(map_.epoch());
-        *rpcs->back()->req.mutable_key() = key;
-      }
-      PushRequest& req = (*rpcs)[rpc_of_pod[pod]]->req;
-      if (entry_of_pod[pod] < 0) {
-        entry_of_pod[pod] = req.tables_size();
-        TableGrads* entry = req.add_tables();
-        entry->set_table(spec.table);
-        entry->set_learning_rate(spec.learning_rate);
+      const uint32_t pod = map_.PodOfVShard(VShardOf(h, num_vshards));
+      Entry& entry = entry_of_pod[pod];
+      if (entry.ids == nullptr) {
+        if (rpc_of_pod[pod] < 0) {
+          rpc_of_pod[pod] = static_cast<int>(reqs.size());
+          pod_of_rpc.push_back(pod);
+          reqs.emplace_back().set_epoch(map_.epoch());
+          *reqs.back().mutable_key() = key;
+        }
+        TableGrads* t = reqs[rpc_of_pod[pod]].add_tables();
+        t->set_table(spec.table);
+        t->set_learning_rate(spec.learning_rate);
+        entry.ids = t->mutable_ids();
+        entry.grads = t->mutable_grads();
         const size_t expect = ReserveRows(spec.ids.size());
-        entry->mutable_ids()->reserve(expect * sizeof(int64_t));
-        entry->mutable_grads()->reserve(expect * row_bytes);
+        entry.ids->reserve(expect * sizeof(int64_t));
+        entry.grads->reserve(expect * row_bytes);
       }
-      TableGrads* entry = req.mutable_tables(entry_of_pod[pod]);
-      const uint32_t pos = static_cast<uint32_t>(entry->ids().size() / sizeof(int64_t));
-      entry->mutable_ids()->append(reinterpret_cast<const char*>(&id), sizeof(id));
-      entry->mutable_grads()->append(reinterpret_cast<const char*>(g), row_bytes);
-      unique.emplace(id, std::make_pair(pod, pos));
+      const uint32_t pos = static_cast<uint32_t>(entry.ids->size() / sizeof(int64_t));
+      entry.ids->append(reinterpret_cast<const char*>(&id), sizeof(id));
+      entry.grads->append(reinterpret_cast<const char*>(g), row_bytes);
+      where.emplace_back(pod, pos);
     }
   }
-  return StartAll(&AsyncIface::Push, rpcs, nullptr);
+  auto rpcs = std::make_shared<std::vector<std::unique_ptr<PushRpc>>>();
+  for (size_t r = 0; r < reqs.size(); ++r) {
+    rpcs->push_back(MakeRpc<grpc::ByteBuffer, grpc::ByteBuffer>(pod_of_rpc[r]));
+    rpcs->back()->req = wire::EncodePushRequest(&reqs[r]);
+  }
+  return StartAll(kRawPush, rpcs, nullptr);
 }
 
 absl::Status PsClientImpl::PullDense(const std::vector<std::string>& names,

@@ -42,7 +42,9 @@ struct ClientOptions {
 };
 
 // Rows to pull from one table: ids[i]'s row goes to out[i*dim, (i+1)*dim). `ids` and
-// `out` must stay valid until the handle's Wait returns.
+// `out` must stay valid until the handle's Wait returns. Rows are written to `out` as each
+// pod answers, before Wait; so call Wait before freeing `out`, even to abandon the call.
+// After a failed call `out` holds some rows and not others.
 struct PullSpec {
   std::string table;
   absl::Span<const int64_t> ids;
@@ -64,8 +66,9 @@ class Op;
 }
 
 // The result of an asynchronous call. Wait blocks until every RPC of the call has
-// finished (after retries) and returns the call's status; for pulls it also writes the
-// rows to the caller's buffers. Wait may be called more than once; not thread-safe.
+// finished (after retries) and returns the call's status; when it returns OK, a pull's
+// rows are all in the caller's buffers. Wait may be called more than once; not
+// thread-safe.
 class Handle {
  public:
   Handle() = default;

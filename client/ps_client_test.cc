@@ -2,12 +2,18 @@
 // calls, exact agreement with a reference store, and retries.
 #include "client/ps_client.h"
 
+#include <grpcpp/generic/generic_stub.h>
+#include <grpcpp/grpcpp.h>
+
+#include <cstring>
 #include <random>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
 #include "embedding/model_store.h"
 #include "gtest/gtest.h"
+#include "proto/ps.grpc.pb.h"
 #include "ps/ps_server.h"
 
 namespace ps {
@@ -198,6 +204,69 @@ TEST_F(ClientTest, DenseTensorsRouteToTheirPod) {
   for (int i = 0; i < 6; ++i) {
     for (float v : out[i]) EXPECT_EQ(v, i - 0.5f);
   }
+}
+
+// The pod's Pull is served raw and the client's pull and push are sent raw (proto/wire.h);
+// a stock protobuf stub must see the same service.
+TEST_F(ClientTest, StockProtobufStubInteroperatesWithRawPaths) {
+  StartPods(1);
+  auto client = Connect();
+  ASSERT_NE(client, nullptr);
+  const TableSpec spec = Spec("emb", 16, OptimizerSpec::ADAGRAD);
+  ASSERT_TRUE(client->CreateTable(spec).ok());
+  std::vector<int64_t> ids;
+  for (int i = 0; i < 300; ++i) ids.push_back(i * 7 - 100);
+  ids.push_back(5);  // a duplicate
+  std::vector<float> grads(ids.size() * 16);
+  for (size_t i = 0; i < grads.size(); ++i) grads[i] = static_cast<float>(i % 11) * 0.01f;
+  ASSERT_TRUE(client->Push({{"emb", ids, grads.data()}}).ok());  // raw request
+
+  auto stub = ParameterServer::NewStub(
+      grpc::CreateChannel(options_.servers[0], grpc::InsecureChannelCredentials()));
+  PushRequest push;  // protobuf-serialized request to the pod
+  push.set_epoch(0);
+  TableGrads* g = push.add_tables();
+  g->set_table("emb");
+  g->set_ids(std::string(reinterpret_cast<const char*>(ids.data()), 8 * 10));
+  g->set_grads(std::string(reinterpret_cast<const char*>(grads.data()), 4 * 16 * 10));
+  PushResponse push_resp;
+  grpc::ClientContext push_ctx;
+  ASSERT_TRUE(stub->Push(&push_ctx, push, &push_resp).ok());
+
+  PullRequest pull;  // protobuf-parsed response of the raw server method
+  TableIds* t = pull.add_tables();
+  t->set_table("emb");
+  t->set_ids(std::string(reinterpret_cast<const char*>(ids.data()), ids.size() * 8));
+  PullResponse pulled;
+  grpc::ClientContext pull_ctx;
+  grpc::Status st = stub->Pull(&pull_ctx, pull, &pulled);
+  ASSERT_TRUE(st.ok()) << st.error_message();
+  ASSERT_EQ(pulled.tables_size(), 1);
+  EXPECT_EQ(pulled.tables(0).table(), "emb");
+  std::vector<float> out(ids.size() * 16);
+  ASSERT_TRUE(client->Pull({{"emb", ids, out.data()}}).ok());  // raw response, scattered
+  ASSERT_EQ(pulled.tables(0).values().size(), out.size() * sizeof(float));
+  EXPECT_EQ(std::memcmp(pulled.tables(0).values().data(), out.data(), out.size() * 4), 0);
+
+  // Errors keep their codes through the raw method.
+  t->set_table("missing");
+  grpc::ClientContext missing_ctx;
+  EXPECT_EQ(stub->Pull(&missing_ctx, pull, &pulled).error_code(), grpc::StatusCode::NOT_FOUND);
+  grpc::ClientContext garbage_ctx;
+  grpc::GenericStub raw(
+      grpc::CreateChannel(options_.servers[0], grpc::InsecureChannelCredentials()));
+  const std::string junk = "\x12\xff";  // an entry longer than the message
+  grpc::Slice slice(junk);
+  grpc::ByteBuffer junk_req(&slice, 1), junk_resp;
+  absl::Notification done;
+  grpc::Status junk_status;
+  raw.UnaryCall(&garbage_ctx, "/ps.ParameterServer/Pull", grpc::StubOptions(), &junk_req,
+                &junk_resp, [&](grpc::Status s) {
+                  junk_status = s;
+                  done.Notify();
+                });
+  done.WaitForNotification();
+  EXPECT_EQ(junk_status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
 }
 
 }  // namespace

@@ -226,8 +226,20 @@ absl::Status PodStorage::MaterializeLocked() {
   }
   RETURN_IF_ERROR(status);
   RETURN_IF_ERROR(db_->FlushRows());
-  RETURN_IF_ERROR(
-      db_->TruncateLog(cut, dedup_->Serialize(), options_.log.durability != Durability::kProcess));
+  // The stored de-duplication state may only name pushes whose records are written: in
+  // periodic mode a key is marked applied when acknowledged, before its write, and a
+  // stored key whose record was then lost would turn the client's retry into a false
+  // "duplicate". Pushes are acknowledged under apply_mu (shared), so every key in a
+  // snapshot taken under it exclusively has a record below `dedup_lsn`.
+  std::string dedup;
+  uint64_t dedup_lsn;
+  {
+    absl::WriterMutexLock lock(&apply_mu_);
+    dedup_lsn = log_->next_lsn();
+    dedup = dedup_->Serialize();
+  }
+  RETURN_IF_ERROR(log_->WaitWritten(dedup_lsn));
+  RETURN_IF_ERROR(db_->TruncateLog(cut, dedup, options_.log.durability != Durability::kProcess));
   absl::MutexLock lock(&mu_);
   stats_.materialize_rounds++;
   stats_.materialized_rows += rows;

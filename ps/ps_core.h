@@ -32,6 +32,19 @@ struct PsCoreOptions {
   PodStorageOptions storage;
 };
 
+// Where a pull's rows go (PsCore::Pull with a sink), so a transport can place them in its
+// own buffers instead of a PullResponse.
+class PullSink {
+ public:
+  virtual ~PullSink() = default;
+  // The pod's shard-map epoch; called first, even if the pull then fails.
+  virtual void SetEpoch(uint64_t epoch) = 0;
+  // Returns where to write the `floats` values of the next response entry, of table
+  // `table`. Called once per request entry, in order, and only once the whole request
+  // has validated. The buffer must stay valid until Pull returns.
+  virtual float* AddEntry(const std::string& table, size_t floats) = 0;
+};
+
 class PsCore {
  public:
   using Done = std::function<void(absl::Status)>;
@@ -53,6 +66,9 @@ class PsCore {
   absl::Status CreateDense(const CreateDenseRequest& req, CreateDenseResponse* resp);
   absl::Status Describe(const DescribeRequest& req, DescribeResponse* resp);
   absl::Status Pull(const PullRequest& req, PullResponse* resp);
+  // The same pull (same validation, errors and counters), with the rows written where
+  // `sink` says.
+  absl::Status Pull(const PullRequest& req, PullSink* sink);
   absl::Status Push(const PushRequest& req, PushResponse* resp);
   absl::Status PullDense(const DensePullRequest& req, DensePullResponse* resp);
   absl::Status PushDense(const DensePushRequest& req, PushResponse* resp);

@@ -3,6 +3,7 @@
 #include <cmath>
 #include <limits>
 
+#include "absl/strings/str_cat.h"
 #include "embedding/hash.h"
 #include "gtest/gtest.h"
 #include "ps/codec.h"
@@ -110,6 +111,25 @@ TEST_F(PsCoreTest, BadPushesAreRefusedWholeWithPreciseCodes) {
   StatsResponse stats;
   ASSERT_TRUE(core_.Stats(StatsRequest(), &stats).ok());
   EXPECT_EQ(stats.rejected_nonfinite(), 2u);
+}
+
+// The first non-finite gradient is named exactly, wherever it falls among the 16-float
+// blocks the check tests at once.
+TEST_F(PsCoreTest, NonFiniteGradientIsLocatedExactly) {
+  std::vector<int64_t> ids;
+  for (int i = 0; i < 40; ++i) ids.push_back(100 + i);
+  for (size_t bad : {size_t{0}, size_t{15}, size_t{16}, size_t{37}, size_t{64}, size_t{79}}) {
+    std::vector<float> grads(ids.size() * 2, 0.5f);
+    grads[bad] = -std::numeric_limits<float>::infinity();
+    if (bad + 3 < grads.size()) grads[bad + 3] = std::numeric_limits<float>::quiet_NaN();
+    PushResponse resp;
+    absl::Status s = core_.Push(MakePush(ids, grads), &resp);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_NE(s.message().find(absl::StrCat("(-inf) for id ", 100 + bad / 2, " element ", bad % 2)),
+              std::string::npos)
+        << s;
+  }
+  EXPECT_EQ(core_.store().FindTable("emb")->rows(), 0u);
 }
 
 TEST_F(PsCoreTest, OversizedBatchIsRefused) {

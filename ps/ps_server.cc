@@ -18,7 +18,7 @@ class PsServerImpl final : public PsServer {
   PsServerImpl(const PsServerOptions& options, std::unique_ptr<PsCore> core)
       : core_(std::move(core)),
         pool_(WorkPoolOptions{options.threads, 1024}),
-        service_(core_.get(), &pool_) {}
+        service_(core_.get(), &pool_, options.inline_request_bytes) {}
 
   absl::Status Start(const PsServerOptions& options) {
     grpc::EnableDefaultHealthCheckService(true);

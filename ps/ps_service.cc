@@ -2,9 +2,29 @@
 
 #include <glog/logging.h>
 
+#include <limits>
+
 #include "absl/strings/str_cat.h"
+#include "proto/wire.h"
 
 namespace ps {
+
+namespace {
+
+// Has the table write a pull's rows straight into the response's slices.
+class WirePullSink final : public PullSink {
+ public:
+  void SetEpoch(uint64_t epoch) override { writer_.set_epoch(epoch); }
+  float* AddEntry(const std::string& table, size_t floats) override {
+    return reinterpret_cast<float*>(writer_.AddEntry(table, floats * sizeof(float)));
+  }
+  grpc::ByteBuffer Finish() { return writer_.Finish(); }
+
+ private:
+  wire::PullResponseWriter writer_;
+};
+
+}  // namespace
 
 grpc::Status ToGrpcStatus(const absl::Status& s) {
   if (s.ok()) return grpc::Status::OK;
@@ -16,14 +36,12 @@ absl::Status FromGrpcStatus(const grpc::Status& s) {
   return absl::Status(static_cast<absl::StatusCode>(s.error_code()), s.error_message());
 }
 
-template <typename Req, typename Resp>
-grpc::ServerUnaryReactor* PsService::Run(grpc::CallbackServerContext* ctx, const Req* req,
-                                         Resp* resp,
-                                         absl::Status (PsCore::*method)(const Req&, Resp*)) {
+grpc::ServerUnaryReactor* PsService::Submit(grpc::CallbackServerContext* ctx,
+                                            std::function<void(PsCore::Done)> work,
+                                            size_t request_bytes) {
   grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
   PsCore* core = core_;
-  bool queued = pool_->TrySubmit([core, ctx, req, resp, reactor, method] {
-    absl::Status s = (core->*method)(*req, resp);
+  PsCore::Done finish = [core, ctx, reactor](absl::Status s) {
     if (!s.ok()) {
       if (s.code() == absl::StatusCode::kFailedPrecondition) {
         ctx->AddTrailingMetadata("ps-epoch", absl::StrCat(core->ownership()->epoch()));
@@ -32,48 +50,79 @@ grpc::ServerUnaryReactor* PsService::Run(grpc::CallbackServerContext* ctx, const
                                  << " (every 1000th failure is logged)";
     }
     reactor->Finish(ToGrpcStatus(s));
-  });
-  if (!queued) {
+  };
+  auto run = [work = std::move(work), finish = std::move(finish)] { work(finish); };
+  if (request_bytes <= inline_request_bytes_) {
+    run();  // tiny: a hand-off to the pool would cost more than the work
+    return reactor;
+  }
+  if (!pool_->TrySubmit(std::move(run))) {
     reactor->Finish(grpc::Status(grpc::StatusCode::UNAVAILABLE,
                                  "server work queue is full; retry with backoff"));
   }
   return reactor;
 }
 
-template <typename Req>
-grpc::ServerUnaryReactor* PsService::RunAsync(grpc::CallbackServerContext* ctx, const Req* req,
-                                              PushResponse* resp,
-                                              void (PsCore::*method)(const Req&, PushResponse*,
-                                                                     PsCore::Done)) {
-  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+template <typename Req, typename Resp>
+grpc::ServerUnaryReactor* PsService::Run(grpc::CallbackServerContext* ctx, const Req* req,
+                                         Resp* resp,
+                                         absl::Status (PsCore::*method)(const Req&, Resp*)) {
   PsCore* core = core_;
-  bool queued = pool_->TrySubmit([core, ctx, req, resp, reactor, method] {
-    (core->*method)(*req, resp, [core, ctx, reactor](absl::Status s) {
-      if (!s.ok()) {
-        if (s.code() == absl::StatusCode::kFailedPrecondition) {
-          ctx->AddTrailingMetadata("ps-epoch", absl::StrCat(core->ownership()->epoch()));
-        }
-        LOG_EVERY_N(WARNING, 1000) << "push from " << ctx->peer() << " failed: " << s
-                                   << " (every 1000th failure is logged)";
-      }
-      reactor->Finish(ToGrpcStatus(s));
-    });
-  });
-  if (!queued) {
-    reactor->Finish(grpc::Status(grpc::StatusCode::UNAVAILABLE,
-                                 "server work queue is full; retry with backoff"));
-  }
-  return reactor;
+  return Submit(
+      ctx, [core, req, resp, method](PsCore::Done done) { done((core->*method)(*req, resp)); },
+      std::numeric_limits<size_t>::max());
 }
 
-grpc::ServerUnaryReactor* PsService::Push(grpc::CallbackServerContext* ctx, const PushRequest* req,
-                                          PushResponse* resp) {
-  return RunAsync(ctx, req, resp, &PsCore::PushAsync);
+grpc::ServerUnaryReactor* PsService::Pull(grpc::CallbackServerContext* ctx,
+                                          const grpc::ByteBuffer* req, grpc::ByteBuffer* resp) {
+  PsCore* core = core_;
+  return Submit(
+      ctx,
+      [core, req, resp](PsCore::Done done) {
+        grpc::ByteBuffer raw(*req);  // shares the slices; Deserialize consumes its argument
+        PullRequest request;
+        if (!grpc::SerializationTraits<PullRequest>::Deserialize(&raw, &request).ok()) {
+          return done(absl::InvalidArgumentError("request is not a PullRequest"));
+        }
+        WirePullSink sink;
+        absl::Status s = core->Pull(request, &sink);
+        if (s.ok()) *resp = sink.Finish();
+        done(s);
+      },
+      req->Length());
+}
+
+grpc::ServerUnaryReactor* PsService::Push(grpc::CallbackServerContext* ctx,
+                                          const grpc::ByteBuffer* req, grpc::ByteBuffer* resp) {
+  PsCore* core = core_;
+  return Submit(
+      ctx,
+      [core, req, resp](PsCore::Done done) {
+        // The request and response live until the push is durable (PsCore calls back).
+        auto call = std::make_shared<std::pair<PushRequest, PushResponse>>();
+        grpc::ByteBuffer raw(*req);  // shares the slices; Deserialize consumes its argument
+        if (!grpc::SerializationTraits<PushRequest>::Deserialize(&raw, &call->first).ok()) {
+          return done(absl::InvalidArgumentError("request is not a PushRequest"));
+        }
+        core->PushAsync(
+            call->first, &call->second, [call, resp, done = std::move(done)](absl::Status s) {
+              if (s.ok()) {
+                bool own_buffer;
+                grpc::SerializationTraits<PushResponse>::Serialize(call->second, resp, &own_buffer);
+              }
+              done(s);
+            });
+      },
+      req->Length());
 }
 
 grpc::ServerUnaryReactor* PsService::PushDense(grpc::CallbackServerContext* ctx,
                                                const DensePushRequest* req, PushResponse* resp) {
-  return RunAsync(ctx, req, resp, &PsCore::PushDenseAsync);
+  PsCore* core = core_;
+  return Submit(
+      ctx,
+      [core, req, resp](PsCore::Done done) { core->PushDenseAsync(*req, resp, std::move(done)); },
+      std::numeric_limits<size_t>::max());
 }
 
 #define PS_RPC(Name, Req, Resp)                                                               \
@@ -85,7 +134,6 @@ grpc::ServerUnaryReactor* PsService::PushDense(grpc::CallbackServerContext* ctx,
 PS_RPC(CreateTable, CreateTableRequest, CreateTableResponse)
 PS_RPC(CreateDense, CreateDenseRequest, CreateDenseResponse)
 PS_RPC(Describe, DescribeRequest, DescribeResponse)
-PS_RPC(Pull, PullRequest, PullResponse)
 PS_RPC(PullDense, DensePullRequest, DensePullResponse)
 PS_RPC(Stats, StatsRequest, StatsResponse)
 PS_RPC(Checkpoint, PodCheckpointRequest, PodCheckpointResponse)

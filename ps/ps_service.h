@@ -1,6 +1,16 @@
 // The gRPC face of a PS pod: each RPC's work runs on the WorkPool and its reactor is
 // finished from there, so gRPC's threads never block on request work.
+//
+// Tiny pulls and pushes (see inline_request_bytes) run on gRPC's thread: for them the
+// hand-off to the pool costs more than the work, and adds a thread wake-up to latency.
+//
+// Pull and Push are raw methods: their requests are parsed on the pool thread that then
+// uses them (so the gradients are in that core's cache), and a pull's response is written
+// by hand (proto/wire.h) so the rows go to the socket without being copied into a
+// protobuf serialization first. The wire format is ps.proto's either way.
 #pragma once
+
+#include <functional>
 
 #include "proto/ps.grpc.pb.h"
 #include "ps/ps_core.h"
@@ -8,10 +18,14 @@
 
 namespace ps {
 
-class PsService final : public ParameterServer::CallbackService {
+class PsService final
+    : public ParameterServer::WithRawCallbackMethod_Pull<
+          ParameterServer::WithRawCallbackMethod_Push<ParameterServer::CallbackService>> {
  public:
-  // `core` and `pool` must outlive the service.
-  PsService(PsCore* core, WorkPool* pool) : core_(core), pool_(pool) {}
+  // `core` and `pool` must outlive the service. Pulls and pushes whose request is at most
+  // `inline_request_bytes` run on gRPC's thread instead of the pool.
+  PsService(PsCore* core, WorkPool* pool, size_t inline_request_bytes = 0)
+      : core_(core), pool_(pool), inline_request_bytes_(inline_request_bytes) {}
 
   grpc::ServerUnaryReactor* CreateTable(grpc::CallbackServerContext* ctx,
                                         const CreateTableRequest* req,
@@ -21,10 +35,10 @@ class PsService final : public ParameterServer::CallbackService {
                                         CreateDenseResponse* resp) override;
   grpc::ServerUnaryReactor* Describe(grpc::CallbackServerContext* ctx, const DescribeRequest* req,
                                      DescribeResponse* resp) override;
-  grpc::ServerUnaryReactor* Pull(grpc::CallbackServerContext* ctx, const PullRequest* req,
-                                 PullResponse* resp) override;
-  grpc::ServerUnaryReactor* Push(grpc::CallbackServerContext* ctx, const PushRequest* req,
-                                 PushResponse* resp) override;
+  grpc::ServerUnaryReactor* Pull(grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* req,
+                                 grpc::ByteBuffer* resp) override;
+  grpc::ServerUnaryReactor* Push(grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* req,
+                                 grpc::ByteBuffer* resp) override;
   grpc::ServerUnaryReactor* PullDense(grpc::CallbackServerContext* ctx, const DensePullRequest* req,
                                       DensePullResponse* resp) override;
   grpc::ServerUnaryReactor* PushDense(grpc::CallbackServerContext* ctx, const DensePushRequest* req,
@@ -36,18 +50,18 @@ class PsService final : public ParameterServer::CallbackService {
                                        PodCheckpointResponse* resp) override;
 
  private:
+  // Runs `work` (inline if request_bytes <= inline_request_bytes_, else on the pool); the
+  // call finishes with the status `work` passes to its callback, whenever it does (a
+  // durable push calls back once its log record is written).
+  grpc::ServerUnaryReactor* Submit(grpc::CallbackServerContext* ctx,
+                                   std::function<void(PsCore::Done)> work, size_t request_bytes);
   template <typename Req, typename Resp>
   grpc::ServerUnaryReactor* Run(grpc::CallbackServerContext* ctx, const Req* req, Resp* resp,
                                 absl::Status (PsCore::*method)(const Req&, Resp*));
-  // For pushes, which complete when durable: the reactor finishes from PsCore's callback.
-  template <typename Req>
-  grpc::ServerUnaryReactor* RunAsync(grpc::CallbackServerContext* ctx, const Req* req,
-                                     PushResponse* resp,
-                                     void (PsCore::*method)(const Req&, PushResponse*,
-                                                            PsCore::Done));
 
   PsCore* const core_;
   WorkPool* const pool_;
+  const size_t inline_request_bytes_;
 };
 
 // absl::Status -> grpc::Status (the codes are the same google.rpc.Code values).

@@ -18,6 +18,9 @@ DEFINE_string(port_file, "",
 DEFINE_int32(threads, 2,
              "Threads that execute pull/push work. Pulls and pushes are memory-bound: use "
              "about one per core the pod is given.");
+DEFINE_uint64(inline_request_bytes, 1024,
+              "Pulls and pushes whose request is at most this many bytes run on gRPC's "
+              "thread instead of the work pool (saves a thread hand-off); 0: never.");
 DEFINE_int32(max_message_mb, 256, "Largest gRPC request or response, in MiB.");
 DEFINE_int32(memory_quota_mb, 2048,
              "Memory gRPC may hold in request/response buffers; above it the pod stops "
@@ -64,6 +67,7 @@ int Main() {
   options.host = FLAGS_host;
   options.port = FLAGS_port;
   options.threads = FLAGS_threads;
+  options.inline_request_bytes = FLAGS_inline_request_bytes;
   options.max_message_bytes = FLAGS_max_message_mb << 20;
   options.memory_quota_bytes = int64_t{FLAGS_memory_quota_mb} << 20;
   options.core.max_batch_rows = FLAGS_max_batch_rows;
