@@ -240,6 +240,12 @@ absl::Status PodStorage::MaterializeLocked() {
   }
   RETURN_IF_ERROR(log_->WaitWritten(dedup_lsn));
   RETURN_IF_ERROR(db_->TruncateLog(cut, dedup, options_.log.durability != Durability::kProcess));
+  const double ms = absl::ToDoubleMilliseconds(absl::Now() - start);
+  if (ms > 1000) {
+    LOG(INFO) << "materialized " << rows << " rows in " << ms << " ms; log truncated below " << cut;
+  } else {
+    VLOG(1) << "materialized " << rows << " rows in " << ms << " ms; log truncated below " << cut;
+  }
   absl::MutexLock lock(&mu_);
   stats_.materialize_rounds++;
   stats_.materialized_rows += rows;

@@ -158,7 +158,14 @@ absl::StatusOr<std::unique_ptr<StorageDb>> StorageDb::Open(const StorageDbOption
   rocksdb::ColumnFamilyOptions meta_options;
   rocksdb::ColumnFamilyOptions rows_options;
   rows_options.compression = rocksdb::kNoCompression;  // float rows barely compress
-  rows_options.write_buffer_size = size_t{64} << 20;
+  rows_options.write_buffer_size = size_t{128} << 20;
+  rows_options.max_write_buffer_number = 4;
+  // Each materializer round rewrites the rows that changed, often most of them: universal
+  // compaction merges those runs with far less rewriting than leveled compaction, which
+  // otherwise falls behind and stalls every write of the pod (the log's too).
+  rows_options.compaction_style = rocksdb::kCompactionStyleUniversal;
+  rows_options.level0_slowdown_writes_trigger = 40;
+  rows_options.level0_stop_writes_trigger = 60;
   // Rows are written in large groups and read back only after a flush: an append-only
   // vector memtable (sorted once, at flush) costs far less per row than a skiplist.
   rows_options.memtable_factory.reset(new rocksdb::VectorRepFactory());
@@ -304,6 +311,9 @@ absl::Status StorageDb::WriteRows(RowBatch* batch) {
 absl::Status StorageDb::FlushRows() {
   rocksdb::FlushOptions options;
   options.wait = true;
+  // Flush now rather than wait for compaction to catch up: the materializer runs off the
+  // push path, and waiting here only lets the log grow.
+  options.allow_write_stall = true;
   return FromRocks(rep_->db->Flush(options, rep_->rows), "cannot flush rows");
 }
 

@@ -22,12 +22,12 @@ ps_spawn() {
 
 # ps_start_server NAME BIN ARGS...: starts a ps-server on a free loopback port and sets
 # PS_ADDR to host:port once it serves (fails with the server's log if it does not within
-# 10 s). Do not call it in $(...): the pid would be recorded in a subshell and not stopped.
+# ${PS_START_TIMEOUT_S:-10} s; a durable pod recovers before it opens its port). Do not call it in $(...): the pid would be recorded in a subshell and not stopped.
 ps_start_server() {
   local name="$1" bin="$2"
   shift 2
   ps_spawn "$name" "$bin" --host=127.0.0.1 --port=0 --port_file="$PS_RUN_DIR/$name.port" "$@"
-  for _ in $(seq 1 100); do
+  for _ in $(seq 1 $((${PS_START_TIMEOUT_S:-10} * 10))); do
     if [ -s "$PS_RUN_DIR/$name.port" ]; then
       PS_ADDR="127.0.0.1:$(cat "$PS_RUN_DIR/$name.port")"
       return 0
