@@ -8,6 +8,7 @@
 #include <thread>
 
 #include "embedding/binary_init.h"
+#include "embedding/shutdown_signal.h"
 #include "master/master_server.h"
 
 DEFINE_string(host, "0.0.0.0", "Address to listen on (0.0.0.0: all interfaces).");
@@ -51,11 +52,8 @@ int Main() {
   options.core.lease = absl::Milliseconds(FLAGS_lease_ms);
   options.core.max_task_failures = FLAGS_max_task_failures;
 
-  sigset_t signals;
-  sigemptyset(&signals);
-  sigaddset(&signals, SIGTERM);
-  sigaddset(&signals, SIGINT);
-  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  // SIGTERM/SIGINT are taken by a thread that runs the graceful shutdown.
+  ps::ShutdownSignal shutdown_signal;
 
   auto server = ps::MasterServer::Start(options);
   if (!server.ok()) {
@@ -73,14 +71,8 @@ int Main() {
     std::ofstream(tmp) << (*server)->port() << "\n";
     std::rename(tmp.c_str(), FLAGS_port_file.c_str());
   }
-  std::thread signal_thread([&] {
-    int sig = 0;
-    sigwait(&signals, &sig);
-    LOG(INFO) << "signal " << sig << ": shutting down";
-    (*server)->Shutdown(FLAGS_shutdown_grace_ms);
-  });
+  shutdown_signal.OnSignal([&](int) { (*server)->Shutdown(FLAGS_shutdown_grace_ms); });
   (*server)->Wait();
-  signal_thread.join();
   LOG(INFO) << "ps-master stopped";
   return 0;
 }

@@ -7,6 +7,7 @@
 #include <thread>
 
 #include "embedding/binary_init.h"
+#include "embedding/shutdown_signal.h"
 #include "ps/master_agent.h"
 #include "ps/ps_server.h"
 
@@ -107,11 +108,7 @@ int Main() {
   }
 
   // SIGTERM/SIGINT are taken by a thread that runs the graceful shutdown.
-  sigset_t signals;
-  sigemptyset(&signals);
-  sigaddset(&signals, SIGTERM);
-  sigaddset(&signals, SIGINT);
-  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  ps::ShutdownSignal shutdown_signal;
 
   auto server = ps::PsServer::Start(options, *std::move(ownership));
   if (!server.ok()) {
@@ -146,14 +143,8 @@ int Main() {
     std::rename(tmp.c_str(), FLAGS_port_file.c_str());
   }
 
-  std::thread signal_thread([&] {
-    int sig = 0;
-    sigwait(&signals, &sig);
-    LOG(INFO) << "signal " << sig << ": shutting down (grace " << FLAGS_shutdown_grace_ms << " ms)";
-    (*server)->Shutdown(FLAGS_shutdown_grace_ms);
-  });
+  shutdown_signal.OnSignal([&](int) { (*server)->Shutdown(FLAGS_shutdown_grace_ms); });
   (*server)->Wait();
-  signal_thread.join();
   agent.reset();
   LOG(INFO) << "ps-server stopped";
   return 0;
