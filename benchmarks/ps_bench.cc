@@ -27,6 +27,9 @@
 
 DEFINE_string(target, "inproc", "inproc | grpc | redis");
 DEFINE_string(servers, "127.0.0.1:50051", "grpc: PS pods host:port,... in --shard order");
+DEFINE_string(master, "",
+              "grpc: the master's host:port; the pods and the shard map come from it "
+              "(--servers and --num_vshards are then ignored).");
 DEFINE_string(redis, "127.0.0.1:6379", "redis: host:port");
 DEFINE_string(op, "pull", "pull | push | mixed (alternating pull and push)");
 DEFINE_int32(dim, 64, "Floats per row.");
@@ -95,6 +98,7 @@ class GrpcTarget : public Target {
   absl::Status Setup(const TableSpec& spec) override {
     ClientOptions o;
     o.servers = absl::StrSplit(FLAGS_servers, ',', absl::SkipEmpty());
+    o.master = FLAGS_master;
     o.num_vshards = FLAGS_num_vshards;
     auto c = PsClient::Connect(o);
     if (!c.ok()) return c.status();
@@ -461,7 +465,8 @@ int main(int argc, char** argv) {
   ps::InitBinary(
       &argc, &argv,
       "ps-bench: pull/push throughput and latency of the PS against in-process and Redis.\n"
-      "Usage: ps-bench --target=inproc|grpc|redis [--servers=h:p,...] [--redis=h:p]\n"
+      "Usage: ps-bench --target=inproc|grpc|redis [--servers=h:p,... | --master=h:p] "
+      "[--redis=h:p]\n"
       "                --op=pull|push|mixed --dim=64 --batch=1024 --rows=1000000\n"
       "                --dist=uniform|zipf:S --inflight=8 --seconds=10 --optimizer=adagrad",
       __FILE__);

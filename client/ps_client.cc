@@ -15,6 +15,7 @@
 #include "client/timer.h"
 #include "embedding/hash.h"
 #include "embedding/status_macros.h"
+#include "proto/master.grpc.pb.h"
 #include "proto/ps.grpc.pb.h"
 #include "proto/wire.h"
 #include "ps/shard_ownership.h"
@@ -176,10 +177,11 @@ class PsClientImpl final : public PsClient {
       for (uint32_t v = 0; v < map_.num_vshards(); ++v) {
         const bool owns = (static_cast<uint8_t>(d.owned_vshards()[v >> 3]) >> (v & 7)) & 1;
         if (owns != (map_.PodOfVShard(v) == rpc->pod)) {
-          return absl::FailedPreconditionError(absl::StrCat(
-              "pod ", rpc->pod, " (", where, ") ", owns ? "owns" : "does not own", " vshard ", v,
-              ", unlike the static map of ", pods_.size(), " pods: start pod i with --shard=i/",
-              pods_.size(), " and list the servers in that order"));
+          return absl::FailedPreconditionError(
+              absl::StrCat("pod ", rpc->pod, " (", where, ") ", owns ? "owns" : "does not own",
+                           " vshard ", v, ", unlike the shard map (epoch ", map_.epoch(), ") of ",
+                           pods_.size(), " pods. Static map: start pod i with --shard=i/",
+                           pods_.size(), " and list the servers in that order"));
         }
       }
       absl::MutexLock lock(&catalog_mu_);
@@ -638,18 +640,84 @@ absl::Status PsClientImpl::PushDense(const std::vector<std::string>& names,
 
 }  // namespace
 
+namespace {
+
+// The pods and vshard map the master holds; UNAVAILABLE while a pod that owns vshards is
+// not live (still starting, or restarting).
+absl::StatusOr<std::pair<std::vector<std::string>, ShardMap>> MapFromMaster(
+    const ClientOptions& options) {
+  auto stub =
+      Master::NewStub(grpc::CreateChannel(options.master, grpc::InsecureChannelCredentials()));
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+  ShardMapResponse resp;
+  grpc::Status status = stub->GetShardMap(&ctx, GetShardMapRequest(), &resp);
+  if (!status.ok()) {
+    return absl::Status(static_cast<absl::StatusCode>(status.error_code()), status.error_message());
+  }
+  std::vector<std::string> servers;
+  for (const PodInfo& pod : resp.pods()) servers.push_back(pod.address());
+  std::vector<uint32_t> owner(resp.owner().begin(), resp.owner().end());
+  for (uint32_t pod : owner) {
+    if (pod >= static_cast<uint32_t>(resp.pods_size())) {
+      return absl::InternalError(
+          absl::StrCat("master's map names pod ", pod, " of ", resp.pods_size()));
+    }
+    if (resp.pods(pod).state() != PodInfo::LIVE) {
+      return absl::UnavailableError(absl::StrCat("pod ", resp.pods(pod).pod_id(), " is ",
+                                                 PodInfo::State_Name(resp.pods(pod).state())));
+    }
+  }
+  ASSIGN_OR_RETURN(
+      ShardMap map,
+      ShardMap::FromOwners(std::move(owner), static_cast<uint32_t>(servers.size()), resp.epoch()));
+  return std::make_pair(std::move(servers), std::move(map));
+}
+
+}  // namespace
+
 absl::StatusOr<std::unique_ptr<PsClient>> PsClient::Connect(const ClientOptions& options) {
-  if (options.servers.empty()) return absl::InvalidArgumentError("no PS servers given");
+  if (options.servers.empty() && options.master.empty()) {
+    return absl::InvalidArgumentError("no PS servers and no master given");
+  }
   if (options.deadline_ms <= 0 || options.max_attempts < 1 || options.initial_backoff_ms < 1 ||
       options.max_backoff_ms < options.initial_backoff_ms) {
     return absl::InvalidArgumentError(
         "need deadline_ms > 0, max_attempts >= 1, 1 <= initial_backoff_ms <= max_backoff_ms");
   }
-  ASSIGN_OR_RETURN(ShardMap map, ShardMap::Static(options.num_vshards,
-                                                  static_cast<uint32_t>(options.servers.size())));
-  auto client = std::make_unique<PsClientImpl>(options, std::move(map));
-  RETURN_IF_ERROR(client->Init());
-  return std::unique_ptr<PsClient>(std::move(client));
+  if (options.master.empty()) {
+    ASSIGN_OR_RETURN(ShardMap map, ShardMap::Static(options.num_vshards,
+                                                    static_cast<uint32_t>(options.servers.size())));
+    auto client = std::make_unique<PsClientImpl>(options, std::move(map));
+    RETURN_IF_ERROR(client->Init());
+    return std::unique_ptr<PsClient>(std::move(client));
+  }
+  // From the master: retry while pods start or have not applied the map yet.
+  const absl::Time deadline = absl::Now() + absl::Milliseconds(options.connect_timeout_ms);
+  absl::Duration backoff = absl::Milliseconds(options.initial_backoff_ms);
+  for (;;) {
+    absl::Status s;
+    auto from_master = MapFromMaster(options);
+    if (from_master.ok()) {
+      ClientOptions with_pods = options;
+      with_pods.servers = from_master->first;
+      with_pods.num_vshards = from_master->second.num_vshards();
+      auto client = std::make_unique<PsClientImpl>(with_pods, std::move(from_master->second));
+      s = client->Init();
+      if (s.ok()) return std::unique_ptr<PsClient>(std::move(client));
+    } else {
+      s = from_master.status();
+    }
+    const bool retry = s.code() == absl::StatusCode::kUnavailable ||
+                       s.code() == absl::StatusCode::kFailedPrecondition ||
+                       s.code() == absl::StatusCode::kDeadlineExceeded;
+    if (!retry || absl::Now() + backoff > deadline) {
+      return absl::Status(
+          s.code(), absl::StrCat("connecting through master ", options.master, ": ", s.message()));
+    }
+    absl::SleepFor(backoff);
+    backoff = std::min(backoff * 2, absl::Milliseconds(options.max_backoff_ms));
+  }
 }
 
 }  // namespace ps

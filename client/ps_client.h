@@ -20,6 +20,12 @@
 namespace ps {
 
 struct ClientOptions {
+  // The master (host:port). When set, Connect takes the pods and the vshard map from it
+  // (waiting, up to connect_timeout_ms, until every pod that owns vshards is live and
+  // serves them), and `servers` and `num_vshards` are ignored. Map changes after Connect
+  // are not followed yet: a pod restarted at the same address is, a moved one is not.
+  std::string master;
+  int connect_timeout_ms = 30000;
   // Pod addresses (host:port). With a static map, pod i is the one started --shard=i/N.
   std::vector<std::string> servers;
   // Must equal the pods' --num_vshards; Connect checks it.
