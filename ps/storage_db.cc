@@ -311,9 +311,9 @@ absl::Status StorageDb::WriteRows(RowBatch* batch) {
 absl::Status StorageDb::FlushRows() {
   rocksdb::FlushOptions options;
   options.wait = true;
-  // Flush now rather than wait for compaction to catch up: the materializer runs off the
-  // push path, and waiting here only lets the log grow.
-  options.allow_write_stall = true;
+  // allow_write_stall stays false: forcing the flush would stall every write of the pod,
+  // the log's included, for the flush's duration (seen as multi-second periodic-mode
+  // losses in ps-crash-test); the materializer waits instead.
   return FromRocks(rep_->db->Flush(options, rep_->rows), "cannot flush rows");
 }
 
