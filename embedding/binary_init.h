@@ -13,6 +13,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
 #include <string>
 #include <vector>
 
@@ -49,6 +50,17 @@ inline void InitBinary(int* argc, char*** argv, const char* usage, const char* m
   absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
   mallopt(M_MMAP_THRESHOLD, 64 << 20);
   mallopt(M_TRIM_THRESHOLD, 256 << 20);
+}
+
+// For --port_file: writes the bound port to `path` atomically (a temporary file renamed
+// into place), so a launcher polling the file never reads a partial number. No-op for "".
+inline void WritePortFile(const std::string& path, int port) {
+  if (path.empty()) return;
+  const std::string tmp = path + ".tmp";
+  std::ofstream(tmp) << port << "\n";
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
+    LOG(ERROR) << "cannot write port file " << path << ": " << std::strerror(errno);
+  }
 }
 
 }  // namespace ps

@@ -4,7 +4,6 @@
 #include <signal.h>
 
 #include <cstdio>
-#include <fstream>
 #include <thread>
 
 #include "embedding/binary_init.h"
@@ -66,11 +65,7 @@ int Main() {
   }
   LOG(INFO) << "ps-master serving on " << FLAGS_host << ":" << (*server)->port() << ", data dir "
             << FLAGS_data_dir << ", lease " << FLAGS_lease_ms << " ms";
-  if (!FLAGS_port_file.empty()) {
-    const std::string tmp = FLAGS_port_file + ".tmp";
-    std::ofstream(tmp) << (*server)->port() << "\n";
-    std::rename(tmp.c_str(), FLAGS_port_file.c_str());
-  }
+  ps::WritePortFile(FLAGS_port_file, (*server)->port());
   shutdown_signal.OnSignal([&](int) { (*server)->Shutdown(FLAGS_shutdown_grace_ms); });
   (*server)->Wait();
   LOG(INFO) << "ps-master stopped";

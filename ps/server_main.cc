@@ -3,7 +3,6 @@
 #include <glog/logging.h>
 #include <signal.h>
 
-#include <fstream>
 #include <thread>
 
 #include "embedding/binary_init.h"
@@ -137,11 +136,7 @@ int Main() {
     }
     agent = *std::move(started);
   }
-  if (!FLAGS_port_file.empty()) {
-    const std::string tmp = FLAGS_port_file + ".tmp";
-    std::ofstream(tmp) << (*server)->port() << "\n";
-    std::rename(tmp.c_str(), FLAGS_port_file.c_str());
-  }
+  ps::WritePortFile(FLAGS_port_file, (*server)->port());
 
   shutdown_signal.OnSignal([&](int) { (*server)->Shutdown(FLAGS_shutdown_grace_ms); });
   (*server)->Wait();
