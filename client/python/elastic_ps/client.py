@@ -772,15 +772,8 @@ class PsClient:
 
 
 def _to_dict(message):
-    """A message as a dict with every field, default values included."""
-    from google.protobuf.json_format import MessageToDict
-
-    try:
-        return MessageToDict(message, preserving_proto_field_name=True,
-                             including_default_value_fields=True)
-    except TypeError:  # protobuf >= 5 renamed the option
-        return MessageToDict(message, preserving_proto_field_name=True,
-                             always_print_fields_with_no_presence=True)
+    """A flat message (StatsResponse) as {field: Python value}, every field included."""
+    return {f.name: getattr(message, f.name) for f in message.DESCRIPTOR.fields}
 
 
 # ---- the ops the engine runs ----
