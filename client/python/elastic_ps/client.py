@@ -76,6 +76,17 @@ class TableConflictError(PsError):
     """create_table / create_dense of a name that exists with a different spec."""
 
 
+def _pod_epoch(err):
+    """The shard-map epoch a pod names in its `ps-epoch` trailing metadata, or None."""
+    try:
+        for k, v in err.trailing_metadata() or ():
+            if k == "ps-epoch":
+                return int(v)
+    except (AttributeError, ValueError, TypeError):
+        pass
+    return None
+
+
 def _error_from_rpc(err, where):
     code = err.code() if hasattr(err, "code") else grpc.StatusCode.UNKNOWN
     details = err.details() if hasattr(err, "details") else str(err)
@@ -241,7 +252,10 @@ class PsClient:
         self._channels = {}  # address -> (channel, ParameterServerStub)
         self._tables = {}
         self._dense = {}
-        self._sequence = 0
+        # PushKey sequences start at the clock in microseconds: a process restarted with
+        # the same (worker_id, incarnation) continues above every sequence it used before,
+        # instead of re-using keys the pods would take for duplicates.
+        self._sequence = time.time_ns() // 1000
         self._closed = False
         self.set_identity(worker_id, incarnation)
         self._pool = ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="elastic_ps")
@@ -320,7 +334,7 @@ class PsClient:
                 self._channels[address] = entry
             return entry[1]
 
-    def _master_call(self, method, request, timeout=None):
+    def _master_call(self, method, request, timeout=None, attempts=None):
         """A master RPC, retried like pod RPCs (master calls are idempotent)."""
         if self._master is None:
             raise PsError(grpc.StatusCode.FAILED_PRECONDITION,
@@ -332,12 +346,13 @@ class PsClient:
                 return fn(request, timeout=timeout or self._deadline)
             except grpc.RpcError as e:
                 attempt += 1
-                if e.code() not in _RETRYABLE or attempt >= self._max_attempts:
+                if e.code() not in _RETRYABLE or attempt >= (attempts or self._max_attempts):
                     raise _error_from_rpc(e, f"master {self._master_address} {method}") from None
                 time.sleep(self._backoff(attempt))
 
-    def _map_from_master(self, require_live):
-        resp = self._master_call("GetShardMap", master_pb2.GetShardMapRequest())
+    def _map_from_master(self, require_live, attempts=None):
+        resp = self._master_call("GetShardMap", master_pb2.GetShardMapRequest(),
+                                 attempts=attempts)
         addresses = [p.address for p in resp.pods]
         if require_live:
             for v, o in enumerate(resp.owner):
@@ -407,7 +422,7 @@ class PsClient:
                 for t in d.dense:
                     self._dense.setdefault(t.spec.name, t.spec)
 
-    def refresh_map(self, seen_epoch=None):
+    def refresh_map(self, seen_epoch=None, attempts=None):
         """Reloads the shard map from the master (no-op without one). With `seen_epoch`,
         only if the current map is still that epoch (another thread may have refreshed)."""
         if self._master is None:
@@ -415,7 +430,7 @@ class PsClient:
         with self._map_lock:
             if seen_epoch is not None and self._map.epoch > seen_epoch:
                 return self._map
-            m = self._map_from_master(require_live=False)
+            m = self._map_from_master(require_live=False, attempts=attempts)
             if m.epoch != self._map.epoch:
                 log.info("shard map epoch %d -> %d", self._map.epoch, m.epoch)
             self._map = m
@@ -608,7 +623,8 @@ class PsClient:
                 raise PsError(code, f"{where}: {details} (static map: the servers must be "
                               "listed in --shard order)")
             seen = self._map.epoch
-            log.info("%s: %s; refreshing the shard map (epoch %d)", where, details, seen)
+            log.info("%s: %s (pod at epoch %s); refreshing the shard map (epoch %d)", where,
+                     details, _pod_epoch(err), seen)
             m = self.refresh_map(seen_epoch=seen)
             # Nothing of the request was applied: re-routed pushes get fresh keys.
             return self._reroute(op, part, m, keep_key=False)
@@ -616,7 +632,11 @@ class PsClient:
             if code == grpc.StatusCode.UNAVAILABLE:
                 part.unavailable += 1
                 if self._master is not None and part.unavailable >= _UNAVAILABLE_REFRESH_AFTER:
-                    m = self.refresh_map()
+                    try:  # one try: a master that is down too must not end the call
+                        m = self.refresh_map(attempts=1)
+                    except PsError as e:
+                        log.info("%s unavailable; shard map refresh failed: %s", where, e)
+                        return [part]
                     moved = self._reroute(op, part, m, keep_key=True)
                     if len(moved) != 1 or moved[0].address != part.address:
                         log.warning("%s unavailable; its ids moved to %s", where,

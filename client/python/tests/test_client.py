@@ -224,7 +224,10 @@ def test_threads_share_a_client(client):
     assert np.all(rows[:4] == -20) and np.all(rows[4] == -80)
 
 
-def test_pod_killed_and_restarted_while_pushing(cluster):
+def push_through(cluster, disturb):
+    """Pushes +1 (SGD, lr 1) to 200 rows in a loop while `disturb()` runs, and 30 more
+    pushes after it; returns the client, the push count and the count at the disturbance.
+    Every push must succeed, and the rows must equal -count exactly."""
     c = PsClient(master=cluster.master.address, deadline_s=3)
     c.create_table("crash", 4, optimizer="sgd", learning_rate=1.0, initializer="zeros")
     ids = np.arange(200)
@@ -235,26 +238,45 @@ def test_pod_killed_and_restarted_while_pushing(cluster):
             while pushes[0] < target[0]:
                 c.push("crash", ids, np.ones((200, 4)))
                 pushes[0] += 1
-                if pushes[0] >= 400:
-                    break
         except Exception as e:  # noqa: BLE001
             errors.append(e)
 
     t = threading.Thread(target=pusher)
     t.start()
     time.sleep(0.3)
-    at_kill = pushes[0]
-    cluster.restart_pod(0)  # SIGKILL, same id, port and data dir
-    target[0] = at_kill + 30  # keep pushing through the restart
-    t.join(60)
+    at = pushes[0]
+    try:
+        disturb()
+    finally:
+        target[0] = at + 30  # keep pushing through the disturbance
+        t.join(60)
     assert not t.is_alive() and not errors, errors
     n = pushes[0]
-    assert at_kill > 0 and n > at_kill + 10, (at_kill, n)
+    assert at > 0 and n == at + 30, (at, n)
     rows = c.pull("crash", ids)
     assert np.all(rows == -n), (n, np.unique(rows))
+    return c
+
+
+def test_pod_killed_and_restarted_while_pushing(cluster):
+    c = push_through(cluster, lambda: cluster.restart_pod(0))  # same id, port, data dir
     restarted = c.stats()[cluster.pods[0].address]
     assert restarted["recovered_rows"] + restarted["recovered_log_records"] > 0
-    assert restarted["uptime_seconds"] < 5
+    assert restarted["uptime_seconds"] < 10
+    c.close()
+
+
+def test_pod_moved_to_new_address_while_pushing(cluster):
+    old = cluster.pods[0].address
+
+    def move():
+        cluster.pods[0].kill()
+        cluster.pods[0] = cluster.start_pod(0, port=0)  # a new port: a new address
+
+    c = push_through(cluster, move)
+    new = cluster.pods[0].address
+    assert new != old
+    assert c.shard_map.addresses[c.shard_map.pod_ids.index("ps-0")] == new
     c.close()
 
 
