@@ -213,6 +213,30 @@ def _dedup(ids):
     return s[starts], order, starts, inverse
 
 
+def _segment_sum(sorted_rows, starts):
+    """Sums of the runs of `sorted_rows` (2-D float32) that begin at `starts`, each run
+    summed in order. Fast for the usual mix: many single rows, some short runs, few long
+    ones (np.add.reduceat alone costs microseconds per run)."""
+    n = sorted_rows.shape[0]
+    counts = np.diff(np.append(starts, n))
+    if counts.shape[0] == n:
+        return sorted_rows
+    out = sorted_rows[starts]  # a copy: the first row of every run
+    short_limit = 16
+    multi = np.flatnonzero((counts > 1) & (counts <= short_limit))
+    k = 1
+    while multi.shape[0]:
+        out[multi] += sorted_rows[starts[multi] + k]
+        k += 1
+        multi = multi[counts[multi] > k]
+    long_runs = np.flatnonzero(counts > short_limit)
+    if long_runs.shape[0]:
+        rows = np.concatenate([np.arange(starts[r], starts[r] + counts[r]) for r in long_runs])
+        local = np.concatenate([[0], np.cumsum(counts[long_runs])[:-1]])
+        out[long_runs] = np.add.reduceat(sorted_rows[rows], local, axis=0)
+    return out
+
+
 class _Part:
     """One RPC to one pod: `items` are (batch, positions into batch.uniq) for sparse calls,
     names (dense pull) or (name, grads, lr) (dense push)."""
@@ -718,9 +742,7 @@ class PsClient:
                               "nothing was sent")
             if n == 0:
                 continue
-            sorted_g = g[order]
-            b.grads = (sorted_g if starts.shape[0] == n else
-                       np.add.reduceat(sorted_g, starts, axis=0))
+            b.grads = _segment_sum(g[order], starts)
             b.lr = lr
             batches.append(b)
         items = [(b, np.arange(b.uniq.shape[0])) for b in batches]
