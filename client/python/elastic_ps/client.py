@@ -628,12 +628,16 @@ class PsClient:
                     op.on_ok(part, resp)
                 except PsError as failure:
                     errors.append(failure)
-            if errors:
+            if errors and not (op.keyed and retry):
                 raise errors[0]
+            # A push that failed on one pod still finishes its retries on the others, so
+            # that when it raises, every pod's part is settled (applied once, or refused).
             if retry:
                 time.sleep(self._backoff(max(p.attempt for p in retry)))
                 m = self._map
             parts = retry
+        if errors:
+            raise errors[0]
 
     def _on_failure(self, op, part, err):
         """The parts to send next for a failed part, or raises PsError."""
