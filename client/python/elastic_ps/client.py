@@ -197,11 +197,18 @@ class _Batch:
         self.lr = 0.0
 
 
-def _dedup(ids):
-    """(uniq, order, starts, inverse): uniq sorted distinct ids; ids[order] is sorted and
-    its runs start at `starts`; ids[i] == uniq[inverse[i]]."""
+def _dedup(ids, pods=None):
+    """(uniq, order, starts, inverse): the distinct ids, ids[order] has equal ids adjacent
+    (in their original order) with runs starting at `starts`, ids[i] == uniq[inverse[i]].
+    Ordered by id; with `pods` (the pod of every id), by pod first, so that each pod's ids
+    are a contiguous range of uniq (its request is a slice, not a gather)."""
     n = ids.shape[0]
     order = np.argsort(ids, kind="stable")
+    if pods is not None and n and int(pods.max()) > 0:
+        p = pods[order]
+        if int(p.max()) < 65536:
+            p = p.astype(np.uint16)  # a radix sort
+        order = order[np.argsort(p, kind="stable")]
     s = ids[order]
     first = np.empty(n, dtype=bool)
     if n:
@@ -693,7 +700,9 @@ class PsClient:
     def _batch(self, table, ids):
         spec = self.table(table)
         ids = routing.as_ids(ids)
-        uniq, order, starts, inverse = _dedup(ids)
+        m = self._map
+        pods = m.pods_of(table, ids) if len(m.addresses) > 1 and ids.shape[0] > 64 else None
+        uniq, order, starts, inverse = _dedup(ids, pods)
         b = _Batch(table, spec.dim, uniq, inverse)
         return b, order, starts
 
@@ -711,7 +720,7 @@ class PsClient:
             b, _, _ = self._batch(table, ids)
             b.rows = np.empty((b.uniq.shape[0], b.dim), dtype=np.float32)
             batches.append(b)
-        items = [(b, np.arange(b.uniq.shape[0])) for b in batches if b.uniq.shape[0]]
+        items = [(b, slice(0, b.uniq.shape[0])) for b in batches if b.uniq.shape[0]]
         if items:
             self._run(_SparseOp("Pull", read_only=read_only), items)
         return {b.table: b.rows[b.inverse] for b in batches}
@@ -749,7 +758,7 @@ class PsClient:
             b.grads = _segment_sum(g[order], starts)
             b.lr = lr
             batches.append(b)
-        items = [(b, np.arange(b.uniq.shape[0])) for b in batches]
+        items = [(b, slice(0, b.uniq.shape[0])) for b in batches]
         if items:
             self._run(_SparseOp("Push"), items)
 
@@ -839,12 +848,26 @@ class _SparseOp:
 
     @staticmethod
     def route(items, m):
+        """Splits (batch, pos) items by owning pod; pos is a slice or an index array of
+        batch.uniq. Ids already grouped by pod (see _dedup) stay slices."""
         per_pod = {}
         for b, pos in items:
-            pods = m.pods_of(b.table, b.uniq[pos])
-            if m.owner.shape[0] and len(m.addresses) == 1:
+            if len(m.addresses) == 1:
                 per_pod.setdefault(0, []).append((b, pos))
                 continue
+            pods = m.pods_of(b.table, b.uniq[pos])
+            if pods.shape[0] == 0:
+                continue
+            if np.all(pods[1:] >= pods[:-1]):  # grouped: contiguous ranges
+                cuts = (np.flatnonzero(pods[1:] != pods[:-1]) + 1).tolist()
+                bounds = [0, *cuts, pods.shape[0]]
+                for a, z in zip(bounds[:-1], bounds[1:]):
+                    sub = (slice(pos.start + a, pos.start + z) if isinstance(pos, slice)
+                           else pos[a:z])
+                    per_pod.setdefault(int(pods[a]), []).append((b, sub))
+                continue
+            if isinstance(pos, slice):
+                pos = np.arange(pos.start, pos.stop)
             order = np.argsort(pods, kind="stable")
             sp = pods[order]
             cuts = np.flatnonzero(sp[1:] != sp[:-1]) + 1
@@ -879,11 +902,16 @@ class _SparseOp:
                           f"{len(part.items)}")
         for (b, pos), t in zip(part.items, resp.tables):
             vals = np.frombuffer(t.values, dtype="<f4")
-            if vals.shape[0] != pos.shape[0] * b.dim:
+            n = _count(pos)
+            if vals.shape[0] != n * b.dim:
                 raise PsError(grpc.StatusCode.INTERNAL,
                               f"pod {part.address} answered {vals.shape[0]} floats of '{b.table}' "
-                              f"for {pos.shape[0]} rows of dim {b.dim}")
-            b.rows[pos] = vals.reshape(pos.shape[0], b.dim)
+                              f"for {n} rows of dim {b.dim}")
+            b.rows[pos] = vals.reshape(n, b.dim)
+
+
+def _count(pos):
+    return pos.stop - pos.start if isinstance(pos, slice) else pos.shape[0]
 
 
 class _DensePullOp:
