@@ -304,3 +304,20 @@ def test_static_map_without_master(tmp_path):
     finally:
         for p in pods:
             p.stop()
+
+
+def test_pod_down_for_good_fails_after_the_attempts(cluster):
+    with PsClient(master=cluster.master.address, max_attempts=3, deadline_s=2) as c:
+        c.create_table("down", 4, optimizer="sgd")
+        ids = np.arange(100)
+        c.pull("down", ids)
+        cluster.pods[1].kill()
+        t = time.monotonic()
+        with pytest.raises(PsError) as e:
+            c.push("down", ids, np.ones((100, 4)))
+        assert e.value.code == grpc.StatusCode.UNAVAILABLE
+        assert cluster.pods[1].address in e.value.message and "after 3 attempts" in e.value.message
+        assert time.monotonic() - t < 10
+        # the live pod's ids still work
+        mine = ids[c.shard_map.pods_of("down", ids) == 0]
+        assert c.pull("down", mine).shape == (mine.shape[0], 4)

@@ -160,3 +160,17 @@ def test_lost_lease_reregisters(cluster):
         assert w.client.incarnation == 2  # push keys follow the new incarnation
     finally:
         w.leave()
+
+
+def test_master_restart_mid_job(cluster):
+    with Worker(cluster.master.address, "restart") as w:
+        w.create_job(files=[("f", 60)], epochs=1, records_per_task=10)
+        done = []
+        for task in w.tasks():
+            if len(done) == 2:
+                cluster.restart_master()  # SIGKILL; same port and data dir
+            w.report(task)
+            done.append(task.task_id)
+        assert sorted(done) == list(range(6))
+        info = job_info(w)
+        assert info.state == master_pb2.JobInfo.SUCCEEDED and info.train_records_done == 60
