@@ -39,6 +39,7 @@ def binary(name, env):
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "integration: starts ps-master / ps-server processes")
+    config.addinivalue_line("markers", "lease_ms(n): the cluster fixture's lease")
 
 
 _PROCESS_FIXTURES = {"cluster", "shared_cluster"}
@@ -119,7 +120,7 @@ class Proc:
 class Cluster:
     """ps-master + `num_ps` durable pods registered with it."""
 
-    def __init__(self, tmp, num_ps=2, lease_ms=1000, data_dirs=True):
+    def __init__(self, tmp, num_ps=2, lease_ms=2000, data_dirs=True):
         self.tmp = Path(tmp)
         self.num_ps = num_ps
         self.lease_ms = lease_ms
@@ -189,7 +190,10 @@ class Cluster:
 
 @pytest.fixture
 def cluster(tmp_path, request):
-    c = Cluster(tmp_path)
+    """A fresh cluster per test. Lease 2 s (a loaded CI machine must not expire a live
+    worker's lease), or @pytest.mark.lease_ms(N) for tests that wait for an expiry."""
+    marker = request.node.get_closest_marker("lease_ms")
+    c = Cluster(tmp_path, lease_ms=marker.args[0] if marker else 2000)
     try:
         c.start()
         yield c

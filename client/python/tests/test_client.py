@@ -266,6 +266,7 @@ def test_pod_killed_and_restarted_while_pushing(cluster):
     c.close()
 
 
+@pytest.mark.lease_ms(1000)
 def test_pod_moved_to_new_address_while_pushing(cluster):
     old = cluster.pods[0].address
 
