@@ -769,6 +769,22 @@ class PsClient:
             raise ValueError(f"learning_rate {lr} must be finite and >= 0")
         return lr
 
+    # ---- asynchronous forms ----
+
+    def pull_async(self, table, ids, read_only=False):
+        """pull on the client's thread pool -> concurrent.futures.Future of the rows (e.g.
+        to prefetch the next batch). `ids` must not change until the future is done."""
+        return self._pool.submit(self.pull, table, ids, read_only)
+
+    def push_async(self, table, ids, grads, learning_rate=0.0):
+        """push on the client's thread pool -> Future (its result() raises what push would).
+        `ids` and `grads` must not change until the future is done."""
+        return self._pool.submit(self.push, table, ids, grads, learning_rate)
+
+    def push_multi_async(self, requests, learning_rate=0.0):
+        """push_multi on the client's thread pool -> Future."""
+        return self._pool.submit(self.push_multi, requests, learning_rate)
+
     # ---- dense ----
 
     def pull_dense(self, names):

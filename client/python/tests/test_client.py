@@ -322,3 +322,15 @@ def test_pod_down_for_good_fails_after_the_attempts(cluster):
         # the live pod's ids still work
         mine = ids[c.shard_map.pods_of("down", ids) == 0]
         assert c.pull("down", mine).shape == (mine.shape[0], 4)
+
+
+def test_async_forms(client):
+    client.create_table("async", 4, optimizer="sgd", learning_rate=1.0, initializer="zeros")
+    futures = [client.push_async("async", [k, 99], np.ones((2, 4))) for k in range(8)]
+    for f in futures:
+        assert f.result(timeout=30) is None
+    rows = client.pull_async("async", [0, 7, 99]).result(timeout=30)
+    assert np.all(rows[:2] == -1) and np.all(rows[2] == -8)
+    bad = client.push_async("async", [1], np.full((1, 4), np.nan))
+    with pytest.raises(PsError):
+        bad.result(timeout=30)
