@@ -44,6 +44,9 @@ class RowBatch {
   void AddRow(uint32_t table_no, int64_t id, uint64_t step, absl::Span<const float> weights,
               absl::Span<const float> slots);
   void AddDense(absl::string_view name, uint64_t step, absl::Span<const float> values);
+  // Deletes (a vshard moved away).
+  void DeleteRow(uint32_t table_no, int64_t id);
+  void DeleteDense(absl::string_view name);
   size_t bytes() const;
   size_t count() const { return count_; }
   void Clear();
