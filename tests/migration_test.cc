@@ -186,7 +186,8 @@ class MigrationTest : public testing::Test {
   }
 
   PodInfo::State StateOf(const std::string& pod) {
-    for (const PodInfo& p : Map().pods()) {
+    const ShardMapResponse map = Map();
+    for (const PodInfo& p : map.pods()) {
       if (p.pod_id() == pod) return p.state();
     }
     return PodInfo::UNKNOWN;
