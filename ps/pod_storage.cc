@@ -297,17 +297,22 @@ absl::Status PodStorage::WriteImported(const std::string& table, absl::Span<cons
     batch.AddRow(no, ids[i], steps[i], absl::MakeConstSpan(row, dim),
                  absl::MakeConstSpan(row + dim, row_floats - dim));
   }
-  return db_->WriteRows(&batch);
+  return db_->WriteRowsLogged(&batch);
 }
 
 absl::Status PodStorage::WriteImportedDense(const std::string& name, uint64_t step,
                                             absl::Span<const float> values) {
   RowBatch batch = db_->NewRowBatch();
   batch.AddDense(name, step, values);
-  return db_->WriteRows(&batch);
+  return db_->WriteRowsLogged(&batch);
 }
 
-absl::Status PodStorage::FlushImported() { return db_->FlushRows(); }
+absl::Status PodStorage::FlushImported() {
+  // Imported rows went through the WAL: written survives a process crash; fsync for
+  // the modes that promise more.
+  if (options_.log.durability == Durability::kProcess) return absl::OkStatus();
+  return db_->SyncLog();
+}
 
 absl::Status PodStorage::DropRows(
     const std::vector<std::pair<std::string, std::vector<int64_t>>>& rows,

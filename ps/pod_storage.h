@@ -71,8 +71,9 @@ class PodStorage {
   absl::Mutex& apply_mu() { return apply_mu_; }
   DurableLog& log() { return *log_; }
 
-  // Live migration (ps/ps_core_migrate.cc). Rows a move brought here (each `row_floats`
-  // = weights then slots per id): written now, durable after FlushImported. Thread-safe.
+  // Live migration (ps/ps_core_migrate.cc). Rows a move brought here (per id: `dim`
+  // weights then the slots), written through the WAL: durable (in the pod's durability
+  // mode) after FlushImported, with no memtable flush. Thread-safe.
   absl::Status WriteImported(const std::string& table, absl::Span<const int64_t> ids,
                              absl::Span<const uint64_t> steps, absl::Span<const float> values,
                              uint32_t dim);

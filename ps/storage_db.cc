@@ -324,6 +324,11 @@ absl::Status StorageDb::WriteRows(RowBatch* batch) {
   return FromRocks(rep_->db->Write(options, &batch->rep_->batch), "cannot write rows");
 }
 
+absl::Status StorageDb::WriteRowsLogged(RowBatch* batch) {
+  return FromRocks(rep_->db->Write(rocksdb::WriteOptions(), &batch->rep_->batch),
+                   "cannot write rows");
+}
+
 absl::Status StorageDb::FlushRows() {
   rocksdb::FlushOptions options;
   options.wait = true;

@@ -2,8 +2,10 @@
 // on loopback, several client threads pushing continuously through the C++ client
 // connected via the master. The cluster grows from 2 to 3 pods (rebalance) and shrinks back
 // (drain) while they push; then every row must equal exactly what the threads pushed
-// (nothing lost, nothing applied twice), and no error may have reached a caller. Also: a pod
-// SIGKILLed and restarted (same identity and data dir, a new port) while clients push.
+// (nothing lost, nothing applied twice), and no error may have reached a caller; the new pod
+// is SIGKILLed right after the rebalance and restarted, so what it received must be durable.
+// Also: a pod SIGKILLed and restarted (same identity and data dir, a new port) while
+// clients push.
 #include <grpcpp/grpcpp.h>
 #include <unistd.h>
 
@@ -132,12 +134,13 @@ class MigrationTest : public testing::Test {
 
   std::string Path(const std::string& name) const { return absl::StrCat(tmp_.path(), "/", name); }
 
-  absl::StatusOr<int> StartServer(const std::string& name, std::vector<std::string> argv) {
+  absl::StatusOr<int> StartServer(const std::string& name, std::vector<std::string> argv,
+                                  int port = 0) {
     children_[name].reset();
     const std::string port_file = Path(name + ".port");
     unlink(port_file.c_str());
     argv.push_back("--host=127.0.0.1");
-    argv.push_back("--port=0");
+    argv.push_back(absl::StrCat("--port=", port));
     argv.push_back("--port_file=" + port_file);
     auto child = ChildProcess::Start(argv, Path(name + ".log"));
     if (!child.ok()) return child.status();
@@ -168,7 +171,12 @@ class MigrationTest : public testing::Test {
             "--shutdown_grace_ms=200"};
   }
 
-  void StartPod(int i) { ASSERT_TRUE(StartServer(absl::StrCat("ps-", i), PodArgs(i)).ok()); }
+  // Returns the pod's port.
+  int StartPod(int i, int port = 0) {
+    auto p = StartServer(absl::StrCat("ps-", i), PodArgs(i), port);
+    EXPECT_TRUE(p.ok()) << p.status();
+    return p.ok() ? *p : 0;
+  }
 
   ShardMapResponse Map() {
     grpc::ClientContext ctx;
@@ -255,7 +263,7 @@ TEST_F(MigrationTest, ScaleOutThenDrainWhileClientsPushIsExact) {
   absl::SleepFor(absl::Milliseconds(800));
 
   // Scale out: ps-2 joins (the map had 2 pods) and rebalance moves vshards onto it.
-  StartPod(2);
+  const int port2 = StartPod(2);
   WaitLive("ps-2");
   {
     grpc::ClientContext ctx;
@@ -267,8 +275,12 @@ TEST_F(MigrationTest, ScaleOutThenDrainWhileClientsPushIsExact) {
   }
   auto owned = Owned();
   EXPECT_EQ(owned["ps-2"], 21);
+  // What ps-2 received is durable: SIGKILLed at once and restarted (same identity, data
+  // dir and address), it serves the moved rows again.
+  children_["ps-2"]->Kill();
+  ASSERT_EQ(StartPod(2, port2), port2);
   const uint64_t before_drain = pushers.pushes();
-  absl::SleepFor(absl::Milliseconds(500));
+  absl::SleepFor(absl::Milliseconds(800));
   EXPECT_GT(pushers.pushes(), before_drain);  // pushing on across the new map
 
   // Scale in: drain ps-2; it then owns nothing and shows DRAINED.
