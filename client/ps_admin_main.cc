@@ -23,6 +23,9 @@ DEFINE_bool(json, false,
             "message, one object) instead of tables: for scripts.");
 DEFINE_int32(timeout_ms, 3000,
              "Deadline of each call to the master; an unreachable master fails after it.");
+DEFINE_int32(move_timeout_ms, 1800000,
+             "Deadline of drain and rebalance, which return once their vshard moves are done "
+             "(progress shows in `status` meanwhile).");
 
 namespace {
 
@@ -58,10 +61,10 @@ class Admin {
   template <typename Req, typename Resp>
   bool Call(const char* what,
             grpc::Status (ps::Master::Stub::*rpc)(grpc::ClientContext*, const Req&, Resp*),
-            const Req& req, Resp* resp) {
+            const Req& req, Resp* resp, int timeout_ms = 0) {
     grpc::ClientContext ctx;
     ctx.set_deadline(std::chrono::system_clock::now() +
-                     std::chrono::milliseconds(FLAGS_timeout_ms));
+                     std::chrono::milliseconds(timeout_ms > 0 ? timeout_ms : FLAGS_timeout_ms));
     grpc::Status s = (stub_.get()->*rpc)(&ctx, req, resp);
     if (s.ok()) return true;
     if (s.error_code() == grpc::StatusCode::UNAVAILABLE ||
@@ -180,17 +183,23 @@ int Main(const std::vector<std::string>& args) {
     ps::DrainRequest req;
     req.set_pod_id(args[1]);
     ps::DrainResponse r;
-    if (!admin.Call("drain", &Master::Stub::Drain, req, &r)) return 1;
+    if (!admin.Call("drain", &Master::Stub::Drain, req, &r, FLAGS_move_timeout_ms)) return 1;
     return Print(r, [&] {
-      return "pod " + args[1] + " owns no vshards; shard map epoch " + std::to_string(r.epoch()) +
-             "\n";
+      return "pod " + args[1] + " drained (" + std::to_string(r.moved_vshards()) +
+             " vshards moved); it owns no vshards and can be removed; shard map epoch " +
+             std::to_string(r.epoch()) + "\n";
     });
   }
   if (cmd == "rebalance") {
     ps::RebalanceResponse r;
-    if (!admin.Call("rebalance", &Master::Stub::Rebalance, ps::RebalanceRequest(), &r)) return 1;
-    return Print(r,
-                 [&] { return "balanced; shard map epoch " + std::to_string(r.epoch()) + "\n"; });
+    if (!admin.Call("rebalance", &Master::Stub::Rebalance, ps::RebalanceRequest(), &r,
+                    FLAGS_move_timeout_ms)) {
+      return 1;
+    }
+    return Print(r, [&] {
+      return "balanced (" + std::to_string(r.moved_vshards()) +
+             " vshards moved); shard map epoch " + std::to_string(r.epoch()) + "\n";
+    });
   }
   ps::CheckpointResponse r;
   if (!admin.Call("checkpoint", &Master::Stub::Checkpoint, ps::CheckpointRequest(), &r)) return 1;

@@ -65,7 +65,7 @@ absl::Status DenseTensor::Restore(absl::Span<const float> values, uint64_t step)
 bool DenseTensor::Snapshot(bool always, std::vector<float>* values, uint64_t* step) {
   absl::MutexLock lock(&mu_);
   if (!dirty_ && !always) return false;
-  dirty_ = false;
+  if (!always) dirty_ = false;  // `always` is a read (e.g. a migration), not a write-out
   *values = values_;
   *step = step_;
   return true;

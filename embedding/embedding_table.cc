@@ -32,10 +32,12 @@ struct RowLayout {
 class alignas(64) Stripe {
  public:
   SpinLock mu;
-  RowIndex index ABSL_GUARDED_BY(mu);               // id -> slot; Prefetch needs no lock
-  std::vector<float*> blocks ABSL_GUARDED_BY(mu);   // owned by the table's arena
-  std::vector<int64_t> ids ABSL_GUARDED_BY(mu);     // slot -> id
-  std::vector<uint64_t> dirty ABSL_GUARDED_BY(mu);  // bit per slot (with track_dirty)
+  RowIndex index ABSL_GUARDED_BY(mu);                // id -> slot; Prefetch needs no lock
+  std::vector<float*> blocks ABSL_GUARDED_BY(mu);    // owned by the table's arena
+  std::vector<int64_t> ids ABSL_GUARDED_BY(mu);      // slot -> id
+  std::vector<uint64_t> dirty ABSL_GUARDED_BY(mu);   // bit per slot (with track_dirty)
+  std::vector<uint64_t> vacant ABSL_GUARDED_BY(mu);  // bit per slot: erased, reusable
+  std::vector<uint32_t> free_slots ABSL_GUARDED_BY(mu);
   uint32_t used_slots ABSL_GUARDED_BY(mu) = 0;
 };
 
@@ -113,6 +115,25 @@ class EmbeddingTableImpl final : public EmbeddingTable {
     SetStep(row, step);
   }
 
+  size_t Erase(absl::Span<const int64_t> ids) override {
+    size_t erased = 0;
+    for (int64_t id : ids) {
+      const uint64_t h = RouteHash(name_hash_, id);
+      Stripe& s = StripeOf(h);
+      SpinLockHolder lock(&s.mu);
+      const uint32_t* found = s.index.Find(id, h);
+      if (found == nullptr) continue;
+      const uint32_t slot = *found;
+      s.index.Erase(id, h);
+      s.vacant[slot >> 6] |= uint64_t{1} << (slot & 63);
+      if (track_dirty_) s.dirty[slot >> 6] &= ~(uint64_t{1} << (slot & 63));
+      s.free_slots.push_back(slot);
+      rows_.fetch_sub(1, std::memory_order_relaxed);
+      ++erased;
+    }
+    return erased;
+  }
+
   size_t CollectDirty(const std::function<void(const RowView&)>& fn,
                       const std::function<void()>& between) override {
     return Scan(/*dirty_only=*/true, fn, between);
@@ -161,8 +182,9 @@ class EmbeddingTableImpl final : public EmbeddingTable {
   uint32_t FindOrCreate(Stripe& s, int64_t id, uint64_t h) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mu) {
     const uint32_t* slot = s.index.Find(id, h);
     if (slot != nullptr) return *slot;
-    CreateRow(s, id, h);
-    return s.used_slots - 1;
+    uint32_t created;
+    CreateRow(s, id, h, &created);
+    return created;
   }
 
   void MarkDirty(Stripe& s, uint32_t slot) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mu) {
@@ -182,6 +204,7 @@ class EmbeddingTableImpl final : public EmbeddingTable {
         if (begin >= s.used_slots) break;
         const uint32_t end = std::min(s.used_slots, begin + kScanChunk);
         for (uint32_t slot = begin; slot < end; ++slot) {
+          if ((s.vacant[slot >> 6] >> (slot & 63)) & 1) continue;
           if (dirty_only) {
             uint64_t& word = s.dirty[slot >> 6];
             const uint64_t bit = uint64_t{1} << (slot & 63);
@@ -256,14 +279,25 @@ class EmbeddingTableImpl final : public EmbeddingTable {
     return s.blocks[slot / rows_per_block_] + (slot % rows_per_block_) * layout_.stride;
   }
 
-  float* CreateRow(Stripe& s, int64_t id, uint64_t h) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mu) {
-    const uint32_t slot = s.used_slots++;
-    if (slot / rows_per_block_ >= s.blocks.size()) {
-      s.blocks.push_back(
-          static_cast<float*>(arena_.Allocate(rows_per_block_ * layout_.stride * sizeof(float))));
+  float* CreateRow(Stripe& s, int64_t id, uint64_t h, uint32_t* created_slot = nullptr)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mu) {
+    uint32_t slot;
+    if (!s.free_slots.empty()) {  // reuse an erased row's slot
+      slot = s.free_slots.back();
+      s.free_slots.pop_back();
+      s.vacant[slot >> 6] &= ~(uint64_t{1} << (slot & 63));
+      s.ids[slot] = id;
+    } else {
+      slot = s.used_slots++;
+      if (slot / rows_per_block_ >= s.blocks.size()) {
+        s.blocks.push_back(
+            static_cast<float*>(arena_.Allocate(rows_per_block_ * layout_.stride * sizeof(float))));
+      }
+      s.ids.push_back(id);
+      if ((slot & 63) == 0) s.vacant.push_back(0);
+      if (track_dirty_ && (slot & 63) == 0) s.dirty.push_back(0);
     }
-    s.ids.push_back(id);
-    if (track_dirty_ && (slot & 63) == 0) s.dirty.push_back(0);
+    if (created_slot != nullptr) *created_slot = slot;
     const size_t index_bytes = s.index.memory_bytes();
     s.index.Insert(id, h, slot);
     index_bytes_.fetch_add(s.index.memory_bytes() - index_bytes, std::memory_order_relaxed);

@@ -22,8 +22,10 @@ DEFINE_uint32(num_vshards, 256,
               "Virtual shards in the cluster (power of two, the pods' --num_vshards). Fixed "
               "when the data dir is first used.");
 DEFINE_uint32(num_ps, 1,
-              "Expected PS pods: vshards are assigned to ps-0..ps-(N-1) in contiguous ranges, "
-              "as `ps-server --shard=i/N` would own them. Fixed when the data dir is first used.");
+              "Initial PS pods of a new cluster: vshards start assigned to ps-0..ps-(N-1) in "
+              "contiguous ranges, as `ps-server --shard=i/N` would own them. Ignored once the "
+              "data dir exists: more pods join by registering and get vshards from "
+              "`ps-admin rebalance`; `ps-admin drain` empties one.");
 DEFINE_int64(lease_ms, 10000,
              "Pods and workers that send no heartbeat for this long are LOST; a lost worker's "
              "tasks go back to the queue.");
@@ -31,6 +33,11 @@ DEFINE_uint32(max_task_failures, 3,
               "A task that fails this many times (failed reports plus lost workers) is marked "
               "failed and reported in status and in its job's result.");
 DEFINE_int32(threads, 4, "Threads that run master requests.");
+DEFINE_uint32(vshards_per_move, 4,
+              "Vshards copied (and fenced) together by one live move of drain/rebalance.");
+DEFINE_uint32(fence_rows, 2000,
+              "A move's catch-up rounds stop, and its brief fence starts, once a round has "
+              "at most this many changed rows.");
 DEFINE_int32(shutdown_grace_ms, 2000,
              "On SIGTERM/SIGINT: stop accepting, let calls in flight finish for this long.");
 
@@ -50,6 +57,8 @@ int Main() {
   options.core.num_ps = FLAGS_num_ps;
   options.core.lease = absl::Milliseconds(FLAGS_lease_ms);
   options.core.max_task_failures = FLAGS_max_task_failures;
+  options.core.vshards_per_move = FLAGS_vshards_per_move;
+  options.core.fence_rows = FLAGS_fence_rows;
 
   // SIGTERM/SIGINT are taken by a thread that runs the graceful shutdown.
   ps::ShutdownSignal shutdown_signal;

@@ -93,16 +93,15 @@ class MasterAgentImpl final : public MasterAgent {
   // Installs the assignment if it differs from the core's ownership, and syncs the catalog.
   absl::Status Apply(const PodAssignment& a) {
     heartbeat_interval_ = std::max(absl::Milliseconds(10), absl::Milliseconds(a.lease_ms()) / 3);
-    std::vector<uint32_t> owned(a.owned_vshards().begin(), a.owned_vshards().end());
-    auto next = ShardOwnership::Create(a.num_vshards(), a.epoch(), owned);
-    if (!next.ok()) return next.status();
-    auto current = core_->ownership();
-    if (current->epoch() != next->epoch() || current->num_vshards() != next->num_vshards() ||
-        current->Bitmap() != next->Bitmap()) {
-      LOG(INFO) << "pod " << options_.pod_id << ": shard map epoch " << next->epoch() << ", owning "
-                << next->owned_count() << " of " << next->num_vshards() << " vshards";
-      core_->SetOwnership(*std::move(next));
-    }
+    Assignment assignment;
+    assignment.set_epoch(a.epoch());
+    assignment.set_num_vshards(a.num_vshards());
+    *assignment.mutable_owned() = a.owned_vshards();
+    *assignment.mutable_moving_in() = a.moving_in();
+    *assignment.mutable_moving_out() = a.moving_out();
+    ApplyAssignmentResponse applied;
+    // Ignored when older than what the master already sent the pod directly.
+    if (absl::Status s = core_->ApplyAssignment(assignment, &applied); !s.ok()) return s;
     if (a.catalog_version() != catalog_version_) return SyncCatalog(a.catalog_version());
     return absl::OkStatus();
   }

@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "proto/wire.h"
+#include "ps/migrate_import.h"
 
 namespace ps {
 
@@ -137,6 +138,27 @@ PS_RPC(Describe, DescribeRequest, DescribeResponse)
 PS_RPC(PullDense, DensePullRequest, DensePullResponse)
 PS_RPC(Stats, StatsRequest, StatsResponse)
 PS_RPC(Checkpoint, PodCheckpointRequest, PodCheckpointResponse)
+PS_RPC(MigrateBegin, MigrateBeginRequest, MigrateBeginResponse)
+PS_RPC(MigrateExport, MigrateExportRequest, MigrateExportResponse)
+
+grpc::ServerUnaryReactor* PsService::ApplyAssignment(grpc::CallbackServerContext* ctx,
+                                                     const Assignment* req,
+                                                     ApplyAssignmentResponse* resp) {
+  return Run(ctx, req, resp, &PsCore::ApplyAssignment);
+}
+
+grpc::ServerUnaryReactor* PsService::MigrateImport(grpc::CallbackServerContext* ctx,
+                                                   const MigrateImportRequest* req,
+                                                   MigrateImportResponse* resp) {
+  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+  PsCore* core = core_;
+  if (!migrate_pool_.TrySubmit([core, req, resp, reactor] {
+        reactor->Finish(ToGrpcStatus(RunMigrateImport(core, *req, resp)));
+      })) {
+    reactor->Finish(grpc::Status(grpc::StatusCode::UNAVAILABLE, "too many imports queued"));
+  }
+  return reactor;
+}
 
 #undef PS_RPC
 

@@ -25,7 +25,10 @@ class PsService final
   // `core` and `pool` must outlive the service. Pulls and pushes whose request is at most
   // `inline_request_bytes` run on gRPC's thread instead of the pool.
   PsService(PsCore* core, WorkPool* pool, size_t inline_request_bytes = 0)
-      : core_(core), pool_(pool), inline_request_bytes_(inline_request_bytes) {}
+      : core_(core),
+        pool_(pool),
+        inline_request_bytes_(inline_request_bytes),
+        migrate_pool_(WorkPoolOptions{1, 4}) {}
 
   grpc::ServerUnaryReactor* CreateTable(grpc::CallbackServerContext* ctx,
                                         const CreateTableRequest* req,
@@ -48,6 +51,18 @@ class PsService final
   grpc::ServerUnaryReactor* Checkpoint(grpc::CallbackServerContext* ctx,
                                        const PodCheckpointRequest* req,
                                        PodCheckpointResponse* resp) override;
+  grpc::ServerUnaryReactor* ApplyAssignment(grpc::CallbackServerContext* ctx, const Assignment* req,
+                                            ApplyAssignmentResponse* resp) override;
+  grpc::ServerUnaryReactor* MigrateBegin(grpc::CallbackServerContext* ctx,
+                                         const MigrateBeginRequest* req,
+                                         MigrateBeginResponse* resp) override;
+  grpc::ServerUnaryReactor* MigrateExport(grpc::CallbackServerContext* ctx,
+                                          const MigrateExportRequest* req,
+                                          MigrateExportResponse* resp) override;
+  // Runs on its own thread (a move takes seconds): never holds a request worker.
+  grpc::ServerUnaryReactor* MigrateImport(grpc::CallbackServerContext* ctx,
+                                          const MigrateImportRequest* req,
+                                          MigrateImportResponse* resp) override;
 
  private:
   // Runs `work` (inline if request_bytes <= inline_request_bytes_, else on the pool); the
@@ -62,6 +77,7 @@ class PsService final
   PsCore* const core_;
   WorkPool* const pool_;
   const size_t inline_request_bytes_;
+  WorkPool migrate_pool_;  // one import at a time
 };
 
 // absl::Status -> grpc::Status (the codes are the same google.rpc.Code values).
