@@ -124,6 +124,13 @@ void Invoke(Pod& pod, RawMethod method, grpc::ClientContext* ctx, const grpc::By
                                               std::move(done));
 }
 
+// The channels of `options.security`; its files were read once already by Connect, so a
+// failure here (a file removed since) leaves plain text without a token, which a secured
+// server refuses.
+ChannelMaker Channels(const ClientOptions& options) {
+  return ChannelMaker::Create(options.security).value_or(ChannelMaker());
+}
+
 class PsClientImpl final : public PsClient {
  public:
   explicit PsClientImpl(const ClientOptions& options, ShardMap map)
@@ -132,6 +139,7 @@ class PsClientImpl final : public PsClient {
       std::random_device rd;
       while (worker_id_ == 0) worker_id_ = (uint64_t{rd()} << 32) | rd();
     }
+    const ChannelMaker channels = Channels(options_);
     for (const std::string& address : options_.servers) {
       auto pod = std::make_unique<Pod>();
       pod->address = address;
@@ -147,7 +155,7 @@ class PsClientImpl final : public PsClient {
         args.SetInt("ps.channel_index", c);
         args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, options_.initial_backoff_ms);
         args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, options_.max_backoff_ms);
-        auto channel = grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);
+        auto channel = channels.Make(address, args);
         pod->stubs.push_back(ParameterServer::NewStub(channel));
         pod->raw_stubs.push_back(std::make_unique<grpc::GenericStub>(channel));
       }
@@ -646,8 +654,7 @@ namespace {
 // not live (still starting, or restarting).
 absl::StatusOr<std::pair<std::vector<std::string>, ShardMap>> MapFromMaster(
     const ClientOptions& options) {
-  auto stub =
-      Master::NewStub(grpc::CreateChannel(options.master, grpc::InsecureChannelCredentials()));
+  auto stub = Master::NewStub(Channels(options).Make(options.master));
   grpc::ClientContext ctx;
   ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
   ShardMapResponse resp;
@@ -680,6 +687,7 @@ absl::StatusOr<std::unique_ptr<PsClient>> PsClient::Connect(const ClientOptions&
   if (options.servers.empty() && options.master.empty()) {
     return absl::InvalidArgumentError("no PS servers and no master given");
   }
+  RETURN_IF_ERROR(ChannelMaker::Create(options.security).status());
   if (options.deadline_ms <= 0 || options.max_attempts < 1 || options.initial_backoff_ms < 1 ||
       options.max_backoff_ms < options.initial_backoff_ms) {
     return absl::InvalidArgumentError(

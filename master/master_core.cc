@@ -262,6 +262,24 @@ absl::Status MasterCore::PodHeartbeat(const PodHeartbeatRequest& req, PodHeartbe
   return absl::OkStatus();
 }
 
+absl::Status MasterCore::LeavePod(const LeavePodRequest& req, LeavePodResponse*) {
+  absl::MutexLock lock(&mu_);
+  auto it = pods_.find(req.pod_id());
+  if (it == pods_.end()) {
+    return absl::NotFoundError(absl::StrCat("pod ", req.pod_id(), " is not registered"));
+  }
+  if (it->second.record.address() != req.address()) {
+    return absl::FailedPreconditionError(absl::StrCat("pod ", req.pod_id(), " is registered at ",
+                                                      it->second.record.address(), ", not ",
+                                                      req.address()));
+  }
+  it->second.lease_deadline = Now();
+  it->second.lost_logged = true;
+  LOG(INFO) << "pod " << req.pod_id() << " at " << req.address()
+            << " left (shutting down); its vshards stay assigned to it, epoch " << map_.epoch();
+  return absl::OkStatus();
+}
+
 std::vector<std::string> MasterCore::KnownPodIds() const {
   std::set<std::string> ids(map_.owner().begin(), map_.owner().end());
   for (const auto& [id, pod] : pods_) ids.insert(id);
@@ -451,6 +469,7 @@ absl::Status MasterCore::ExpireLeases() {
   for (auto& [id, pod] : pods_) {
     if (pod.lease_deadline <= now && !pod.lost_logged) {
       pod.lost_logged = true;
+      pod_lease_losses_.fetch_add(1);
       LOG(WARNING) << "pod " << id << " at " << pod.record.address() << " LOST: no heartbeat for "
                    << absl::FormatDuration(options_.lease + (now - pod.lease_deadline));
     }
@@ -469,6 +488,7 @@ absl::Status MasterCore::ExpireLeases() {
     RETURN_IF_ERROR(store_->Write(batch));
     w.record = std::move(record);
     for (const Task& t : requeued) ApplyTask(t);
+    worker_lease_losses_.fetch_add(1);
     LOG(WARNING) << "worker " << id << " LOST; " << requeued.size() << " tasks re-queued";
   }
   return absl::OkStatus();

@@ -20,6 +20,7 @@
 //   A worker that leaves (LeaveWorker) re-queues its tasks without a failure.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -69,6 +70,7 @@ class MasterCore {
   // proto's header comment); on error nothing changed. Thread-safe.
   absl::Status RegisterPod(const RegisterPodRequest& req, RegisterPodResponse* resp);
   absl::Status PodHeartbeat(const PodHeartbeatRequest& req, PodHeartbeatResponse* resp);
+  absl::Status LeavePod(const LeavePodRequest& req, LeavePodResponse* resp);
   absl::Status GetShardMap(const GetShardMapRequest& req, ShardMapResponse* resp);
   absl::Status CreateTable(const CreateTableRequest& req, CreateTableResponse* resp);
   absl::Status CreateDense(const CreateDenseRequest& req, CreateDenseResponse* resp);
@@ -89,6 +91,10 @@ class MasterCore {
   absl::Status ExpireLeases();
 
   const MasterOptions& options() const { return options_; }
+
+  // Leases that ran out since Open (pods, workers); for metrics. Thread-safe.
+  uint64_t pod_lease_losses() const { return pod_lease_losses_.load(); }
+  uint64_t worker_lease_losses() const { return worker_lease_losses_.load(); }
 
  private:
   struct Pod {
@@ -149,6 +155,7 @@ class MasterCore {
   std::map<std::string, DenseSpec> dense_ ABSL_GUARDED_BY(mu_);
   std::map<uint64_t, Worker> workers_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, Job> jobs_ ABSL_GUARDED_BY(mu_);
+  std::atomic<uint64_t> pod_lease_losses_{0}, worker_lease_losses_{0};
 };
 
 }  // namespace ps

@@ -40,6 +40,14 @@ grpc::ServerUnaryReactor* PsService::Submit(grpc::CallbackServerContext* ctx,
                                             std::function<void(PsCore::Done)> work,
                                             size_t request_bytes) {
   grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+  if (auth_ != nullptr) {
+    if (absl::Status s = auth_->Check(*ctx); !s.ok()) {
+      LOG_EVERY_N(WARNING, 100) << "refused a call from " << ctx->peer() << ": " << s
+                                << " (every 100th refusal is logged)";
+      reactor->Finish(ToGrpcStatus(s));
+      return reactor;
+    }
+  }
   PsCore* core = core_;
   PsCore::Done finish = [core, ctx, reactor](absl::Status s) {
     if (!s.ok()) {

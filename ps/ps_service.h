@@ -12,6 +12,7 @@
 
 #include <functional>
 
+#include "embedding/transport_security.h"
 #include "proto/ps.grpc.pb.h"
 #include "ps/ps_core.h"
 #include "ps/work_pool.h"
@@ -22,10 +23,12 @@ class PsService final
     : public ParameterServer::WithRawCallbackMethod_Pull<
           ParameterServer::WithRawCallbackMethod_Push<ParameterServer::CallbackService>> {
  public:
-  // `core` and `pool` must outlive the service. Pulls and pushes whose request is at most
-  // `inline_request_bytes` run on gRPC's thread instead of the pool.
-  PsService(PsCore* core, WorkPool* pool, size_t inline_request_bytes = 0)
-      : core_(core), pool_(pool), inline_request_bytes_(inline_request_bytes) {}
+  // `core` and `pool` (and `auth`, if given) must outlive the service. Pulls and pushes
+  // whose request is at most `inline_request_bytes` run on gRPC's thread instead of the
+  // pool. With `auth`, every RPC is checked first and refused with UNAUTHENTICATED.
+  PsService(PsCore* core, WorkPool* pool, size_t inline_request_bytes = 0,
+            const TokenAuthenticator* auth = nullptr)
+      : core_(core), pool_(pool), inline_request_bytes_(inline_request_bytes), auth_(auth) {}
 
   grpc::ServerUnaryReactor* CreateTable(grpc::CallbackServerContext* ctx,
                                         const CreateTableRequest* req,
@@ -62,6 +65,7 @@ class PsService final
   PsCore* const core_;
   WorkPool* const pool_;
   const size_t inline_request_bytes_;
+  const TokenAuthenticator* const auth_;  // null: no token required
 };
 
 // absl::Status -> grpc::Status (the codes are the same google.rpc.Code values).
