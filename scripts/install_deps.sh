@@ -17,6 +17,9 @@ PACKAGES=(
   libhiredis-dev redis-server
   # process tools used by the launcher and the integration tests
   procps
+  # observability and deployment tests: a real Prometheus scraping a local cluster,
+  # certificates for the TLS tests, YAML for the Kubernetes manifest test
+  prometheus openssl python3-yaml
 )
 
 missing=()
