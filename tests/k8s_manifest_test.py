@@ -11,8 +11,13 @@ Usage: k8s_manifest_test.py BUILD_DIR   (exit 77 = skipped: kubectl or PyYAML mi
 import os
 import re
 import shutil
+import signal
+import socket
 import subprocess
 import sys
+import tempfile
+import time
+import urllib.request
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 K8S = os.path.join(ROOT, "docker", "k8s")
@@ -25,10 +30,13 @@ except ImportError:
     sys.exit(SKIP)
 
 failures = []
+passed = []
 
 
 def check(cond, what):
-    if not cond:
+    if cond:
+        passed.append(what)
+    else:
         failures.append(what)
         print("FAIL:", what)
 
@@ -75,7 +83,82 @@ def flag(args, name):
     return None
 
 
-def check_overlay(name, path, build_dir):
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_file(path, proc, seconds=20):
+    end = time.time() + seconds
+    while time.time() < end and proc.poll() is None:
+        if os.path.exists(path) and open(path).read().strip():
+            return int(open(path).read())
+        time.sleep(0.05)
+    return None
+
+
+def run_on_loopback(name, commands, build_dir):
+    """Starts the master and pod ps-0 with the containers' expanded arguments, on loopback:
+    only the host, ports, data dirs and the addresses derived from them are overridden
+    (later flags win). The pod must register and become ready, and both must exit 0 on
+    SIGTERM, as the kubelet would stop them."""
+    tmp = tempfile.mkdtemp(prefix="k8s_manifest_test.")
+    procs = []
+    for mount in ("master", "ps-0"):  # the volumes' mount points
+        os.makedirs(os.path.join(tmp, mount))
+    try:
+        def start(role, extra):
+            binary, args = commands[role]
+            log = open(os.path.join(tmp, role + ".log"), "w")
+            p = subprocess.Popen([os.path.join(build_dir, "bin", binary)] + args + extra,
+                                 stdout=log, stderr=subprocess.STDOUT)
+            procs.append((role, p))
+            return p
+        m = start("master", ["--host=127.0.0.1", "--port=0",
+                             f"--port_file={tmp}/master.port",
+                             "--metrics_port=0", f"--metrics_port_file={tmp}/master.mport",
+                             f"--data_dir={tmp}/master/db"])
+        mport = wait_file(f"{tmp}/master.port", m)
+        check(mport is not None, f"{name}: ps-master runs with its manifest's flags")
+        if mport is None:
+            return
+        pod_port = free_port()
+        p = start("ps", ["--host=127.0.0.1", f"--port={pod_port}",
+                         f"--advertise_address=127.0.0.1:{pod_port}",
+                         f"--master=127.0.0.1:{mport}", "--metrics_port=0",
+                         f"--metrics_port_file={tmp}/ps.mport", f"--data_dir={tmp}/ps-0/db"])
+        pm = wait_file(f"{tmp}/ps.mport", p)
+        ready = False
+        end = time.time() + 20
+        while pm is not None and time.time() < end and not ready:
+            try:
+                ready = urllib.request.urlopen(f"http://127.0.0.1:{pm}/healthz",
+                                               timeout=2).status == 200
+            except OSError:
+                time.sleep(0.1)
+        check(ready, f"{name}: ps-server with its manifest's flags registers and becomes ready")
+        for role, proc in reversed(procs):
+            proc.send_signal(signal.SIGTERM)
+            try:
+                rc = proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                rc = "timeout"
+            check(rc == 0, f"{name}: {role} exits 0 on SIGTERM (got {rc})")
+    finally:
+        for role, proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        if failures:
+            for f in sorted(os.listdir(tmp)):
+                if f.endswith(".log"):
+                    print(f"---- {f}:\n" + open(os.path.join(tmp, f)).read()[-3000:])
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def check_overlay(name, path, build_dir, run=False):
     print(f"== {name}: kubectl kustomize {os.path.relpath(path, ROOT)}")
     docs = render(path)
     by = {(d["kind"], d["metadata"]["name"]): d for d in docs}
@@ -99,6 +182,7 @@ def check_overlay(name, path, build_dir):
     if ps is None or master is None or workers is None:
         return
     namespace = ps["metadata"].get("namespace", "default")
+    commands = {}
 
     # --- PS pods
     check(ps["spec"]["replicas"] == int(cfg["NUM_PS"]),
@@ -200,12 +284,16 @@ def check_overlay(name, path, build_dir):
         else:
             check(flag(expanded, "num_ps") == str(ps["spec"]["replicas"]),
                   f"{name}/master: --num_ps equals the PS replicas")
+        commands[role] = (binary, expanded)
         bin_path = os.path.join(build_dir, "bin", binary)
         r = subprocess.run([bin_path] + expanded + ["--check_flags"], capture_output=True,
                            text=True)
         check(r.returncode == 0 and "flags ok" in r.stdout,
               f"{name}/{role}: {binary} accepts {' '.join(expanded)}: rc {r.returncode} "
               f"{r.stdout.strip()} {r.stderr.strip()[-300:]}")
+
+    if run:
+        run_on_loopback(name, commands, build_dir)
 
     pdb = [d for d in docs if d["kind"] == "PodDisruptionBudget"]
     check(len(pdb) == 1 and pdb[0]["spec"]["selector"]["matchLabels"].items()
@@ -247,14 +335,18 @@ def main():
     build_dir = sys.argv[1]
     check_overlay("base", os.path.join(K8S, "base"), build_dir)
     for overlay in sorted(os.listdir(os.path.join(K8S, "overlays"))):
-        check_overlay(overlay, os.path.join(K8S, "overlays", overlay), build_dir)
+        check_overlay(overlay, os.path.join(K8S, "overlays", overlay), build_dir,
+                      run=overlay == "local")
     prod = render(os.path.join(K8S, "overlays", "production"))
     cfg = [d for d in prod if d["kind"] == "ConfigMap"][0]["data"]
     check(cfg["DURABILITY"] == "machine", "production: durability machine")
     if failures:
         print(f"{len(failures)} check(s) failed")
         return 1
-    print("all manifest checks passed")
+    print(f"all {len(passed)} manifest checks passed, among them:")
+    for what in passed:
+        if "becomes ready" in what or "exits 0" in what or "accepts" in what:
+            print("  " + what[:150])
     return 0
 
 
