@@ -436,6 +436,9 @@ absl::Status MasterCore::RegisterWorker(const RegisterWorkerRequest& req,
   resp->set_worker_id(id);
   resp->set_incarnation(record.incarnation());
   resp->set_lease_ms(absl::ToInt64Milliseconds(options_.lease));
+  LOG(INFO) << "worker " << id << " registered, incarnation " << record.incarnation()
+            << (requeued.empty() ? std::string()
+                                 : absl::StrCat("; ", requeued.size(), " tasks re-queued"));
   return absl::OkStatus();
 }
 
@@ -460,6 +463,8 @@ absl::Status MasterCore::LeaveWorker(const LeaveWorkerRequest& req, LeaveWorkerR
   w->record = std::move(record);
   for (const Task& t : requeued) ApplyTask(t);
   resp->set_requeued_tasks(static_cast<uint32_t>(requeued.size()));
+  LOG(INFO) << "worker " << req.worker_id() << " incarnation " << req.incarnation() << " left; "
+            << requeued.size() << " tasks re-queued";
   return absl::OkStatus();
 }
 

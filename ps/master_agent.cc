@@ -122,8 +122,16 @@ class MasterAgentImpl final : public MasterAgent {
     auto current = core_->ownership();
     if (current->epoch() != next->epoch() || current->num_vshards() != next->num_vshards() ||
         current->Bitmap() != next->Bitmap()) {
+      uint32_t gained = 0, lost = 0;
+      if (current->num_vshards() == next->num_vshards()) {
+        for (uint32_t v = 0; v < next->num_vshards(); ++v) {
+          gained += next->Owns(v) && !current->Owns(v);
+          lost += !next->Owns(v) && current->Owns(v);
+        }
+      }
       LOG(INFO) << "pod " << options_.pod_id << ": shard map epoch " << next->epoch() << ", owning "
-                << next->owned_count() << " of " << next->num_vshards() << " vshards";
+                << next->owned_count() << " of " << next->num_vshards() << " vshards (+" << gained
+                << " -" << lost << " vshards)";
       core_->SetOwnership(*std::move(next));
     }
     if (a.catalog_version() != catalog_version_) return SyncCatalog(a.catalog_version());
