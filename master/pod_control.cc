@@ -41,8 +41,7 @@ class GrpcPodControl final : public PodControl {
     absl::MutexLock lock(&mu_);
     auto& stub = stubs_[address];
     if (stub == nullptr) {
-      stub = ParameterServer::NewStub(
-          grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+      stub = ParameterServer::NewStub(options_.channels.Make(address));
     }
     return stub.get();
   }
