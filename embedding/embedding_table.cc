@@ -113,6 +113,27 @@ class EmbeddingTableImpl final : public EmbeddingTable {
     SetStep(row, step);
   }
 
+  bool Install(int64_t id, const float* weights, const float* slots, uint64_t step) override {
+    const uint64_t h = RouteHash(name_hash_, id);
+    Stripe& s = StripeOf(h);
+    SpinLockHolder lock(&s.mu);
+    const uint32_t* found = s.index.Find(id, h);
+    uint32_t slot;
+    if (found != nullptr) {
+      slot = *found;
+      if (GetStep(RowAt(s, slot)) >= step) return false;
+    } else {
+      CreateRow(s, id, h);
+      slot = s.used_slots - 1;
+    }
+    float* row = RowAt(s, slot);
+    std::memcpy(row, weights, layout_.dim * sizeof(float));
+    std::memcpy(row + layout_.dim, slots, layout_.slot_floats * sizeof(float));
+    SetStep(row, step);
+    MarkDirty(s, slot);
+    return true;
+  }
+
   size_t CollectDirty(const std::function<void(const RowView&)>& fn,
                       const std::function<void()>& between) override {
     return Scan(/*dirty_only=*/true, fn, between);

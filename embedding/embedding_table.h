@@ -72,6 +72,13 @@ class EmbeddingTable {
   // update count, creating it if missing; the row is not marked dirty. Thread-safe.
   virtual void Restore(int64_t id, const float* weights, const float* slots, uint64_t step) = 0;
 
+  // Installs a whole row (an import): sets row `id` to the given weights (dim floats),
+  // optimizer slots (slot_floats()) and update count if the row is missing or has fewer
+  // than `step` updates, and marks it dirty; otherwise (the table already holds that state
+  // or a later one) leaves it alone. Returns whether it installed. Replaying a logged
+  // install is the same call, so imports are idempotent. Thread-safe.
+  virtual bool Install(int64_t id, const float* weights, const float* slots, uint64_t step) = 0;
+
   // Calls fn for every row changed since the previous call (with track_dirty), under its
   // stripe's lock (fn must not call back into the table), and clears the marks. Rows
   // changed while it runs are reported now or by the next call. Rows are visited a few

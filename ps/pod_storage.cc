@@ -90,12 +90,14 @@ absl::Status PodStorage::Recover() {
     next_lsn = std::max(next_lsn, lsn + 1);
     return absl::OkStatus();
   }));
+  // A gradient update, or (install != null) a whole row installed by an import.
   struct Update {
     EmbeddingTable* table;
     int64_t id;
     uint64_t step;
     const float* grad;
     float lr;
+    const float* install = nullptr;  // weights then slots
   };
   std::vector<Update> updates;
   struct DenseUpdate {
@@ -103,6 +105,7 @@ absl::Status PodStorage::Recover() {
     uint64_t step;
     const float* grad;
     float lr;
+    const std::vector<float>* install = nullptr;
   };
   std::vector<DenseUpdate> dense_updates;
   std::vector<std::shared_ptr<DenseTensor>> keep_dense;
@@ -127,19 +130,57 @@ absl::Status PodStorage::Recover() {
       dense_updates.push_back({d.get(), e.step, e.grads.data(), e.lr});
       keep_dense.push_back(std::move(d));
     }
+    for (const LogInstallEntry& e : rec.installs) {
+      auto table = store_->FindTable(e.table);
+      if (table == nullptr || table->dim() + table->slot_floats() != e.row_floats) {
+        return absl::DataLossError(absl::StrCat("log record installs rows of table '", e.table,
+                                                "' (", e.row_floats,
+                                                " floats per row) which the catalog lacks"));
+      }
+      for (size_t i = 0; i < e.ids.size(); ++i) {
+        updates.push_back(
+            {table.get(), e.ids[i], e.steps[i], nullptr, 0, e.values.data() + i * e.row_floats});
+      }
+    }
+    for (const LogDenseInstall& e : rec.dense_installs) {
+      auto d = store_->FindDense(e.name);
+      if (d == nullptr || d->numel() + d->slot_floats() != e.values.size()) {
+        return absl::DataLossError(absl::StrCat("log record installs dense tensor '", e.name,
+                                                "' which the catalog lacks"));
+      }
+      dense_updates.push_back({d.get(), e.step, nullptr, 0, &e.values});
+      keep_dense.push_back(std::move(d));
+    }
     // The push is durable: a retry of its key must not apply it again.
     auto claim = dedup_->Begin(rec.key);
     if (claim.ok() && *claim == PushDedup::Claim::kNew) dedup_->Finish(rec.key, true);
   }
+  // Per row in step order; at equal steps the gradient update first: an install at the
+  // step a row already had was skipped (and so never logged), so an install is never
+  // followed by an update with its own step.
   std::sort(updates.begin(), updates.end(), [](const Update& a, const Update& b) {
-    return std::tie(a.table, a.id, a.step) < std::tie(b.table, b.id, b.step);
+    const bool ia = a.install != nullptr, ib = b.install != nullptr;
+    return std::tie(a.table, a.id, a.step, ia) < std::tie(b.table, b.id, b.step, ib);
   });
-  for (const Update& u : updates) u.table->Replay(u.id, u.grad, u.lr, u.step);
+  for (const Update& u : updates) {
+    if (u.install != nullptr) {
+      u.table->Install(u.id, u.install, u.install + u.table->dim(), u.step);
+    } else {
+      u.table->Replay(u.id, u.grad, u.lr, u.step);
+    }
+  }
   std::sort(dense_updates.begin(), dense_updates.end(),
             [](const DenseUpdate& a, const DenseUpdate& b) {
-              return std::tie(a.tensor, a.step) < std::tie(b.tensor, b.step);
+              const bool ia = a.install != nullptr, ib = b.install != nullptr;
+              return std::tie(a.tensor, a.step, ia) < std::tie(b.tensor, b.step, ib);
             });
-  for (const DenseUpdate& u : dense_updates) u.tensor->Replay(u.grad, u.lr, u.step);
+  for (const DenseUpdate& u : dense_updates) {
+    if (u.install != nullptr) {
+      RETURN_IF_ERROR(u.tensor->Install(*u.install, u.step).status());
+    } else {
+      u.tensor->Replay(u.grad, u.lr, u.step);
+    }
+  }
   recovery_.log_records = records.size();
   recovery_.replayed_updates = updates.size() + dense_updates.size();
   recovery_.seconds = absl::ToDoubleSeconds(absl::Now() - start);

@@ -6,8 +6,10 @@
 #include <gtest/gtest.h>
 #include <stdlib.h>
 
+#include <atomic>
 #include <filesystem>
 #include <fstream>
+#include <memory>
 #include <random>
 
 #include "embedding/spec.h"
@@ -179,6 +181,95 @@ TEST_F(PodStorageTest, CleanCloseMaterializesAndKeepsDenseTensors) {
   // The catalog came back with the normalized spec.
   EXPECT_EQ(core->store().FindTable("emb")->spec().SerializeAsString(),
             NormalizeTableSpec(Spec(OptimizerSpec::FTRL))->SerializeAsString());
+}
+
+// A full disk (injected ENOSPC on every database write): the push whose log write fails
+// is refused with UNAVAILABLE, as is every later one, even once space is back; nothing
+// is materialized after the failure (memory holds an update that is not durable), and a
+// restart on the same directory recovers exactly the acknowledged pushes.
+TEST_F(PodStorageTest, DiskFullFailsPushesAndRestartRecoversAcknowledged) {
+  std::mt19937 rng(9);
+  auto full = std::make_shared<std::atomic<bool>>(false);
+  std::map<int64_t, std::vector<float>> acknowledged;
+  const PushRequest failed = MakePush({1, 2, 3}, &rng, 31);
+  {
+    PsCoreOptions options;
+    options.storage.db.dir = dir_;
+    options.storage.materialize_ms = 600000;
+    options.storage.db.inject_write_error = [full] { return full->load(); };
+    auto opened = PsCore::Open(options, ShardOwnership::All(16));
+    ASSERT_TRUE(opened.ok()) << opened.status();
+    PsCore& core = **opened;
+    CreateTableRequest req;
+    *req.mutable_spec() = Spec(OptimizerSpec::ADAM);
+    CreateTableResponse cr;
+    ASSERT_TRUE(core.CreateTable(req, &cr).ok());
+    PushSome(core, 1, 20, &rng);
+    ASSERT_TRUE(core.storage()->Materialize().ok());
+    PushSome(core, 21, 10, &rng);
+    acknowledged = Snapshot(core);
+
+    full->store(true);
+    PushResponse resp;
+    absl::Status s = core.Push(failed, &resp);
+    EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable) << s;
+    full->store(false);  // space is back; the pod still refuses until restarted
+    s = core.Push(MakePush({4}, &rng, 32), &resp);
+    EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable) << s;
+    s = core.Push(failed, &resp);
+    EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable) << s;
+    EXPECT_FALSE(core.storage()->Materialize().ok());
+  }  // closing (materialize_on_close) must not store the unlogged update either
+  auto core = Open(false);
+  EXPECT_EQ(Snapshot(*core), acknowledged);
+  // The refused push was never acknowledged: its retry applies now, once.
+  PushResponse resp;
+  ASSERT_TRUE(core->Push(failed, &resp).ok());
+  EXPECT_FALSE(resp.duplicate());
+  ASSERT_TRUE(core->Push(failed, &resp).ok());
+  EXPECT_TRUE(resp.duplicate());
+}
+
+// A full disk during materialization (rows write and flush fail): whatever pushes do then
+// (refused, or acknowledged once space is back), a restart recovers every acknowledged
+// push exactly.
+TEST_F(PodStorageTest, DiskFullDuringMaterializationLosesNothingAcknowledged) {
+  std::mt19937 rng(10);
+  auto full = std::make_shared<std::atomic<bool>>(false);
+  std::map<int64_t, std::vector<float>> acknowledged;
+  {
+    PsCoreOptions options;
+    options.storage.db.dir = dir_;
+    options.storage.materialize_ms = 600000;
+    options.storage.materialize_on_close = false;
+    options.storage.db.inject_write_error = [full] { return full->load(); };
+    auto opened = PsCore::Open(options, ShardOwnership::All(16));
+    ASSERT_TRUE(opened.ok()) << opened.status();
+    PsCore& core = **opened;
+    CreateTableRequest req;
+    *req.mutable_spec() = Spec(OptimizerSpec::ADAGRAD);
+    CreateTableResponse cr;
+    ASSERT_TRUE(core.CreateTable(req, &cr).ok());
+    PushSome(core, 1, 20, &rng);
+    full->store(true);
+    EXPECT_FALSE(core.storage()->Materialize().ok());
+    full->store(false);
+    acknowledged = Snapshot(core);
+    int refused = 0;
+    for (uint64_t seq = 21; seq < 31; ++seq) {
+      PushResponse resp;
+      absl::Status s = core.Push(MakePush({static_cast<int64_t>(seq % 7), 50}, &rng, seq), &resp);
+      if (!s.ok()) {
+        EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable) << s;
+        ++refused;
+        continue;
+      }
+      EXPECT_EQ(refused, 0) << "a push was acknowledged after one was refused";
+      acknowledged = Snapshot(core);
+    }
+  }
+  auto core = Open(false);
+  EXPECT_EQ(Snapshot(*core), acknowledged);
 }
 
 TEST_F(PodStorageTest, RefusesDirectoriesThatAreNotAPodDatabase) {

@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "ps/ps_service.h"
+#include "ps/transfer_service.h"
 #include "ps/work_pool.h"
 
 namespace ps {
@@ -18,7 +19,8 @@ class PsServerImpl final : public PsServer {
   PsServerImpl(const PsServerOptions& options, std::unique_ptr<PsCore> core)
       : core_(std::move(core)),
         pool_(WorkPoolOptions{options.threads, 1024}),
-        service_(core_.get(), &pool_, options.inline_request_bytes) {}
+        service_(core_.get(), &pool_, options.inline_request_bytes),
+        transfer_(core_.get(), &pool_) {}
 
   absl::Status Start(const PsServerOptions& options) {
     grpc::EnableDefaultHealthCheckService(true);
@@ -32,6 +34,7 @@ class PsServerImpl final : public PsServer {
     quota.Resize(static_cast<size_t>(options.memory_quota_bytes));
     builder.SetResourceQuota(quota);
     builder.RegisterService(&service_);
+    builder.RegisterService(&transfer_);  // export / import (issue 3)
     server_ = builder.BuildAndStart();
     if (server_ == nullptr || port_ == 0) {
       return absl::UnavailableError(
@@ -59,6 +62,7 @@ class PsServerImpl final : public PsServer {
   std::unique_ptr<PsCore> core_;  // destroyed last: the storage flushes on destruction
   WorkPool pool_;
   PsService service_;
+  PodTransferService transfer_;
   std::unique_ptr<grpc::Server> server_;
   int port_ = 0;
 };

@@ -2,6 +2,8 @@
 
 #include <dirent.h>
 #include <rocksdb/db.h>
+#include <rocksdb/env.h>
+#include <rocksdb/file_system.h>
 #include <rocksdb/filter_policy.h>
 #include <rocksdb/memtablerep.h>
 #include <rocksdb/table.h>
@@ -31,6 +33,69 @@ absl::Status FromRocks(const rocksdb::Status& s, absl::string_view what) {
   if (s.IsInvalidArgument()) return absl::FailedPreconditionError(msg);
   return absl::InternalError(msg);
 }
+
+// A file system that fails appends and syncs with ENOSPC while `fail` says so (see
+// StorageDbOptions.inject_write_error).
+class FaultFile final : public rocksdb::FSWritableFileOwnerWrapper {
+ public:
+  FaultFile(std::unique_ptr<rocksdb::FSWritableFile> file, std::function<bool()> fail)
+      : FSWritableFileOwnerWrapper(std::move(file)), fail_(std::move(fail)) {}
+  rocksdb::IOStatus Append(const rocksdb::Slice& data, const rocksdb::IOOptions& o,
+                           rocksdb::IODebugContext* d) override {
+    if (fail_()) return Injected();
+    return FSWritableFileOwnerWrapper::Append(data, o, d);
+  }
+  rocksdb::IOStatus Append(const rocksdb::Slice& data, const rocksdb::IOOptions& o,
+                           const rocksdb::DataVerificationInfo& v,
+                           rocksdb::IODebugContext* d) override {
+    if (fail_()) return Injected();
+    return FSWritableFileOwnerWrapper::Append(data, o, v, d);
+  }
+  rocksdb::IOStatus PositionedAppend(const rocksdb::Slice& data, uint64_t offset,
+                                     const rocksdb::IOOptions& o,
+                                     rocksdb::IODebugContext* d) override {
+    if (fail_()) return Injected();
+    return FSWritableFileOwnerWrapper::PositionedAppend(data, offset, o, d);
+  }
+  rocksdb::IOStatus Sync(const rocksdb::IOOptions& o, rocksdb::IODebugContext* d) override {
+    if (fail_()) return Injected();
+    return FSWritableFileOwnerWrapper::Sync(o, d);
+  }
+  rocksdb::IOStatus Fsync(const rocksdb::IOOptions& o, rocksdb::IODebugContext* d) override {
+    if (fail_()) return Injected();
+    return FSWritableFileOwnerWrapper::Fsync(o, d);
+  }
+  static rocksdb::IOStatus Injected() {
+    return rocksdb::IOStatus::NoSpace("injected fault", "No space left on device");
+  }
+
+ private:
+  std::function<bool()> fail_;
+};
+
+class FaultFileSystem final : public rocksdb::FileSystemWrapper {
+ public:
+  FaultFileSystem(std::shared_ptr<rocksdb::FileSystem> base, std::function<bool()> fail)
+      : FileSystemWrapper(std::move(base)), fail_(std::move(fail)) {}
+  const char* Name() const override { return "PsFaultFileSystem"; }
+  rocksdb::IOStatus NewWritableFile(const std::string& f, const rocksdb::FileOptions& o,
+                                    std::unique_ptr<rocksdb::FSWritableFile>* r,
+                                    rocksdb::IODebugContext* d) override {
+    rocksdb::IOStatus s = FileSystemWrapper::NewWritableFile(f, o, r, d);
+    if (s.ok()) *r = std::make_unique<FaultFile>(std::move(*r), fail_);
+    return s;
+  }
+  rocksdb::IOStatus ReopenWritableFile(const std::string& f, const rocksdb::FileOptions& o,
+                                       std::unique_ptr<rocksdb::FSWritableFile>* r,
+                                       rocksdb::IODebugContext* d) override {
+    rocksdb::IOStatus s = FileSystemWrapper::ReopenWritableFile(f, o, r, d);
+    if (s.ok()) *r = std::make_unique<FaultFile>(std::move(*r), fail_);
+    return s;
+  }
+
+ private:
+  std::function<bool()> fail_;
+};
 
 void PutBE32(std::string* out, uint32_t v) {
   for (int i = 3; i >= 0; --i) out->push_back(static_cast<char>(v >> (8 * i)));
@@ -109,6 +174,7 @@ void RowBatch::Clear() {
 
 struct StorageDb::Rep {
   std::string dir;
+  std::unique_ptr<rocksdb::Env> env;  // fault injection only; outlives db
   std::unique_ptr<rocksdb::DB> db;
   std::vector<rocksdb::ColumnFamilyHandle*> handles;  // default, meta, rows, log
   rocksdb::ColumnFamilyHandle* meta = nullptr;
@@ -184,6 +250,11 @@ absl::StatusOr<std::unique_ptr<StorageDb>> StorageDb::Open(const StorageDbOption
       {"log", log_options}};
   auto rep = std::make_unique<Rep>();
   rep->dir = options.dir;
+  if (options.inject_write_error) {
+    rep->env = rocksdb::NewCompositeEnv(std::make_shared<FaultFileSystem>(
+        rocksdb::FileSystem::Default(), options.inject_write_error));
+    db_options.env = rep->env.get();
+  }
   rocksdb::DB* db = nullptr;
   rocksdb::Status s = rocksdb::DB::Open(db_options, options.dir, families, &rep->handles, &db);
   if (!s.ok()) {
