@@ -6,10 +6,33 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "embedding/row_source.h"
 #include "embedding/status_macros.h"
 #include "ps/log_record.h"
 
 namespace ps {
+
+// Evicted rows of one table: read back from the rows column family.
+class PodStorage::StoredRowSource final : public RowSource {
+ public:
+  StoredRowSource(StorageDb* db, uint32_t table_no) : db_(db), table_no_(table_no) {}
+  absl::Status Read(absl::Span<const int64_t> ids, size_t row_floats, float* values,
+                    uint64_t* steps, bool* found) override {
+    return db_->ReadRows(table_no_, ids, row_floats, values, steps, found);
+  }
+
+ private:
+  StorageDb* const db_;
+  const uint32_t table_no_;
+};
+
+void PodStorage::AttachSource(uint32_t no, EmbeddingTable& table) {
+  absl::MutexLock lock(&mu_);
+  auto& source = sources_[no];
+  if (source != nullptr) return;
+  source = std::make_unique<StoredRowSource>(db_.get(), no);
+  table.SetRowSource(source.get());
+}
 
 absl::StatusOr<std::unique_ptr<PodStorage>> PodStorage::Open(const PodStorageOptions& options,
                                                              ModelStore* store, PushDedup* dedup) {
@@ -34,6 +57,8 @@ PodStorage::~PodStorage() {
     if (!s.ok()) LOG(WARNING) << "final materialization failed (the log still has it): " << s;
     log_.reset();
   }
+  // The tables may outlive this storage: they must not read through its sources.
+  for (auto& t : store_->Tables()) t->SetRowSource(nullptr);
 }
 
 absl::Status PodStorage::Recover() {
@@ -54,7 +79,12 @@ absl::Status PodStorage::Recover() {
   recovery_.dense = catalog.dense.size();
   if (!catalog.dedup.empty()) RETURN_IF_ERROR(dedup_->Restore(catalog.dedup));
 
-  // Stored rows.
+  // Stored rows, unless they load lazily (memory budget): then each table reads its rows
+  // back from the database on first touch.
+  recovery_.lazy = options_.memory_budget_bytes > 0;
+  if (recovery_.lazy) {
+    for (auto& [no, table] : by_number) AttachSource(no, *table);
+  }
   RETURN_IF_ERROR(db_->ForEachRow(
       [&](const StoredRow& row) -> absl::Status {
         auto it = by_number.find(row.table_no);
@@ -79,7 +109,8 @@ absl::Status PodStorage::Recover() {
               absl::StrCat("stored dense tensor '", name, "' which the catalog lacks"));
         }
         return d->Restore(values, step);
-      }));
+      },
+      /*table_rows=*/!recovery_.lazy));
 
   // The log: every row's updates in step order (see log_record.h).
   std::vector<LogRecord> records;
@@ -158,6 +189,18 @@ absl::Status PodStorage::Recover() {
   // Per row in step order; at equal steps the gradient update first: an install at the
   // step a row already had was skipped (and so never logged), so an install is never
   // followed by an update with its own step.
+  if (recovery_.lazy) {  // the rows the log updates must be loaded before replaying
+    absl::flat_hash_map<EmbeddingTable*, std::vector<int64_t>> ids;
+    for (const Update& u : updates) ids[u.table].push_back(u.id);
+    for (auto& [table, list] : ids) {
+      std::sort(list.begin(), list.end());
+      list.erase(std::unique(list.begin(), list.end()), list.end());
+      for (size_t i = 0; i < list.size(); i += 65536) {
+        const size_t n = std::min<size_t>(65536, list.size() - i);
+        RETURN_IF_ERROR(table->Load(absl::MakeConstSpan(list).subspan(i, n)));
+      }
+    }
+  }
   std::sort(updates.begin(), updates.end(), [](const Update& a, const Update& b) {
     const bool ia = a.install != nullptr, ib = b.install != nullptr;
     return std::tie(a.table, a.id, a.step, ia) < std::tie(b.table, b.id, b.step, ib);
@@ -186,8 +229,9 @@ absl::Status PodStorage::Recover() {
   recovery_.seconds = absl::ToDoubleSeconds(absl::Now() - start);
   LOG(INFO) << "recovered " << options_.db.dir << " in " << recovery_.seconds
             << " s: " << recovery_.tables << " tables, " << recovery_.dense << " dense tensors, "
-            << recovery_.rows << " stored rows, " << recovery_.log_records
-            << " log records replayed (" << recovery_.replayed_updates << " row updates)";
+            << (recovery_.lazy ? "stored rows load lazily, " : "") << recovery_.rows
+            << " stored rows, " << recovery_.log_records << " log records replayed ("
+            << recovery_.replayed_updates << " row updates)";
 
   log_ = std::make_unique<DurableLog>(db_.get(), next_lsn, options_.log);
   materializer_ = std::thread([this] { RunMaterializer(); });
@@ -281,6 +325,7 @@ absl::Status PodStorage::MaterializeLocked() {
   }
   RETURN_IF_ERROR(log_->WaitWritten(dedup_lsn));
   RETURN_IF_ERROR(db_->TruncateLog(cut, dedup, options_.log.durability != Durability::kProcess));
+  if (options_.memory_budget_bytes > 0) EvictToBudget();
   const double ms = absl::ToDoubleMilliseconds(absl::Now() - start);
   if (ms > 1000) {
     LOG(INFO) << "materialized " << rows << " rows in " << ms << " ms; log truncated below " << cut;
@@ -292,6 +337,33 @@ absl::Status PodStorage::MaterializeLocked() {
   stats_.materialized_rows += rows;
   stats_.last_materialize_ms = absl::ToDoubleMilliseconds(absl::Now() - start);
   return absl::OkStatus();
+}
+
+void PodStorage::EvictToBudget() {
+  std::vector<std::pair<uint32_t, std::shared_ptr<EmbeddingTable>>> tables;
+  {
+    absl::MutexLock lock(&mu_);
+    for (auto& t : store_->Tables()) {
+      auto it = table_numbers_.find(t->spec().name());
+      if (it != table_numbers_.end()) tables.emplace_back(it->second, std::move(t));
+    }
+  }
+  uint64_t total = 0;
+  for (auto& [no, t] : tables) total += t->rows() * t->row_bytes();
+  if (total <= options_.memory_budget_bytes) return;
+  // Down to 90% of the budget, each table in proportion to its share, so rows touched
+  // before the next round fit. Pushes (which load rows, then update them) wait meanwhile.
+  const double keep = 0.9 * static_cast<double>(options_.memory_budget_bytes) / total;
+  uint64_t evicted = 0;
+  {
+    absl::WriterMutexLock lock(&apply_mu_);
+    for (auto& [no, t] : tables) {
+      AttachSource(no, *t);
+      evicted += t->Evict(static_cast<uint64_t>(keep * t->rows()));
+    }
+  }
+  absl::MutexLock lock(&mu_);
+  stats_.evicted_rows += evicted;
 }
 
 void PodStorage::RunMaterializer() {

@@ -341,6 +341,9 @@ void ImportRows(PsCore& core, const ImportRowsRequest& req, ImportRowsResponse* 
   // shared apply lock as a push's is (see PodStorage::apply_mu).
   uint64_t installed = 0, skipped = 0;
   auto install = [&](LogRecordBuilder* record) -> absl::Status {
+    // Rows evicted under a memory budget are read back first (a failed read installs
+    // nothing); eviction waits for the apply lock this runs under.
+    for (const PreparedRows& p : rows) RETURN_IF_ERROR(p.table->Load(p.ids));
     std::vector<int64_t> ids;
     std::vector<uint64_t> steps;
     std::vector<float> values;

@@ -391,13 +391,20 @@ absl::Status StorageDb::FlushRows() {
 absl::Status StorageDb::ForEachRow(
     const std::function<absl::Status(const StoredRow&)>& fn,
     const std::function<absl::Status(absl::string_view, uint64_t, absl::Span<const float>)>&
-        fn_dense) {
+        fn_dense,
+    bool table_rows) {
   rocksdb::ReadOptions read;
   read.readahead_size = size_t{4} << 20;
   read.fill_cache = false;
   std::unique_ptr<rocksdb::Iterator> it(rep_->db->NewIterator(read, rep_->rows));
   std::vector<float> values;
-  for (it->SeekToFirst(); it->Valid(); it->Next()) {
+  // Dense tensors sort after every table row (their prefix is the largest table number).
+  if (table_rows) {
+    it->SeekToFirst();
+  } else {
+    it->Seek(rocksdb::Slice(kDenseKeyPrefix, 4));
+  }
+  for (; it->Valid(); it->Next()) {
     const rocksdb::Slice key = it->key();
     const rocksdb::Slice value = it->value();
     if (value.size() < 8 || (value.size() - 8) % sizeof(float) != 0) {
@@ -422,6 +429,38 @@ absl::Status StorageDb::ForEachRow(
     RETURN_IF_ERROR(fn(row));
   }
   return FromRocks(it->status(), "cannot read stored rows");
+}
+
+absl::Status StorageDb::ReadRows(uint32_t table_no, absl::Span<const int64_t> ids,
+                                 size_t row_floats, float* values, uint64_t* steps, bool* found) {
+  const size_t n = ids.size();
+  std::vector<std::string> keys(n);
+  std::vector<rocksdb::Slice> slices(n);
+  for (size_t i = 0; i < n; ++i) {
+    keys[i].reserve(12);
+    PutBE32(&keys[i], table_no);
+    PutBE64(&keys[i], static_cast<uint64_t>(ids[i]) ^ (uint64_t{1} << 63));
+    slices[i] = keys[i];
+  }
+  std::vector<rocksdb::PinnableSlice> got(n);
+  std::vector<rocksdb::Status> statuses(n);
+  rep_->db->MultiGet(rocksdb::ReadOptions(), rep_->rows, n, slices.data(), got.data(),
+                     statuses.data());
+  const size_t value_bytes = 8 + row_floats * sizeof(float);
+  for (size_t i = 0; i < n; ++i) {
+    found[i] = false;
+    if (statuses[i].IsNotFound()) continue;
+    RETURN_IF_ERROR(FromRocks(statuses[i], "cannot read a stored row"));
+    if (got[i].size() != value_bytes) {
+      return absl::DataLossError(absl::StrCat("stored row ", ids[i], " of table number ", table_no,
+                                              " has ", got[i].size(), " bytes, expected ",
+                                              value_bytes));
+    }
+    std::memcpy(&steps[i], got[i].data(), 8);
+    std::memcpy(values + i * row_floats, got[i].data() + 8, row_floats * sizeof(float));
+    found[i] = true;
+  }
+  return absl::OkStatus();
 }
 
 absl::Status StorageDb::Checkpoint(const std::string& dir) {

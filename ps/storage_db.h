@@ -105,10 +105,19 @@ class StorageDb {
   // materializer calls before it truncates the log records that would rebuild them.
   absl::Status WriteRows(RowBatch* batch);
   absl::Status FlushRows();
-  // Calls fn for every stored table row and fn_dense for every dense tensor.
+  // Calls fn for every stored table row (unless !table_rows: a lazy start skips them) and
+  // fn_dense for every dense tensor.
   absl::Status ForEachRow(const std::function<absl::Status(const StoredRow&)>& fn,
                           const std::function<absl::Status(absl::string_view name, uint64_t step,
-                                                           absl::Span<const float>)>& fn_dense);
+                                                           absl::Span<const float>)>& fn_dense,
+                          bool table_rows = true);
+
+  // Reads stored rows of table `table_no` in one batched MultiGet: for each i, if row
+  // ids[i] is stored with row_floats floats, copies them to values[i*row_floats...] and its
+  // step to steps[i] and sets found[i]. DATA_LOSS for a stored row of another size.
+  // Thread-safe.
+  absl::Status ReadRows(uint32_t table_no, absl::Span<const int64_t> ids, size_t row_floats,
+                        float* values, uint64_t* steps, bool* found);
 
   // A consistent copy of the database in `dir` (must not exist), hard-linked where it can.
   absl::Status Checkpoint(const std::string& dir);
