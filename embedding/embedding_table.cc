@@ -82,23 +82,18 @@ class EmbeddingTableImpl final : public EmbeddingTable {
   // hit by then), so nothing is trusted across the two locks.
   void Pull(absl::Span<const int64_t> ids, float* out, bool read_only,
             absl::Status* error) override {
-    const size_t row_bytes = layout_.dim * sizeof(float);
     RowSource* source = source_.load(std::memory_order_acquire);
     if (source == nullptr) {
-      ForEachGroup(ids, /*for_write=*/false, [&](size_t i, Stripe& s, uint64_t h) {
-        float* dst = out + i * layout_.dim;
-        const uint32_t* slot = s.index.Find(ids[i], h);
-        if (slot != nullptr) {
-          std::memcpy(dst, RowAt(s, *slot), row_bytes);
-          Touch(s, *slot);
-        } else if (read_only) {
-          initializer_.Fill(name_hash_, ids[i], dst, layout_.dim);
-        } else {
-          std::memcpy(dst, CreateRow(s, ids[i], h), row_bytes);
-        }
-      });
+      // The in-memory path: its own instantiations, so a table that is not evictable
+      // runs exactly the code it ran before eviction existed.
+      if (evictable_) {
+        PullResident</*kTouch=*/true>(ids, out, read_only);
+      } else {
+        PullResident</*kTouch=*/false>(ids, out, read_only);
+      }
       return;
     }
+    const size_t row_bytes = layout_.dim * sizeof(float);
     // Rows may have been evicted: copy the resident ones, then read the others back.
     std::vector<uint32_t> missing;
     ForEachGroup(ids, /*for_write=*/false, [&](size_t i, Stripe& s, uint64_t h) {
@@ -113,6 +108,23 @@ class EmbeddingTableImpl final : public EmbeddingTable {
     if (missing.empty()) return;
     absl::Status st = LoadMissing(source, ids, missing, out, read_only);
     if (!st.ok() && error != nullptr) *error = st;
+  }
+
+  template <bool kTouch>
+  void PullResident(absl::Span<const int64_t> ids, float* out, bool read_only) {
+    const size_t row_bytes = layout_.dim * sizeof(float);
+    ForEachGroup(ids, /*for_write=*/false, [&](size_t i, Stripe& s, uint64_t h) {
+      float* dst = out + i * layout_.dim;
+      const uint32_t* slot = s.index.Find(ids[i], h);
+      if (slot != nullptr) {
+        std::memcpy(dst, RowAt(s, *slot), row_bytes);
+        if (kTouch) SetBit(s.ref, *slot);
+      } else if (read_only) {
+        initializer_.Fill(name_hash_, ids[i], dst, layout_.dim);
+      } else {
+        std::memcpy(dst, CreateRow(s, ids[i], h), row_bytes);
+      }
+    });
   }
 
   void SetRowSource(RowSource* source) override {
@@ -153,9 +165,18 @@ class EmbeddingTableImpl final : public EmbeddingTable {
   uint64_t row_bytes() const override { return layout_.stride * sizeof(float) + 24; }
 
   void Push(absl::Span<const int64_t> ids, const float* grads, float lr, uint64_t* steps) override {
+    if (evictable_) {
+      PushRows</*kTouch=*/true>(ids, grads, lr, steps);
+    } else {
+      PushRows</*kTouch=*/false>(ids, grads, lr, steps);
+    }
+  }
+
+  template <bool kTouch>
+  void PushRows(absl::Span<const int64_t> ids, const float* grads, float lr, uint64_t* steps) {
     ForEachGroup(ids, /*for_write=*/true, [&](size_t i, Stripe& s, uint64_t h) {
       uint32_t slot = FindOrCreate(s, ids[i], h);
-      Touch(s, slot);
+      if (kTouch) SetBit(s.ref, slot);
       float* row = RowAt(s, slot);
       uint64_t step = GetStep(row);
       optimizer_.Apply(lr, row, row + layout_.dim, &step, grads + i * layout_.dim, layout_.dim);
