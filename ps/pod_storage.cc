@@ -36,7 +36,9 @@ void PodStorage::AttachSource(uint32_t no, EmbeddingTable& table) {
 
 absl::StatusOr<std::unique_ptr<PodStorage>> PodStorage::Open(const PodStorageOptions& options,
                                                              ModelStore* store, PushDedup* dedup) {
-  ASSIGN_OR_RETURN(std::unique_ptr<StorageDb> db, StorageDb::Open(options.db));
+  StorageDbOptions db_options = options.db;
+  db_options.rows_point_reads = options.memory_budget_bytes > 0;
+  ASSIGN_OR_RETURN(std::unique_ptr<StorageDb> db, StorageDb::Open(db_options));
   std::unique_ptr<PodStorage> storage(new PodStorage(options, std::move(db), store, dedup));
   RETURN_IF_ERROR(storage->Recover());
   return storage;

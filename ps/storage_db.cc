@@ -233,8 +233,12 @@ absl::StatusOr<std::unique_ptr<StorageDb>> StorageDb::Open(const StorageDbOption
   rows_options.level0_slowdown_writes_trigger = 40;
   rows_options.level0_stop_writes_trigger = 60;
   // Rows are written in large groups and read back only after a flush: an append-only
-  // vector memtable (sorted once, at flush) costs far less per row than a skiplist.
-  rows_options.memtable_factory.reset(new rocksdb::VectorRepFactory());
+  // vector memtable (sorted once, at flush) costs far less per row than a skiplist. But
+  // a point read of a vector memtable copies and sorts it whole, so a pod that reads
+  // evicted rows back (ReadRows) keeps the skiplist.
+  if (!options.rows_point_reads) {
+    rows_options.memtable_factory.reset(new rocksdb::VectorRepFactory());
+  }
   rocksdb::BlockBasedTableOptions table_options;
   table_options.filter_policy.reset(rocksdb::NewBloomFilterPolicy(10));
   rows_options.table_factory.reset(rocksdb::NewBlockBasedTableFactory(table_options));

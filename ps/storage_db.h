@@ -33,6 +33,9 @@ struct StorageDbOptions {
   // are written, once the materializer has stored the rows they changed; a large memtable
   // lets most of them die before ever reaching an SST file.
   size_t log_memtable_bytes = size_t{256} << 20;
+  // Rows are read back one by one (ReadRows: a pod with a memory budget): the rows
+  // column family then keeps a skiplist memtable, which serves point reads.
+  bool rows_point_reads = false;
   // Fault injection, for tests: when set, every append to or sync of a database file
   // first calls it, and fails with an injected "No space left on device" I/O error when
   // it returns true (a full disk). Called from RocksDB's threads; must be thread-safe.
