@@ -80,6 +80,9 @@ DEFINE_string(tls_ca, "",
 DEFINE_string(master_tls_ca, "",
               "PEM CA bundle to verify the master's certificate, and other pods' during a "
               "vshard move (default: --tls_ca). Set either to reach them over TLS.");
+DEFINE_int32(tls_reload_s, 60,
+             "The TLS files are read again this often: replaced certificates (a renewed "
+             "Secret) serve new connections without a restart. 0: read once at start.");
 DEFINE_string(auth_token_file, "",
               "File holding a shared token (surrounding whitespace trimmed). Set: every PS "
               "RPC must carry `authorization: Bearer <token>` (else UNAUTHENTICATED; health "
@@ -144,9 +147,10 @@ int Main() {
     LOG(ERROR) << "--port must be in [0, 65535] and --metrics_port in [-1, 65535]";
     return 2;
   }
-  if (FLAGS_tls_cert.empty() != FLAGS_tls_key.empty() ||
+  if (FLAGS_tls_reload_s < 0 || FLAGS_tls_cert.empty() != FLAGS_tls_key.empty() ||
       (!FLAGS_tls_ca.empty() && FLAGS_tls_cert.empty())) {
-    LOG(ERROR) << "--tls_cert and --tls_key go together, and --tls_ca needs them";
+    LOG(ERROR) << "--tls_cert and --tls_key go together, --tls_ca needs them, and "
+                  "--tls_reload_s must be >= 0";
     return 2;
   }
   if (FLAGS_check_flags) {
@@ -167,6 +171,7 @@ int Main() {
   options.security.key_file = FLAGS_tls_key;
   options.security.ca_file = FLAGS_tls_ca;
   options.security.auth_token = *token;
+  options.security.reload_interval_s = FLAGS_tls_reload_s;
   // Calls this pod makes (to the master, and to other pods during a move): verified
   // against --master_tls_ca or --tls_ca, with this pod's certificate for mutual TLS.
   ps::ChannelSecurity outgoing;
@@ -176,6 +181,7 @@ int Main() {
     outgoing.key_file = FLAGS_tls_key;
   }
   outgoing.auth_token = *token;
+  outgoing.reload_interval_s = FLAGS_tls_reload_s;
   options.peer_security = outgoing;
   options.metrics_enabled = FLAGS_metrics_port >= 0;
   options.metrics.host = FLAGS_host;
