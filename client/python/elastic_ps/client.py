@@ -31,6 +31,7 @@ import grpc
 import numpy as np
 
 from . import routing
+from .security import Security, make_channel
 from ._stubs import master_pb2, master_pb2_grpc, ps_pb2, ps_pb2_grpc
 
 log = logging.getLogger("elastic_ps")
@@ -266,13 +267,15 @@ class PsClient:
 
     def __init__(self, master=None, *, servers=None, num_vshards=None, worker_id=0,
                  incarnation=1, deadline_s=10.0, max_attempts=10, connect_timeout_s=30.0,
-                 initial_backoff_s=0.02, max_backoff_s=4.0, max_workers=16):
+                 initial_backoff_s=0.02, max_backoff_s=4.0, max_workers=16, security=None):
         if not master and not servers:
             raise ValueError("PsClient needs master='host:port' or servers=[...]")
         if deadline_s <= 0 or max_attempts < 1 or not 0 < initial_backoff_s <= max_backoff_s:
             raise ValueError("need deadline_s > 0, max_attempts >= 1, "
                              "0 < initial_backoff_s <= max_backoff_s")
         self._master_address = master
+        # TLS and token (elastic_ps.security); default: from the PS_TLS_* environment.
+        self._security = security if security is not None else Security.from_env()
         self._deadline = float(deadline_s)
         self._max_attempts = int(max_attempts)
         self._initial_backoff = float(initial_backoff_s)
@@ -294,7 +297,8 @@ class PsClient:
         self._master = None
         try:
             if master:
-                self._master_channel = grpc.insecure_channel(master, options=self._channel_options())
+                self._master_channel = make_channel(master, self._channel_options(),
+                                                    self._security)
                 self._master = master_pb2_grpc.MasterStub(self._master_channel)
                 self._map = self._connect_through_master()
                 self._load_catalog_from_master()
@@ -360,7 +364,7 @@ class PsClient:
                 raise PsError(grpc.StatusCode.CANCELLED, "the client is closed")
             entry = self._channels.get(address)
             if entry is None:
-                channel = grpc.insecure_channel(address, options=self._channel_options())
+                channel = make_channel(address, self._channel_options(), self._security)
                 entry = (channel, ps_pb2_grpc.ParameterServerStub(channel))
                 self._channels[address] = entry
             return entry[1]

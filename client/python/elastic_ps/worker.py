@@ -27,6 +27,7 @@ import grpc
 
 from ._stubs import master_pb2
 from .client import PsClient, PsError, _RETRYABLE, _error_from_rpc
+from .security import Security, make_channel
 
 log = logging.getLogger("elastic_ps.worker")
 
@@ -79,7 +80,7 @@ class Worker:
     """A worker of `job` registered with the master at `master` (host:port)."""
 
     def __init__(self, master, job, *, heartbeat=True, worker_id=0, poll_interval_s=0.2,
-                 deadline_s=10.0, max_attempts=10, client_options=None):
+                 deadline_s=10.0, max_attempts=10, client_options=None, security=None):
         self.master = master
         self.job = job
         self._poll = float(poll_interval_s)
@@ -93,8 +94,11 @@ class Worker:
         self._client_options = dict(client_options or {})
         self._client_options.setdefault("deadline_s", deadline_s)
         self._client_options.setdefault("max_attempts", max_attempts)
+        # TLS and token of every call (elastic_ps.security); default: the environment's.
+        security = security if security is not None else Security.from_env()
+        self._client_options.setdefault("security", security)
         # Master calls of the membership and task loop (the client has its own channel).
-        self._rpc = _MasterRpc(master, deadline_s, max_attempts)
+        self._rpc = _MasterRpc(master, deadline_s, max_attempts, security)
         self.worker_id = 0
         self.incarnation = 0
         self.lease_ms = 0
@@ -327,15 +331,15 @@ class _MasterRpc:
     """Master calls with deadlines and retries on UNAVAILABLE / ABORTED / DEADLINE_EXCEEDED
     (every master call a worker makes is idempotent or de-duplicated by the master)."""
 
-    def __init__(self, address, deadline_s, max_attempts):
+    def __init__(self, address, deadline_s, max_attempts, security=None):
         from ._stubs import master_pb2_grpc
 
         self.address = address
         self._deadline = deadline_s
         self._attempts = max_attempts
-        self._channel = grpc.insecure_channel(address, options=[
+        self._channel = make_channel(address, [
             ("grpc.initial_reconnect_backoff_ms", 50), ("grpc.min_reconnect_backoff_ms", 50),
-            ("grpc.max_reconnect_backoff_ms", 2000), ("grpc.enable_retries", 0)])
+            ("grpc.max_reconnect_backoff_ms", 2000), ("grpc.enable_retries", 0)], security)
         self._stub = master_pb2_grpc.MasterStub(self._channel)
 
     def call(self, method, request, attempts=None, with_attempts=False):

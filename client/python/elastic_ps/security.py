@@ -1,0 +1,104 @@
+"""Transport security of the Python SDK: TLS, mutual TLS and the cluster's bearer token.
+
+The same settings as the C++ ChannelSecurity (embedding/transport_security.h):
+- `ca_file` set: TLS, the servers' certificates verified against that CA bundle.
+- `cert_file` + `key_file`: the client certificate, for a cluster that requires mutual TLS.
+- `server_name`: the name to check the servers' certificates for instead of the host dialed.
+- `auth_token`: sent as `authorization: Bearer <token>` with every call; servers started
+  with --auth_token_file refuse calls without it (UNAUTHENTICATED).
+
+`Security.from_env()` reads the variables the Kubernetes manifests give workers:
+PS_TLS_CA, PS_TLS_CERT, PS_TLS_KEY, PS_TLS_SERVER_NAME and PS_AUTH_TOKEN_FILE (a file whose
+content, surrounding whitespace trimmed, is the token). PsClient and Worker use it when no
+`security` is passed, so a worker configured by its environment needs no code change.
+"""
+
+import dataclasses
+import os
+
+import grpc
+
+
+@dataclasses.dataclass(frozen=True)
+class Security:
+    ca_file: str = ""
+    cert_file: str = ""
+    key_file: str = ""
+    server_name: str = ""
+    auth_token: str = ""
+
+    @staticmethod
+    def from_env(env=None):
+        """The settings of PS_TLS_CA, PS_TLS_CERT, PS_TLS_KEY, PS_TLS_SERVER_NAME and
+        PS_AUTH_TOKEN_FILE (all optional; none set: plain text without a token)."""
+        env = os.environ if env is None else env
+        token_file = env.get("PS_AUTH_TOKEN_FILE", "")
+        return Security(ca_file=env.get("PS_TLS_CA", ""), cert_file=env.get("PS_TLS_CERT", ""),
+                        key_file=env.get("PS_TLS_KEY", ""),
+                        server_name=env.get("PS_TLS_SERVER_NAME", ""),
+                        auth_token=read_token_file(token_file) if token_file else "")
+
+    def __post_init__(self):
+        if bool(self.cert_file) != bool(self.key_file):
+            raise ValueError("a client certificate needs both cert_file and key_file")
+        if self.cert_file and not self.ca_file:
+            raise ValueError("a client certificate (mutual TLS) needs ca_file too")
+
+    @property
+    def tls(self):
+        return bool(self.ca_file)
+
+
+def read_token_file(path):
+    """The token in `path`, surrounding whitespace trimmed; ValueError when it is empty."""
+    with open(path, "rb") as f:
+        token = f.read().decode("utf-8").strip()
+    if not token:
+        raise ValueError(f"the token file {path} is empty")
+    return token
+
+
+def _read(path):
+    with open(path, "rb") as f:
+        return f.read()
+
+
+class _TokenInterceptor(grpc.UnaryUnaryClientInterceptor):
+    """Adds `authorization: Bearer <token>` to every unary call."""
+
+    def __init__(self, token):
+        self._header = ("authorization", f"Bearer {token}")
+
+    def intercept_unary_unary(self, continuation, details, request):
+        metadata = list(details.metadata or []) + [self._header]
+        details = _CallDetails(details.method, details.timeout, metadata, details.credentials,
+                               getattr(details, "wait_for_ready", None),
+                               getattr(details, "compression", None))
+        return continuation(details, request)
+
+
+class _CallDetails(
+        dataclasses.make_dataclass("_Fields", ["method", "timeout", "metadata", "credentials",
+                                               "wait_for_ready", "compression"]),
+        grpc.ClientCallDetails):
+    pass
+
+
+def make_channel(address, options, security=None):
+    """A channel to `address` with `options`, over TLS and carrying the token when
+    `security` says so. Reads the certificate files now (OSError when unreadable)."""
+    security = security or Security()
+    options = list(options)
+    if security.tls:
+        creds = grpc.ssl_channel_credentials(
+            root_certificates=_read(security.ca_file),
+            private_key=_read(security.key_file) if security.key_file else None,
+            certificate_chain=_read(security.cert_file) if security.cert_file else None)
+        if security.server_name:
+            options.append(("grpc.ssl_target_name_override", security.server_name))
+        channel = grpc.secure_channel(address, creds, options=options)
+    else:
+        channel = grpc.insecure_channel(address, options=options)
+    if security.auth_token:
+        channel = grpc.intercept_channel(channel, _TokenInterceptor(security.auth_token))
+    return channel
