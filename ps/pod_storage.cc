@@ -37,7 +37,7 @@ void PodStorage::AttachSource(uint32_t no, EmbeddingTable& table) {
 absl::StatusOr<std::unique_ptr<PodStorage>> PodStorage::Open(const PodStorageOptions& options,
                                                              ModelStore* store, PushDedup* dedup) {
   StorageDbOptions db_options = options.db;
-  db_options.rows_point_reads = options.memory_budget_bytes > 0;
+  db_options.rows_point_reads = options.memory_budget_bytes > 0 || options.lazy_start;
   ASSIGN_OR_RETURN(std::unique_ptr<StorageDb> db, StorageDb::Open(db_options));
   std::unique_ptr<PodStorage> storage(new PodStorage(options, std::move(db), store, dedup));
   RETURN_IF_ERROR(storage->Recover());
@@ -54,6 +54,7 @@ PodStorage::~PodStorage() {
     stop_ = true;
   }
   if (materializer_.joinable()) materializer_.join();
+  if (loader_.joinable()) loader_.join();
   if (log_ != nullptr && options_.materialize_on_close) {
     absl::Status s = Materialize();
     if (!s.ok()) LOG(WARNING) << "final materialization failed (the log still has it): " << s;
@@ -83,7 +84,7 @@ absl::Status PodStorage::Recover() {
 
   // Stored rows, unless they load lazily (memory budget): then each table reads its rows
   // back from the database on first touch.
-  recovery_.lazy = options_.memory_budget_bytes > 0;
+  recovery_.lazy = options_.memory_budget_bytes > 0 || options_.lazy_start;
   if (recovery_.lazy) {
     for (auto& [no, table] : by_number) AttachSource(no, *table);
   }
@@ -237,6 +238,11 @@ absl::Status PodStorage::Recover() {
 
   log_ = std::make_unique<DurableLog>(db_.get(), next_lsn, options_.log);
   materializer_ = std::thread([this] { RunMaterializer(); });
+  if (recovery_.lazy && options_.memory_budget_bytes == 0 && options_.background_load) {
+    loader_ = std::thread([this] { LoadInBackground(); });
+  } else {
+    loaded_ = !recovery_.lazy;
+  }
   return absl::OkStatus();
 }
 
@@ -366,6 +372,46 @@ void PodStorage::EvictToBudget() {
   }
   absl::MutexLock lock(&mu_);
   stats_.evicted_rows += evicted;
+}
+
+void PodStorage::LoadInBackground() {
+  const absl::Time start = absl::Now();
+  absl::flat_hash_map<uint32_t, std::shared_ptr<EmbeddingTable>> by_number;
+  {
+    absl::MutexLock lock(&mu_);
+    for (auto& t : store_->Tables()) {
+      auto it = table_numbers_.find(t->spec().name());
+      if (it != table_numbers_.end()) by_number[it->second] = std::move(t);
+    }
+  }
+  uint64_t loaded = 0, rows = 0;
+  absl::Status s = db_->ForEachRow(
+      [&](const StoredRow& row) -> absl::Status {
+        if ((++rows & 4095) == 0) {
+          absl::MutexLock lock(&mu_);
+          if (stop_) return absl::CancelledError("closing");
+        }
+        auto it = by_number.find(row.table_no);
+        if (it == by_number.end()) return absl::OkStatus();  // recovery checked the catalog
+        EmbeddingTable& t = *it->second;
+        if (row.values.size() != t.dim() + t.slot_floats()) {
+          return absl::DataLossError(absl::StrCat("stored row ", row.id, " of '", t.spec().name(),
+                                                  "' has ", row.values.size(), " floats"));
+        }
+        loaded += t.RestoreIfAbsent(row.id, row.values.data(), row.step);
+        return absl::OkStatus();
+      },
+      [](absl::string_view, uint64_t, absl::Span<const float>) { return absl::OkStatus(); });
+  if (!s.ok()) {
+    // The sources stay attached: missing rows keep being read from the database.
+    if (!absl::IsCancelled(s)) LOG(ERROR) << "background loading of stored rows failed: " << s;
+    return;
+  }
+  // Every stored row is resident now: the tables go back to their in-memory path.
+  for (auto& [no, t] : by_number) t->SetRowSource(nullptr);
+  loaded_ = true;
+  LOG(INFO) << "loaded " << loaded << " of " << rows << " stored rows in the background in "
+            << absl::ToDoubleSeconds(absl::Now() - start) << " s";
 }
 
 void PodStorage::RunMaterializer() {
