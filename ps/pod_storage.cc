@@ -370,6 +370,8 @@ void PodStorage::EvictToBudget() {
       evicted += t->Evict(static_cast<uint64_t>(keep * t->rows()));
     }
   }
+  VLOG(1) << "evicted " << evicted << " rows: resident row bytes were " << total << ", budget "
+          << options_.memory_budget_bytes;
   absl::MutexLock lock(&mu_);
   stats_.evicted_rows += evicted;
 }
