@@ -376,6 +376,20 @@ void PodStorage::EvictToBudget() {
   stats_.evicted_rows += evicted;
 }
 
+absl::Status PodStorage::ForEachStoredRow(const std::string& table,
+                                          const std::function<absl::Status(const StoredRow&)>& fn) {
+  uint32_t no;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = table_numbers_.find(table);
+    if (it == table_numbers_.end()) {
+      return absl::NotFoundError(absl::StrCat("table '", table, "' is not stored"));
+    }
+    no = it->second;
+  }
+  return db_->ForEachTableRow(no, fn);
+}
+
 void PodStorage::LoadInBackground() {
   const absl::Time start = absl::Now();
   absl::flat_hash_map<uint32_t, std::shared_ptr<EmbeddingTable>> by_number;

@@ -93,6 +93,12 @@ class PodStorage {
   // A consistent copy of the pod's database into `dir` (see StorageDb::Checkpoint).
   absl::Status Checkpoint(const std::string& dir);
 
+  // Calls fn for every stored row of table `table` (as the rows column family has it:
+  // rows changed since the last materialization are newer in memory). NOT_FOUND for an
+  // unknown table. Thread-safe.
+  absl::Status ForEachStoredRow(const std::string& table,
+                                const std::function<absl::Status(const StoredRow&)>& fn);
+
   const RecoveryStats& recovery() const { return recovery_; }
   // Whether every stored row is in memory (false during a lazy start's background load,
   // and always with a memory budget).

@@ -115,6 +115,10 @@ class StorageDb {
                                                            absl::Span<const float>)>& fn_dense,
                           bool table_rows = true);
 
+  // Calls fn for every stored row of table `table_no`, in id order of the key encoding.
+  absl::Status ForEachTableRow(uint32_t table_no,
+                               const std::function<absl::Status(const StoredRow&)>& fn);
+
   // Reads stored rows of table `table_no` in one batched MultiGet: for each i, if row
   // ids[i] is stored with row_floats floats, copies them to values[i*row_floats...] and its
   // step to steps[i] and sets found[i]. DATA_LOSS for a stored row of another size.
