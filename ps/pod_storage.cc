@@ -82,42 +82,10 @@ absl::Status PodStorage::Recover() {
   recovery_.dense = catalog.dense.size();
   if (!catalog.dedup.empty()) RETURN_IF_ERROR(dedup_->Restore(catalog.dedup));
 
-  // Stored rows, unless they load lazily (memory budget): then each table reads its rows
-  // back from the database on first touch.
-  recovery_.lazy = options_.memory_budget_bytes > 0 || options_.lazy_start;
-  if (recovery_.lazy) {
-    for (auto& [no, table] : by_number) AttachSource(no, *table);
-  }
-  RETURN_IF_ERROR(db_->ForEachRow(
-      [&](const StoredRow& row) -> absl::Status {
-        auto it = by_number.find(row.table_no);
-        if (it == by_number.end()) {
-          return absl::DataLossError(absl::StrCat("stored row ", row.id, " of table number ",
-                                                  row.table_no, " which the catalog lacks"));
-        }
-        EmbeddingTable& t = *it->second;
-        if (row.values.size() != t.dim() + t.slot_floats()) {
-          return absl::DataLossError(absl::StrCat("stored row ", row.id, " of '", t.spec().name(),
-                                                  "' has ", row.values.size(), " floats, expected ",
-                                                  t.dim() + t.slot_floats()));
-        }
-        t.Restore(row.id, row.values.data(), row.values.data() + t.dim(), row.step);
-        ++recovery_.rows;
-        return absl::OkStatus();
-      },
-      [&](absl::string_view name, uint64_t step, absl::Span<const float> values) {
-        auto d = store_->FindDense(name);
-        if (d == nullptr) {
-          return absl::DataLossError(
-              absl::StrCat("stored dense tensor '", name, "' which the catalog lacks"));
-        }
-        return d->Restore(values, step);
-      },
-      /*table_rows=*/!recovery_.lazy));
-
   // The log: every row's updates in step order (see log_record.h).
   std::vector<LogRecord> records;
   uint64_t next_lsn = catalog.log_base;
+  const absl::Time log_start = absl::Now();
   RETURN_IF_ERROR(db_->ForEachLog([&](uint64_t lsn, absl::string_view bytes) -> absl::Status {
     ASSIGN_OR_RETURN(LogRecord rec, DecodeLogRecord(bytes));
     records.push_back(std::move(rec));
@@ -189,9 +157,48 @@ absl::Status PodStorage::Recover() {
     auto claim = dedup_->Begin(rec.key);
     if (claim.ok() && *claim == PushDedup::Claim::kNew) dedup_->Finish(rec.key, true);
   }
-  // Per row in step order; at equal steps the gradient update first: an install at the
-  // step a row already had was skipped (and so never logged), so an install is never
-  // followed by an update with its own step.
+  const absl::Time log_read = absl::Now();
+  // Stored rows, unless they load lazily (memory budget, lazy start): then each table
+  // reads its rows back from the database on first touch. A lazy start without a budget
+  // loads eagerly anyway when the log updates many rows (a quarter of those stored or
+  // more): one sequential scan then beats reading them back one by one.
+  recovery_.lazy = options_.memory_budget_bytes > 0 || options_.lazy_start;
+  if (recovery_.lazy && options_.memory_budget_bytes == 0 &&
+      updates.size() * 4 >= db_->EstimateRows()) {
+    recovery_.lazy = false;
+    LOG(INFO) << "lazy start skipped: the log updates " << updates.size()
+              << " rows, about a quarter or more of the stored rows";
+  }
+  if (recovery_.lazy) {
+    for (auto& [no, table] : by_number) AttachSource(no, *table);
+  }
+  RETURN_IF_ERROR(db_->ForEachRow(
+      [&](const StoredRow& row) -> absl::Status {
+        auto it = by_number.find(row.table_no);
+        if (it == by_number.end()) {
+          return absl::DataLossError(absl::StrCat("stored row ", row.id, " of table number ",
+                                                  row.table_no, " which the catalog lacks"));
+        }
+        EmbeddingTable& t = *it->second;
+        if (row.values.size() != t.dim() + t.slot_floats()) {
+          return absl::DataLossError(absl::StrCat("stored row ", row.id, " of '", t.spec().name(),
+                                                  "' has ", row.values.size(), " floats, expected ",
+                                                  t.dim() + t.slot_floats()));
+        }
+        t.Restore(row.id, row.values.data(), row.values.data() + t.dim(), row.step);
+        ++recovery_.rows;
+        return absl::OkStatus();
+      },
+      [&](absl::string_view name, uint64_t step, absl::Span<const float> values) {
+        auto d = store_->FindDense(name);
+        if (d == nullptr) {
+          return absl::DataLossError(
+              absl::StrCat("stored dense tensor '", name, "' which the catalog lacks"));
+        }
+        return d->Restore(values, step);
+      },
+      /*table_rows=*/!recovery_.lazy));
+  const absl::Time rows_done = absl::Now();
   if (recovery_.lazy) {  // the rows the log updates must be loaded before replaying
     absl::flat_hash_map<EmbeddingTable*, std::vector<int64_t>> ids;
     for (const Update& u : updates) ids[u.table].push_back(u.id);
@@ -204,6 +211,10 @@ absl::Status PodStorage::Recover() {
       }
     }
   }
+  const absl::Time loaded = absl::Now();
+  // Per row in step order; at equal steps the gradient update first: an install at the
+  // step a row already had was skipped (and so never logged), so an install is never
+  // followed by an update with its own step.
   std::sort(updates.begin(), updates.end(), [](const Update& a, const Update& b) {
     const bool ia = a.install != nullptr, ib = b.install != nullptr;
     return std::tie(a.table, a.id, a.step, ia) < std::tie(b.table, b.id, b.step, ib);
@@ -229,12 +240,17 @@ absl::Status PodStorage::Recover() {
   }
   recovery_.log_records = records.size();
   recovery_.replayed_updates = updates.size() + dense_updates.size();
-  recovery_.seconds = absl::ToDoubleSeconds(absl::Now() - start);
+  const absl::Time end = absl::Now();
+  recovery_.seconds = absl::ToDoubleSeconds(end - start);
   LOG(INFO) << "recovered " << options_.db.dir << " in " << recovery_.seconds
             << " s: " << recovery_.tables << " tables, " << recovery_.dense << " dense tensors, "
             << (recovery_.lazy ? "stored rows load lazily, " : "") << recovery_.rows
             << " stored rows, " << recovery_.log_records << " log records replayed ("
-            << recovery_.replayed_updates << " row updates)";
+            << recovery_.replayed_updates << " row updates)"
+            << " [log read " << absl::ToDoubleSeconds(log_read - log_start) << " s, stored rows "
+            << absl::ToDoubleSeconds(rows_done - log_read) << " s, rows read back "
+            << absl::ToDoubleSeconds(loaded - rows_done) << " s, replay "
+            << absl::ToDoubleSeconds(end - loaded) << " s]";
 
   log_ = std::make_unique<DurableLog>(db_.get(), next_lsn, options_.log);
   materializer_ = std::thread([this] { RunMaterializer(); });

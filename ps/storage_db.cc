@@ -463,6 +463,12 @@ absl::Status StorageDb::ForEachTableRow(uint32_t table_no,
   return FromRocks(it->status(), "cannot read stored rows");
 }
 
+uint64_t StorageDb::EstimateRows() {
+  uint64_t n = 0;
+  rep_->db->GetIntProperty(rep_->rows, "rocksdb.estimate-num-keys", &n);
+  return n;
+}
+
 absl::Status StorageDb::ReadRows(uint32_t table_no, absl::Span<const int64_t> ids,
                                  size_t row_floats, float* values, uint64_t* steps, bool* found) {
   const size_t n = ids.size();

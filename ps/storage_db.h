@@ -129,6 +129,9 @@ class StorageDb {
   // A consistent copy of the database in `dir` (must not exist), hard-linked where it can.
   absl::Status Checkpoint(const std::string& dir);
 
+  // RocksDB's estimate of the stored rows (keys of the rows column family).
+  uint64_t EstimateRows();
+
   // Bytes of live SST files and memtables, for Stats.
   uint64_t disk_bytes();
 
