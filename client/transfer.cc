@@ -38,11 +38,11 @@ bool Retryable(grpc::StatusCode c) {
          c == grpc::StatusCode::DEADLINE_EXCEEDED;
 }
 
-std::shared_ptr<grpc::Channel> Channel(const std::string& address) {
+std::shared_ptr<grpc::Channel> Channel(const ChannelMaker& channels, const std::string& address) {
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(256 << 20);
   args.SetMaxSendMessageSize(256 << 20);
-  return grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);
+  return channels.Make(address, args);
 }
 
 // Calls rpc with a fresh context per attempt, retrying retryable codes with backoff.
@@ -80,12 +80,13 @@ absl::Status WriteFile(const std::string& path, const std::string& data) {
   return absl::OkStatus();
 }
 
-absl::StatusOr<Cluster> FromServers(const ClusterTarget& target) {
+absl::StatusOr<Cluster> FromServers(const ClusterTarget& target, const ChannelMaker& channels) {
   Cluster c;
+  c.channels = channels;
   c.pods = target.servers;
   const absl::Time deadline = absl::Now() + absl::Milliseconds(target.connect_timeout_ms);
   for (size_t i = 0; i < c.pods.size(); ++i) {
-    auto stub = ParameterServer::NewStub(Channel(c.pods[i]));
+    auto stub = ParameterServer::NewStub(Channel(channels, c.pods[i]));
     DescribeResponse d;
     grpc::Status s;
     for (;;) {
@@ -127,8 +128,8 @@ absl::StatusOr<Cluster> FromServers(const ClusterTarget& target) {
   return c;
 }
 
-absl::StatusOr<Cluster> FromMaster(const ClusterTarget& target) {
-  auto stub = Master::NewStub(Channel(target.master));
+absl::StatusOr<Cluster> FromMaster(const ClusterTarget& target, const ChannelMaker& channels) {
+  auto stub = Master::NewStub(Channel(channels, target.master));
   const absl::Time deadline = absl::Now() + absl::Milliseconds(target.connect_timeout_ms);
   absl::Status last;
   for (;;) {
@@ -138,6 +139,7 @@ absl::StatusOr<Cluster> FromMaster(const ClusterTarget& target) {
     grpc::Status s = stub->GetShardMap(&ctx, GetShardMapRequest(), &map);
     if (s.ok()) {
       Cluster c;
+      c.channels = channels;
       c.num_vshards = map.num_vshards();
       c.epoch = map.epoch();
       for (const PodInfo& p : map.pods()) c.pods.push_back(p.address());
@@ -172,7 +174,8 @@ absl::StatusOr<Cluster> DiscoverCluster(const ClusterTarget& target) {
   if (target.master.empty() == target.servers.empty()) {
     return absl::InvalidArgumentError("give either the master or the pods' addresses");
   }
-  return target.master.empty() ? FromServers(target) : FromMaster(target);
+  ASSIGN_OR_RETURN(ChannelMaker channels, ChannelMaker::Create(target.security));
+  return target.master.empty() ? FromServers(target, channels) : FromMaster(target, channels);
 }
 
 absl::StatusOr<ExportManifest> ReadManifest(const std::string& part_dir) {
@@ -207,7 +210,7 @@ absl::StatusOr<ExportIndex> ExportCluster(const Cluster& cluster, const std::str
   std::vector<std::thread> threads;
   for (size_t i = 0; i < cluster.pods.size(); ++i) {
     threads.emplace_back([&, i] {
-      auto stub = PodTransfer::NewStub(Channel(cluster.pods[i]));
+      auto stub = PodTransfer::NewStub(Channel(cluster.channels, cluster.pods[i]));
       ExportRequest req;
       req.set_dir(absl::StrCat(dir, "/part-", i));
       grpc::Status s = CallWithRetry(options.timeout_ms, 5, [&](grpc::ClientContext* ctx) {
@@ -250,7 +253,7 @@ class Sender {
  public:
   Sender(const Cluster& cluster, const ImportOptions& options) : options_(options) {
     for (const std::string& pod : cluster.pods) {
-      stubs_.push_back(PodTransfer::NewStub(Channel(pod)));
+      stubs_.push_back(PodTransfer::NewStub(Channel(cluster.channels, pod)));
       names_.push_back(pod);
     }
     for (int i = 0; i < std::max(1, options.inflight); ++i) {
@@ -436,7 +439,7 @@ absl::StatusOr<ImportResult> ImportCluster(const Cluster& cluster, const std::st
 
   // Create the catalog on every pod (idempotent; ALREADY_EXISTS for another spec).
   for (const std::string& pod : cluster.pods) {
-    auto stub = ParameterServer::NewStub(Channel(pod));
+    auto stub = ParameterServer::NewStub(Channel(cluster.channels, pod));
     for (const auto& [name, spec] : tables) {
       CreateTableRequest req;
       *req.mutable_spec() = spec;

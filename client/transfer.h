@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "embedding/transport_security.h"
 #include "proto/export.pb.h"
 
 namespace ps {
@@ -26,6 +27,8 @@ struct ClusterTarget {
   std::vector<std::string> servers;
   // How long to wait for the master's map to have every owner live, or for pods to answer.
   int connect_timeout_ms = 30000;
+  // TLS and the bearer token towards the master and the pods. Default: plain text.
+  ChannelSecurity security;
 };
 
 struct Cluster {
@@ -33,6 +36,7 @@ struct Cluster {
   uint32_t num_vshards = 0;
   uint64_t epoch = 0;
   std::vector<uint32_t> owner;  // owner[v]: index into pods
+  ChannelMaker channels;        // the target's security, files loaded
 };
 
 // The pods and vshard map, or UNAVAILABLE (unreachable before the timeout),

@@ -79,7 +79,7 @@ absl::StatusOr<bool> DenseTensor::Install(absl::Span<const float> values, uint64
 bool DenseTensor::Snapshot(bool always, std::vector<float>* values, uint64_t* step) {
   absl::MutexLock lock(&mu_);
   if (!dirty_ && !always) return false;
-  dirty_ = false;
+  if (!always) dirty_ = false;  // `always` is a read (e.g. a migration), not a write-out
   *values = values_;
   *step = step_;
   return true;

@@ -47,7 +47,8 @@ class DenseTensor {
   absl::StatusOr<bool> Install(absl::Span<const float> values, uint64_t step);
 
   // If the tensor changed since the previous call (or `always`), copies weights and
-  // optimizer state into *values and the count into *step and returns true. Thread-safe.
+  // optimizer state into *values and the count into *step and returns true. Only a call
+  // without `always` clears the changed mark. Thread-safe.
   bool Snapshot(bool always, std::vector<float>* values, uint64_t* step);
 
   // Optimizer state floats after the weights.

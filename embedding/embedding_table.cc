@@ -39,11 +39,11 @@ class alignas(64) Stripe {
   std::vector<int64_t> ids ABSL_GUARDED_BY(mu);     // slot -> id
   std::vector<uint64_t> dirty ABSL_GUARDED_BY(mu);  // bit per slot (with track_dirty)
   uint32_t used_slots ABSL_GUARDED_BY(mu) = 0;
-  // With evictable: a bit per slot holding a row, a reference bit per slot (CLOCK), the
-  // slots of evicted rows for reuse, and the clock hand.
+  // A bit per slot holding a row, and the slots of evicted or erased rows for reuse.
   std::vector<uint64_t> live ABSL_GUARDED_BY(mu);
-  std::vector<uint64_t> ref ABSL_GUARDED_BY(mu);
   std::vector<uint32_t> free_slots ABSL_GUARDED_BY(mu);
+  // With evictable: a reference bit per slot (CLOCK) and the clock hand.
+  std::vector<uint64_t> ref ABSL_GUARDED_BY(mu);
   uint32_t hand ABSL_GUARDED_BY(mu) = 0;
 };
 
@@ -140,6 +140,25 @@ class EmbeddingTableImpl final : public EmbeddingTable {
     });
     if (missing.empty()) return absl::OkStatus();
     return LoadMissing(source, ids, missing, /*out=*/nullptr, /*read_only=*/true);
+  }
+
+  size_t Erase(absl::Span<const int64_t> ids) override {
+    size_t erased = 0;
+    for (int64_t id : ids) {
+      const uint64_t h = RouteHash(name_hash_, id);
+      Stripe& s = StripeOf(h);
+      SpinLockHolder lock(&s.mu);
+      const uint32_t* found = s.index.Find(id, h);
+      if (found == nullptr) continue;
+      const uint32_t slot = *found;
+      s.index.Erase(id, h);
+      ClearBit(s.live, slot);
+      if (track_dirty_) ClearBit(s.dirty, slot);
+      s.free_slots.push_back(slot);
+      rows_.fetch_sub(1, std::memory_order_relaxed);
+      ++erased;
+    }
+    return erased;
   }
 
   size_t Evict(uint64_t target_rows) override {
@@ -395,7 +414,7 @@ class EmbeddingTableImpl final : public EmbeddingTable {
             }
             word &= ~bit;
           }
-          if (evictable_ && !TestBit(s.live, slot)) continue;
+          if (!TestBit(s.live, slot)) continue;
           const float* row = RowAt(s, slot);
           RowView view;
           view.id = s.ids[slot];
@@ -476,7 +495,7 @@ class EmbeddingTableImpl final : public EmbeddingTable {
   // its contents are for the caller to write.
   uint32_t NewSlot(Stripe& s, int64_t id, uint64_t h) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mu) {
     uint32_t slot;
-    if (evictable_ && !s.free_slots.empty()) {
+    if (!s.free_slots.empty()) {
       slot = s.free_slots.back();
       s.free_slots.pop_back();
       s.ids[slot] = id;
@@ -490,16 +509,12 @@ class EmbeddingTableImpl final : public EmbeddingTable {
       s.ids.push_back(id);
       if ((slot & 63) == 0) {
         if (track_dirty_) s.dirty.push_back(0);
-        if (evictable_) {
-          s.live.push_back(0);
-          s.ref.push_back(0);
-        }
+        s.live.push_back(0);
+        if (evictable_) s.ref.push_back(0);
       }
     }
-    if (evictable_) {
-      SetBit(s.live, slot);
-      SetBit(s.ref, slot);
-    }
+    SetBit(s.live, slot);
+    if (evictable_) SetBit(s.ref, slot);
     const size_t index_bytes = s.index.memory_bytes();
     s.index.Insert(id, h, slot);
     index_bytes_.fetch_add(s.index.memory_bytes() - index_bytes, std::memory_order_relaxed);

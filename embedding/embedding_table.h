@@ -119,6 +119,10 @@ class EmbeddingTable {
   virtual size_t CollectDirty(const std::function<void(const RowView&)>& fn,
                               const std::function<void()>& between = nullptr) = 0;
 
+  // Removes the rows of `ids` that exist (their memory is reused by later rows); returns
+  // how many were removed. Used when a vshard moves to another pod. Thread-safe.
+  virtual size_t Erase(absl::Span<const int64_t> ids) = 0;
+
   // Calls fn for every row (as CollectDirty, without clearing marks). Thread-safe.
   virtual size_t ForEachRow(const std::function<void(const RowView&)>& fn) = 0;
 

@@ -470,6 +470,73 @@ absl::Status PodStorage::Checkpoint(const std::string& dir) {
   return db_->Checkpoint(dir);
 }
 
+absl::Status PodStorage::WriteImported(const std::string& table, absl::Span<const int64_t> ids,
+                                       absl::Span<const uint64_t> steps,
+                                       absl::Span<const float> values, uint32_t dim) {
+  uint32_t no;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = table_numbers_.find(table);
+    if (it == table_numbers_.end()) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("imported rows of table '", table, "', which is not stored here"));
+    }
+    no = it->second;
+  }
+  const size_t row_floats = ids.empty() ? 0 : values.size() / ids.size();
+  RowBatch batch = db_->NewRowBatch();
+  for (size_t i = 0; i < ids.size(); ++i) {
+    const float* row = values.data() + i * row_floats;
+    batch.AddRow(no, ids[i], steps[i], absl::MakeConstSpan(row, dim),
+                 absl::MakeConstSpan(row + dim, row_floats - dim));
+  }
+  return db_->WriteRowsLogged(&batch);
+}
+
+absl::Status PodStorage::WriteImportedDense(const std::string& name, uint64_t step,
+                                            absl::Span<const float> values) {
+  RowBatch batch = db_->NewRowBatch();
+  batch.AddDense(name, step, values);
+  return db_->WriteRowsLogged(&batch);
+}
+
+absl::Status PodStorage::FlushImported() {
+  // Imported rows went through the WAL: written survives a process crash; fsync for
+  // the modes that promise more.
+  if (options_.log.durability == Durability::kProcess) return absl::OkStatus();
+  return db_->SyncLog();
+}
+
+absl::Status PodStorage::DropRows(
+    const std::vector<std::pair<std::string, std::vector<int64_t>>>& rows,
+    const std::vector<std::string>& dense) {
+  // Under the round lock: a round in progress could otherwise write back a row it
+  // gathered before the caller erased it.
+  absl::MutexLock round(&materialize_mu_);
+  // First a round: it writes what is dirty (a dense tensor being dropped stays in memory,
+  // so it must not be dirty afterwards) and truncates the log records of the dropped rows.
+  RETURN_IF_ERROR(MaterializeLocked());
+  RowBatch batch = db_->NewRowBatch();
+  for (const auto& [table, ids] : rows) {
+    uint32_t no;
+    {
+      absl::MutexLock lock(&mu_);
+      auto it = table_numbers_.find(table);
+      if (it == table_numbers_.end()) continue;
+      no = it->second;
+    }
+    for (int64_t id : ids) batch.DeleteRow(no, id);
+  }
+  for (const std::string& name : dense) batch.DeleteDense(name);
+  if (batch.count() > 0) {
+    RETURN_IF_ERROR(db_->WriteRows(&batch));
+    RETURN_IF_ERROR(db_->FlushRows());
+  }
+  return absl::OkStatus();
+}
+
+absl::Status PodStorage::WaitApplied() { return log_->WaitWritten(BarrierLsn()); }
+
 PodStorage::Stats PodStorage::stats() {
   const uint64_t disk = db_->disk_bytes();
   absl::MutexLock lock(&mu_);

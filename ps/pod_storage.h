@@ -88,6 +88,23 @@ class PodStorage {
   absl::Mutex& apply_mu() { return apply_mu_; }
   DurableLog& log() { return *log_; }
 
+  // Live migration (ps/ps_core_migrate.cc). Rows a move brought here (per id: `dim`
+  // weights then the slots), written through the WAL: durable (in the pod's durability
+  // mode) after FlushImported, with no memtable flush. Thread-safe.
+  absl::Status WriteImported(const std::string& table, absl::Span<const int64_t> ids,
+                             absl::Span<const uint64_t> steps, absl::Span<const float> values,
+                             uint32_t dim);
+  absl::Status WriteImportedDense(const std::string& name, uint64_t step,
+                                  absl::Span<const float> values);
+  absl::Status FlushImported();
+  // Deletes rows (and dense tensors) of vshards that moved away, durably, then truncates
+  // the log so a restart does not replay their updates. The caller erased them from
+  // memory first. Thread-safe.
+  absl::Status DropRows(const std::vector<std::pair<std::string, std::vector<int64_t>>>& rows,
+                        const std::vector<std::string>& dense);
+  // Waits until every update applied in memory so far has its log record written.
+  absl::Status WaitApplied();
+
   // One materialization round now (the background thread calls it too). Thread-safe.
   absl::Status Materialize();
   // A consistent copy of the pod's database into `dir` (see StorageDb::Checkpoint).

@@ -110,6 +110,7 @@ absl::StatusOr<std::unique_ptr<PsCore>> PsCore::Open(PsCoreOptions options,
 
 void PsCore::SetOwnership(ShardOwnership ownership) {
   auto next = std::make_shared<const ShardOwnership>(std::move(ownership));
+  absl::WriterMutexLock fence(&migrate_mu_);
   absl::MutexLock lock(&mu_);
   ownership_ = std::move(next);
 }
@@ -297,12 +298,28 @@ absl::Status PsCore::PreparePush(const PushRequest& req, const ShardOwnership& o
 }
 
 void PsCore::PushAsync(const PushRequest& req, PushResponse* resp, Done done) {
+  // Held until the push is applied in memory: see migrate_mu_.
+  absl::ReaderMutexLock fence(&migrate_mu_);
   auto own = ownership();
   resp->set_epoch(own->epoch());
   // Shared so the (copyable) apply function can hold it; lives until this call returns.
   auto prepared = std::make_shared<std::vector<PreparedPush>>();
   size_t total = 0;
-  if (absl::Status s = PreparePush(req, *own, prepared.get(), &total); !s.ok()) return done(s);
+  if (absl::Status s = PreparePush(req, *own, prepared.get(), &total); !s.ok()) {
+    return done(RefusedOrDuplicate(req.key(), resp, std::move(s)));
+  }
+  OutgoingMove* out = outgoing_.get();
+  if (out != nullptr) {
+    std::vector<uint32_t> vshards;
+    for (const PreparedPush& p : *prepared) {
+      const uint64_t h = p.rows.table->name_hash();
+      for (int64_t id : p.rows.ids)
+        vshards.push_back(VShardOf(RouteHash(h, id), own->num_vshards()));
+    }
+    if (absl::Status s = CheckFence(*out, req.key(), resp, vshards); !s.ok() || resp->duplicate()) {
+      return done(s);
+    }
+  }
   size_t record_bytes = 0;
   for (const PreparedPush& p : *prepared) {
     record_bytes += LogRecordBuilder::TableBytes(p.rows.table->spec().name(), p.rows.ids.size(),
@@ -310,7 +327,7 @@ void PsCore::PushAsync(const PushRequest& req, PushResponse* resp, Done done) {
   }
   ApplyOnce(
       req.key(), resp, record_bytes,
-      [prepared](LogRecordBuilder* record) -> absl::Status {
+      [this, prepared, out](LogRecordBuilder* record) -> absl::Status {
         // Evicted rows (memory budget) are read back first, so that a failed read
         // applies nothing; eviction waits for the apply lock this runs under.
         for (PreparedPush& p : *prepared) RETURN_IF_ERROR(p.rows.table->Load(p.rows.ids));
@@ -319,11 +336,12 @@ void PsCore::PushAsync(const PushRequest& req, PushResponse* resp, Done done) {
           EmbeddingTable& t = *p.rows.table;
           if (record == nullptr) {
             t.Push(p.rows.ids, p.grads.data(), p.lr);
-            continue;
+          } else {
+            steps.resize(p.rows.ids.size());
+            t.Push(p.rows.ids, p.grads.data(), p.lr, steps.data());
+            record->AddTable(t.spec().name(), p.lr, t.dim(), p.rows.ids, steps, p.grads.data());
           }
-          steps.resize(p.rows.ids.size());
-          t.Push(p.rows.ids, p.grads.data(), p.lr, steps.data());
-          record->AddTable(t.spec().name(), p.lr, t.dim(), p.rows.ids, steps, p.grads.data());
+          if (out != nullptr) RecordTouched(out, p.rows.table, p.rows.ids);
         }
         return absl::OkStatus();
       },
@@ -334,6 +352,23 @@ void PsCore::PushAsync(const PushRequest& req, PushResponse* resp, Done done) {
         }
         done(s);
       });
+}
+
+absl::Status PsCore::RefusedOrDuplicate(const PushKey& key, PushResponse* resp,
+                                        absl::Status refused) {
+  if (refused.code() != absl::StatusCode::kFailedPrecondition) return refused;
+  switch (dedup_.Peek(key)) {
+    case PushDedup::Claim::kDuplicate:
+      counters_.duplicate_pushes.fetch_add(1, std::memory_order_relaxed);
+      resp->set_duplicate(true);
+      return absl::OkStatus();
+    case PushDedup::Claim::kInProgress:
+      return absl::AbortedError(absl::StrCat("push ", key.worker_id(), "/", key.incarnation(), "/",
+                                             key.sequence(), " is being applied now; retry"));
+    case PushDedup::Claim::kNew:
+      break;
+  }
+  return refused;
 }
 
 namespace {
@@ -413,18 +448,32 @@ absl::Status PsCore::PrepareDensePush(const DensePushRequest& req, const ShardOw
 }
 
 void PsCore::PushDenseAsync(const DensePushRequest& req, PushResponse* resp, Done done) {
+  absl::ReaderMutexLock fence(&migrate_mu_);
   auto own = ownership();
   resp->set_epoch(own->epoch());
   auto prepared = std::make_shared<std::vector<PreparedDense>>();
-  if (absl::Status s = PrepareDensePush(req, *own, prepared.get()); !s.ok()) return done(s);
+  if (absl::Status s = PrepareDensePush(req, *own, prepared.get()); !s.ok()) {
+    return done(RefusedOrDuplicate(req.key(), resp, std::move(s)));
+  }
+  OutgoingMove* out = outgoing_.get();
+  if (out != nullptr) {
+    std::vector<uint32_t> vshards;
+    for (const PreparedDense& p : *prepared) {
+      vshards.push_back(DenseVShard(p.tensor->spec().name(), own->num_vshards()));
+    }
+    if (absl::Status s = CheckFence(*out, req.key(), resp, vshards); !s.ok() || resp->duplicate()) {
+      return done(s);
+    }
+  }
   size_t record_bytes = 0;
   for (const PreparedDense& p : *prepared) record_bytes += 32 + p.grads.size() * sizeof(float);
   ApplyOnce(
       req.key(), resp, record_bytes,
-      [prepared](LogRecordBuilder* record) {
+      [this, prepared, out](LogRecordBuilder* record) {
         for (PreparedDense& p : *prepared) {
           const uint64_t step = p.tensor->Push(p.grads.data(), p.lr);
           if (record != nullptr) record->AddDense(p.tensor->spec().name(), p.lr, step, p.grads);
+          if (out != nullptr) RecordTouchedDense(out, p.tensor->spec().name());
         }
         return absl::OkStatus();
       },

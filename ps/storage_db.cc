@@ -150,13 +150,29 @@ RowBatch::RowBatch() : rep_(std::make_unique<Rep>()) {}
 RowBatch::~RowBatch() = default;
 RowBatch::RowBatch(RowBatch&&) noexcept = default;
 
-void RowBatch::AddRow(uint32_t table_no, int64_t id, uint64_t step, absl::Span<const float> weights,
-                      absl::Span<const float> slots) {
+namespace {
+std::string RowKey(uint32_t table_no, int64_t id) {
   std::string key;
   key.reserve(12);
   PutBE32(&key, table_no);
   PutBE64(&key, static_cast<uint64_t>(id) ^ (uint64_t{1} << 63));
-  rep_->batch.Put(rep_->cf, key, RowValue(step, weights, slots));
+  return key;
+}
+}  // namespace
+
+void RowBatch::AddRow(uint32_t table_no, int64_t id, uint64_t step, absl::Span<const float> weights,
+                      absl::Span<const float> slots) {
+  rep_->batch.Put(rep_->cf, RowKey(table_no, id), RowValue(step, weights, slots));
+  ++count_;
+}
+
+void RowBatch::DeleteRow(uint32_t table_no, int64_t id) {
+  rep_->batch.Delete(rep_->cf, RowKey(table_no, id));
+  ++count_;
+}
+
+void RowBatch::DeleteDense(absl::string_view name) {
+  rep_->batch.Delete(rep_->cf, absl::StrCat(kDenseKeyPrefix, name));
   ++count_;
 }
 
@@ -381,6 +397,11 @@ absl::Status StorageDb::WriteRows(RowBatch* batch) {
   rocksdb::WriteOptions options;
   options.disableWAL = true;
   return FromRocks(rep_->db->Write(options, &batch->rep_->batch), "cannot write rows");
+}
+
+absl::Status StorageDb::WriteRowsLogged(RowBatch* batch) {
+  return FromRocks(rep_->db->Write(rocksdb::WriteOptions(), &batch->rep_->batch),
+                   "cannot write rows");
 }
 
 absl::Status StorageDb::FlushRows() {

@@ -51,6 +51,9 @@ class RowBatch {
   void AddRow(uint32_t table_no, int64_t id, uint64_t step, absl::Span<const float> weights,
               absl::Span<const float> slots);
   void AddDense(absl::string_view name, uint64_t step, absl::Span<const float> values);
+  // Deletes (a vshard moved away).
+  void DeleteRow(uint32_t table_no, int64_t id);
+  void DeleteDense(absl::string_view name);
   size_t bytes() const;
   size_t count() const { return count_; }
   void Clear();
@@ -107,6 +110,9 @@ class StorageDb {
   // Writes rows without the WAL: they are durable only after FlushRows, which the
   // materializer calls before it truncates the log records that would rebuild them.
   absl::Status WriteRows(RowBatch* batch);
+  // The same through the WAL: durable against a process crash once written, against power
+  // loss after SyncLog; no flush needed (rows a live migration brings in).
+  absl::Status WriteRowsLogged(RowBatch* batch);
   absl::Status FlushRows();
   // Calls fn for every stored table row (unless !table_rows: a lazy start skips them) and
   // fn_dense for every dense tensor.

@@ -6,11 +6,25 @@
 #include "ps/ps_service.h"
 
 namespace ps {
+namespace {
+
+// Finishes `reactor` with UNAUTHENTICATED and returns true when `ctx` lacks the token.
+bool Refused(const TokenAuthenticator* auth, grpc::CallbackServerContext* ctx,
+             grpc::ServerUnaryReactor* reactor) {
+  if (auth == nullptr) return false;
+  absl::Status s = auth->Check(*ctx);
+  if (s.ok()) return false;
+  reactor->Finish(ToGrpcStatus(s));
+  return true;
+}
+
+}  // namespace
 
 grpc::ServerUnaryReactor* PodTransferService::Export(grpc::CallbackServerContext* ctx,
                                                      const ExportRequest* req,
                                                      ExportResponse* resp) {
   grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+  if (Refused(auth_, ctx, reactor)) return reactor;
   if (exporting_.exchange(true)) {
     reactor->Finish(grpc::Status(grpc::StatusCode::UNAVAILABLE,
                                  "an export is already running on this pod; retry later"));
@@ -33,10 +47,11 @@ grpc::ServerUnaryReactor* PodTransferService::ImportRows(grpc::CallbackServerCon
                                                          const ImportRowsRequest* req,
                                                          ImportRowsResponse* resp) {
   grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+  if (Refused(auth_, ctx, reactor)) return reactor;
   PsCore* core = core_;
   if (!pool_->TrySubmit([core, req, resp, reactor] {
         ps::ImportRows(*core, *req, resp,
-                   [reactor](absl::Status s) { reactor->Finish(ToGrpcStatus(s)); });
+                       [reactor](absl::Status s) { reactor->Finish(ToGrpcStatus(s)); });
       })) {
     reactor->Finish(grpc::Status(grpc::StatusCode::UNAVAILABLE,
                                  "server work queue is full; retry with backoff"));

@@ -6,6 +6,7 @@
 
 #include <atomic>
 
+#include "embedding/transport_security.h"
 #include "proto/ps.grpc.pb.h"
 #include "ps/ps_core.h"
 #include "ps/work_pool.h"
@@ -15,8 +16,10 @@ namespace ps {
 class PodTransferService final : public PodTransfer::CallbackService {
  public:
   // `core` and `pool` must outlive the service.
-  PodTransferService(PsCore* core, WorkPool* pool)
-      : core_(core), pool_(pool), export_pool_(WorkPoolOptions{1, 1}) {}
+  // With `auth` (which must outlive the service too), every call is checked first and
+  // refused with UNAUTHENTICATED.
+  PodTransferService(PsCore* core, WorkPool* pool, const TokenAuthenticator* auth = nullptr)
+      : core_(core), pool_(pool), auth_(auth), export_pool_(WorkPoolOptions{1, 1}) {}
 
   grpc::ServerUnaryReactor* Export(grpc::CallbackServerContext* ctx, const ExportRequest* req,
                                    ExportResponse* resp) override;
@@ -27,6 +30,7 @@ class PodTransferService final : public PodTransfer::CallbackService {
  private:
   PsCore* const core_;
   WorkPool* const pool_;
+  const TokenAuthenticator* const auth_;  // null: no token required
   std::atomic<bool> exporting_{false};
   WorkPool export_pool_;  // one thread; declared last, so joined first
 };
