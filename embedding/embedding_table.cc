@@ -228,6 +228,17 @@ class EmbeddingTableImpl final : public EmbeddingTable {
     SetStep(row, step);
   }
 
+  bool RestoreIfAbsent(int64_t id, const float* values, uint64_t step) override {
+    const uint64_t h = RouteHash(name_hash_, id);
+    Stripe& s = StripeOf(h);
+    SpinLockHolder lock(&s.mu);
+    if (s.index.Find(id, h) != nullptr) return false;
+    float* row = RowAt(s, NewSlot(s, id, h));
+    std::memcpy(row, values, (layout_.dim + layout_.slot_floats) * sizeof(float));
+    SetStep(row, step);
+    return true;
+  }
+
   bool Install(int64_t id, const float* weights, const float* slots, uint64_t step) override {
     const uint64_t h = RouteHash(name_hash_, id);
     Stripe& s = StripeOf(h);

@@ -81,6 +81,11 @@ class EmbeddingTable {
   // update count, creating it if missing; the row is not marked dirty. Thread-safe.
   virtual void Restore(int64_t id, const float* weights, const float* slots, uint64_t step) = 0;
 
+  // Restores row `id` (values: weights then slots) unless it is resident; not marked
+  // dirty. Returns whether it did. For loading stored rows in the background while the
+  // table serves: a resident row is as new as the stored one or newer. Thread-safe.
+  virtual bool RestoreIfAbsent(int64_t id, const float* values, uint64_t step) = 0;
+
   // Installs a whole row (an import): sets row `id` to the given weights (dim floats),
   // optimizer slots (slot_floats()) and update count if the row is missing or has fewer
   // than `step` updates, and marks it dirty; otherwise (the table already holds that state

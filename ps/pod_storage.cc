@@ -37,7 +37,7 @@ void PodStorage::AttachSource(uint32_t no, EmbeddingTable& table) {
 absl::StatusOr<std::unique_ptr<PodStorage>> PodStorage::Open(const PodStorageOptions& options,
                                                              ModelStore* store, PushDedup* dedup) {
   StorageDbOptions db_options = options.db;
-  db_options.rows_point_reads = options.memory_budget_bytes > 0;
+  db_options.rows_point_reads = options.memory_budget_bytes > 0 || options.lazy_start;
   ASSIGN_OR_RETURN(std::unique_ptr<StorageDb> db, StorageDb::Open(db_options));
   std::unique_ptr<PodStorage> storage(new PodStorage(options, std::move(db), store, dedup));
   RETURN_IF_ERROR(storage->Recover());
@@ -54,6 +54,7 @@ PodStorage::~PodStorage() {
     stop_ = true;
   }
   if (materializer_.joinable()) materializer_.join();
+  if (loader_.joinable()) loader_.join();
   if (log_ != nullptr && options_.materialize_on_close) {
     absl::Status s = Materialize();
     if (!s.ok()) LOG(WARNING) << "final materialization failed (the log still has it): " << s;
@@ -81,42 +82,10 @@ absl::Status PodStorage::Recover() {
   recovery_.dense = catalog.dense.size();
   if (!catalog.dedup.empty()) RETURN_IF_ERROR(dedup_->Restore(catalog.dedup));
 
-  // Stored rows, unless they load lazily (memory budget): then each table reads its rows
-  // back from the database on first touch.
-  recovery_.lazy = options_.memory_budget_bytes > 0;
-  if (recovery_.lazy) {
-    for (auto& [no, table] : by_number) AttachSource(no, *table);
-  }
-  RETURN_IF_ERROR(db_->ForEachRow(
-      [&](const StoredRow& row) -> absl::Status {
-        auto it = by_number.find(row.table_no);
-        if (it == by_number.end()) {
-          return absl::DataLossError(absl::StrCat("stored row ", row.id, " of table number ",
-                                                  row.table_no, " which the catalog lacks"));
-        }
-        EmbeddingTable& t = *it->second;
-        if (row.values.size() != t.dim() + t.slot_floats()) {
-          return absl::DataLossError(absl::StrCat("stored row ", row.id, " of '", t.spec().name(),
-                                                  "' has ", row.values.size(), " floats, expected ",
-                                                  t.dim() + t.slot_floats()));
-        }
-        t.Restore(row.id, row.values.data(), row.values.data() + t.dim(), row.step);
-        ++recovery_.rows;
-        return absl::OkStatus();
-      },
-      [&](absl::string_view name, uint64_t step, absl::Span<const float> values) {
-        auto d = store_->FindDense(name);
-        if (d == nullptr) {
-          return absl::DataLossError(
-              absl::StrCat("stored dense tensor '", name, "' which the catalog lacks"));
-        }
-        return d->Restore(values, step);
-      },
-      /*table_rows=*/!recovery_.lazy));
-
   // The log: every row's updates in step order (see log_record.h).
   std::vector<LogRecord> records;
   uint64_t next_lsn = catalog.log_base;
+  const absl::Time log_start = absl::Now();
   RETURN_IF_ERROR(db_->ForEachLog([&](uint64_t lsn, absl::string_view bytes) -> absl::Status {
     ASSIGN_OR_RETURN(LogRecord rec, DecodeLogRecord(bytes));
     records.push_back(std::move(rec));
@@ -188,9 +157,48 @@ absl::Status PodStorage::Recover() {
     auto claim = dedup_->Begin(rec.key);
     if (claim.ok() && *claim == PushDedup::Claim::kNew) dedup_->Finish(rec.key, true);
   }
-  // Per row in step order; at equal steps the gradient update first: an install at the
-  // step a row already had was skipped (and so never logged), so an install is never
-  // followed by an update with its own step.
+  const absl::Time log_read = absl::Now();
+  // Stored rows, unless they load lazily (memory budget, lazy start): then each table
+  // reads its rows back from the database on first touch. A lazy start without a budget
+  // loads eagerly anyway when the log updates many rows (a quarter of those stored or
+  // more): one sequential scan then beats reading them back one by one.
+  recovery_.lazy = options_.memory_budget_bytes > 0 || options_.lazy_start;
+  if (recovery_.lazy && options_.memory_budget_bytes == 0 &&
+      updates.size() * 4 >= db_->EstimateRows()) {
+    recovery_.lazy = false;
+    LOG(INFO) << "lazy start skipped: the log updates " << updates.size()
+              << " rows, about a quarter or more of the stored rows";
+  }
+  if (recovery_.lazy) {
+    for (auto& [no, table] : by_number) AttachSource(no, *table);
+  }
+  RETURN_IF_ERROR(db_->ForEachRow(
+      [&](const StoredRow& row) -> absl::Status {
+        auto it = by_number.find(row.table_no);
+        if (it == by_number.end()) {
+          return absl::DataLossError(absl::StrCat("stored row ", row.id, " of table number ",
+                                                  row.table_no, " which the catalog lacks"));
+        }
+        EmbeddingTable& t = *it->second;
+        if (row.values.size() != t.dim() + t.slot_floats()) {
+          return absl::DataLossError(absl::StrCat("stored row ", row.id, " of '", t.spec().name(),
+                                                  "' has ", row.values.size(), " floats, expected ",
+                                                  t.dim() + t.slot_floats()));
+        }
+        t.Restore(row.id, row.values.data(), row.values.data() + t.dim(), row.step);
+        ++recovery_.rows;
+        return absl::OkStatus();
+      },
+      [&](absl::string_view name, uint64_t step, absl::Span<const float> values) {
+        auto d = store_->FindDense(name);
+        if (d == nullptr) {
+          return absl::DataLossError(
+              absl::StrCat("stored dense tensor '", name, "' which the catalog lacks"));
+        }
+        return d->Restore(values, step);
+      },
+      /*table_rows=*/!recovery_.lazy));
+  const absl::Time rows_done = absl::Now();
   if (recovery_.lazy) {  // the rows the log updates must be loaded before replaying
     absl::flat_hash_map<EmbeddingTable*, std::vector<int64_t>> ids;
     for (const Update& u : updates) ids[u.table].push_back(u.id);
@@ -203,6 +211,10 @@ absl::Status PodStorage::Recover() {
       }
     }
   }
+  const absl::Time loaded = absl::Now();
+  // Per row in step order; at equal steps the gradient update first: an install at the
+  // step a row already had was skipped (and so never logged), so an install is never
+  // followed by an update with its own step.
   std::sort(updates.begin(), updates.end(), [](const Update& a, const Update& b) {
     const bool ia = a.install != nullptr, ib = b.install != nullptr;
     return std::tie(a.table, a.id, a.step, ia) < std::tie(b.table, b.id, b.step, ib);
@@ -228,15 +240,25 @@ absl::Status PodStorage::Recover() {
   }
   recovery_.log_records = records.size();
   recovery_.replayed_updates = updates.size() + dense_updates.size();
-  recovery_.seconds = absl::ToDoubleSeconds(absl::Now() - start);
+  const absl::Time end = absl::Now();
+  recovery_.seconds = absl::ToDoubleSeconds(end - start);
   LOG(INFO) << "recovered " << options_.db.dir << " in " << recovery_.seconds
             << " s: " << recovery_.tables << " tables, " << recovery_.dense << " dense tensors, "
             << (recovery_.lazy ? "stored rows load lazily, " : "") << recovery_.rows
             << " stored rows, " << recovery_.log_records << " log records replayed ("
-            << recovery_.replayed_updates << " row updates)";
+            << recovery_.replayed_updates << " row updates)"
+            << " [log read " << absl::ToDoubleSeconds(log_read - log_start) << " s, stored rows "
+            << absl::ToDoubleSeconds(rows_done - log_read) << " s, rows read back "
+            << absl::ToDoubleSeconds(loaded - rows_done) << " s, replay "
+            << absl::ToDoubleSeconds(end - loaded) << " s]";
 
   log_ = std::make_unique<DurableLog>(db_.get(), next_lsn, options_.log);
   materializer_ = std::thread([this] { RunMaterializer(); });
+  if (recovery_.lazy && options_.memory_budget_bytes == 0 && options_.background_load) {
+    loader_ = std::thread([this] { LoadInBackground(); });
+  } else {
+    loaded_ = !recovery_.lazy;
+  }
   return absl::OkStatus();
 }
 
@@ -364,8 +386,64 @@ void PodStorage::EvictToBudget() {
       evicted += t->Evict(static_cast<uint64_t>(keep * t->rows()));
     }
   }
+  VLOG(1) << "evicted " << evicted << " rows: resident row bytes were " << total << ", budget "
+          << options_.memory_budget_bytes;
   absl::MutexLock lock(&mu_);
   stats_.evicted_rows += evicted;
+}
+
+absl::Status PodStorage::ForEachStoredRow(const std::string& table,
+                                          const std::function<absl::Status(const StoredRow&)>& fn) {
+  uint32_t no;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = table_numbers_.find(table);
+    if (it == table_numbers_.end()) {
+      return absl::NotFoundError(absl::StrCat("table '", table, "' is not stored"));
+    }
+    no = it->second;
+  }
+  return db_->ForEachTableRow(no, fn);
+}
+
+void PodStorage::LoadInBackground() {
+  const absl::Time start = absl::Now();
+  absl::flat_hash_map<uint32_t, std::shared_ptr<EmbeddingTable>> by_number;
+  {
+    absl::MutexLock lock(&mu_);
+    for (auto& t : store_->Tables()) {
+      auto it = table_numbers_.find(t->spec().name());
+      if (it != table_numbers_.end()) by_number[it->second] = std::move(t);
+    }
+  }
+  uint64_t loaded = 0, rows = 0;
+  absl::Status s = db_->ForEachRow(
+      [&](const StoredRow& row) -> absl::Status {
+        if ((++rows & 4095) == 0) {
+          absl::MutexLock lock(&mu_);
+          if (stop_) return absl::CancelledError("closing");
+        }
+        auto it = by_number.find(row.table_no);
+        if (it == by_number.end()) return absl::OkStatus();  // recovery checked the catalog
+        EmbeddingTable& t = *it->second;
+        if (row.values.size() != t.dim() + t.slot_floats()) {
+          return absl::DataLossError(absl::StrCat("stored row ", row.id, " of '", t.spec().name(),
+                                                  "' has ", row.values.size(), " floats"));
+        }
+        loaded += t.RestoreIfAbsent(row.id, row.values.data(), row.step);
+        return absl::OkStatus();
+      },
+      [](absl::string_view, uint64_t, absl::Span<const float>) { return absl::OkStatus(); });
+  if (!s.ok()) {
+    // The sources stay attached: missing rows keep being read from the database.
+    if (!absl::IsCancelled(s)) LOG(ERROR) << "background loading of stored rows failed: " << s;
+    return;
+  }
+  // Every stored row is resident now: the tables go back to their in-memory path.
+  for (auto& [no, t] : by_number) t->SetRowSource(nullptr);
+  loaded_ = true;
+  LOG(INFO) << "loaded " << loaded << " of " << rows << " stored rows in the background in "
+            << absl::ToDoubleSeconds(absl::Now() - start) << " s";
 }
 
 void PodStorage::RunMaterializer() {

@@ -15,6 +15,7 @@
 // the rows it changed are flushed, so an acknowledged push is never lost.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -48,11 +49,20 @@ struct PodStorageOptions {
   // either: they load on first touch (a lazy start). Needs tables built with
   // TableOptions.evictable.
   uint64_t memory_budget_bytes = 0;
+  // Serve before the stored rows are loaded: recovery replays the log (reading back only
+  // the rows it updates) and the pod serves; a background thread then loads every stored
+  // row that is not resident yet, while requests read missing rows from the database
+  // (never a fresh initializer for a stored row). Implied by a memory budget, which
+  // loads nothing in the background.
+  bool lazy_start = false;
+  // Lazy start: load the stored rows in the background (tests turn it off to keep the
+  // not-yet-loaded window open).
+  bool background_load = true;
 };
 
 struct RecoveryStats {
   uint64_t tables = 0, dense = 0, rows = 0, log_records = 0, replayed_updates = 0;
-  bool lazy = false;  // stored rows were left on disk (memory budget)
+  bool lazy = false;  // stored rows were left on disk at start (lazy_start, memory budget)
   double seconds = 0;
 };
 
@@ -100,7 +110,16 @@ class PodStorage {
   // A consistent copy of the pod's database into `dir` (see StorageDb::Checkpoint).
   absl::Status Checkpoint(const std::string& dir);
 
+  // Calls fn for every stored row of table `table` (as the rows column family has it:
+  // rows changed since the last materialization are newer in memory). NOT_FOUND for an
+  // unknown table. Thread-safe.
+  absl::Status ForEachStoredRow(const std::string& table,
+                                const std::function<absl::Status(const StoredRow&)>& fn);
+
   const RecoveryStats& recovery() const { return recovery_; }
+  // Whether every stored row is in memory (false during a lazy start's background load,
+  // and always with a memory budget).
+  bool rows_loaded() const { return loaded_; }
   Durability durability() const { return options_.log.durability; }
   struct Stats {
     uint64_t materialize_rounds = 0, materialized_rows = 0, evicted_rows = 0;
@@ -120,6 +139,9 @@ class PodStorage {
   void AttachSource(uint32_t no, EmbeddingTable& table);
   // Evicts rows down to the budget; after a successful round (every dirty row written).
   void EvictToBudget();
+  // Lazy start without a budget: loads every stored row that is not resident, then
+  // detaches the tables' sources (every row is then in memory).
+  void LoadInBackground();
 
   const PodStorageOptions options_;
   std::unique_ptr<StorageDb> db_;
@@ -138,6 +160,8 @@ class PodStorage {
   Stats stats_ ABSL_GUARDED_BY(mu_);
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   std::thread materializer_;
+  std::thread loader_;
+  std::atomic<bool> loaded_{false};
 };
 
 }  // namespace ps

@@ -13,6 +13,7 @@
 #include <memory>
 #include <random>
 
+#include "absl/time/clock.h"
 #include "embedding/spec.h"
 #include "ps/codec.h"
 #include "ps/ps_core.h"
@@ -357,6 +358,68 @@ TEST_F(PodStorageTest, TableFiveTimesTheBudgetTrainsExactly) {
   compare(*core);
   pass(*core, true);
   compare(*core);
+}
+
+// A lazy start serves at once: pulls and pushes of rows not loaded yet read them from the
+// database (never a fresh initializer), and once the background load is done every row
+// equals an eager start's, with the same pushes applied.
+TEST_F(PodStorageTest, LazyStartServesStoredRowsWhileLoading) {
+  std::mt19937 rng(13);
+  {
+    auto core = Open(/*materialize_on_close=*/false);
+    CreateTableRequest req;
+    *req.mutable_spec() = Spec(OptimizerSpec::ADAM);
+    CreateTableResponse cr;
+    ASSERT_TRUE(core->CreateTable(req, &cr).ok());
+    PushSome(*core, 1, 40, &rng);
+    ASSERT_TRUE(core->storage()->Materialize().ok());
+    // In the log only: few rows, else the lazy start loads eagerly (one scan is cheaper).
+    PushSome(*core, 41, 1, &rng);
+  }
+  const std::string eager_dir = root_ + "/eager";
+  std::filesystem::copy(dir_, eager_dir, std::filesystem::copy_options::recursive);
+  auto open = [&](const std::string& dir, bool lazy, bool background_load = true) {
+    PsCoreOptions options;
+    options.storage.db.dir = dir;
+    options.storage.materialize_ms = 600000;
+    options.storage.lazy_start = lazy;
+    options.storage.background_load = background_load;
+    auto core = PsCore::Open(options, ShardOwnership::All(16));
+    EXPECT_TRUE(core.ok()) << core.status();
+    return core.ok() ? *std::move(core) : nullptr;
+  };
+  auto eager = open(eager_dir, false);
+  // First with the background load held back: every row not in the log is read from the
+  // database on touch.
+  auto lazy = open(dir_, true, /*background_load=*/false);
+  EXPECT_TRUE(lazy->storage()->recovery().lazy);
+  EXPECT_FALSE(lazy->storage()->rows_loaded());
+  EXPECT_LT(lazy->store().FindTable("emb")->rows(), eager->store().FindTable("emb")->rows());
+  std::vector<int64_t> ids(51);
+  for (int i = 0; i < 51; ++i) ids[i] = i;
+  // Straight away: pulls see the stored rows, a push applies to them.
+  PullRequest pull;
+  pull.add_tables()->set_table("emb");
+  *pull.mutable_tables(0)->mutable_ids() = Pack<int64_t>(ids);
+  PullResponse got, want;
+  ASSERT_TRUE(lazy->Pull(pull, &got).ok());
+  ASSERT_TRUE(eager->Pull(pull, &want).ok());
+  EXPECT_TRUE(got.tables(0).values() == want.tables(0).values());
+  const PushRequest push = MakePush({3, 7, 50, 20}, &rng, 100);
+  PushResponse resp;
+  ASSERT_TRUE(lazy->Push(push, &resp).ok());
+  ASSERT_TRUE(eager->Push(push, &resp).ok());
+  EXPECT_FALSE(lazy->storage()->rows_loaded());
+  // Then a clean restart with the background load: every row, as the eager pod has it.
+  lazy.reset();
+  eager.reset();
+  eager = open(eager_dir, false);
+  lazy = open(dir_, true);
+  for (int i = 0; i < 1000 && !lazy->storage()->rows_loaded(); ++i) {
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  ASSERT_TRUE(lazy->storage()->rows_loaded());
+  EXPECT_EQ(Snapshot(*lazy), Snapshot(*eager));
 }
 
 TEST_F(PodStorageTest, RefusesDirectoriesThatAreNotAPodDatabase) {

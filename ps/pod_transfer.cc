@@ -79,8 +79,11 @@ absl::StatusOr<std::string> ToJson(const google::protobuf::Message& m) {
 }
 
 // Writes one table's owned rows into files of about max_file_bytes.
-absl::Status ExportTable(EmbeddingTable& table, const ShardOwnership& own, const std::string& dir,
-                         size_t index, const ExportOptions& options, ExportTableInfo* info) {
+// With `stored` (a lazily opened snapshot), the rows not resident in `table` are read from
+// its rows column family: resident rows are the newer ones (the log updated them).
+absl::Status ExportTable(EmbeddingTable& table, PodStorage* stored, const ShardOwnership& own,
+                         const std::string& dir, size_t index, const ExportOptions& options,
+                         ExportTableInfo* info) {
   const TableSpec& spec = table.spec();
   *info->mutable_spec() = spec;
   info->set_dim(table.dim());
@@ -121,11 +124,29 @@ absl::Status ExportTable(EmbeddingTable& table, const ShardOwnership& own, const
     status = writer->Add(r.id, r.step, r.weights, r.slots);
   });
   RETURN_IF_ERROR(status);
+  if (stored != nullptr) {
+    RETURN_IF_ERROR(stored->ForEachStoredRow(spec.name(), [&](const StoredRow& r) -> absl::Status {
+      if (!own.Owns(VShardOf(RouteHash(name_hash, r.id), own.num_vshards()))) {
+        return absl::OkStatus();
+      }
+      if (table.Inspect(r.id, [](const RowView&) {})) return absl::OkStatus();  // resident
+      if (r.values.size() != table.dim() + table.slot_floats()) {
+        return absl::DataLossError(absl::StrCat("stored row ", r.id, " of '", spec.name(), "' has ",
+                                                r.values.size(), " floats"));
+      }
+      if (writer->bytes() >= options.max_file_bytes) {
+        RETURN_IF_ERROR(finish());
+        RETURN_IF_ERROR(open());
+      }
+      return writer->Add(r.id, r.step, r.values.data(), r.values.data() + table.dim());
+    }));
+  }
   return finish();
 }
 
-absl::Status WriteExport(ModelStore& store, const ShardOwnership& own, const std::string& dir,
-                         bool consistent, const ExportOptions& options, ExportResponse* resp) {
+absl::Status WriteExport(ModelStore& store, PodStorage* stored, const ShardOwnership& own,
+                         const std::string& dir, bool consistent, const ExportOptions& options,
+                         ExportResponse* resp) {
   ExportManifest manifest;
   manifest.set_format("ps-export");
   manifest.set_version(1);
@@ -142,7 +163,7 @@ absl::Status WriteExport(ModelStore& store, const ShardOwnership& own, const std
   uint64_t bytes = 0;
   for (size_t i = 0; i < tables.size(); ++i) {
     ExportTableInfo* info = manifest.add_tables();
-    RETURN_IF_ERROR(ExportTable(*tables[i], own, dir, i, options, info));
+    RETURN_IF_ERROR(ExportTable(*tables[i], stored, own, dir, i, options, info));
     resp->set_rows(resp->rows() + info->rows());
     for (const ExportFileInfo& f : info->files()) bytes += f.bytes();
   }
@@ -200,7 +221,7 @@ absl::Status ExportPod(PsCore& core, const ExportRequest& req, ExportResponse* r
   auto own = core.ownership();
   absl::Status status;
   if (core.storage() == nullptr) {
-    status = WriteExport(core.store(), *own, dir, /*consistent=*/false, options, resp);
+    status = WriteExport(core.store(), nullptr, *own, dir, /*consistent=*/false, options, resp);
   } else {
     // A consistent cut: a checkpoint of the database, recovered aside exactly as a restart
     // would (stored rows plus the log replayed), then written out.
@@ -217,8 +238,13 @@ absl::Status ExportPod(PsCore& core, const ExportRequest& req, ExportResponse* r
       storage_options.db.log_memtable_bytes = size_t{8} << 20;
       storage_options.materialize_ms = 24 * 3600 * 1000;
       storage_options.materialize_on_close = false;
+      // Lazily: only the rows the log updates come into memory; the others are streamed
+      // from the copy's rows column family.
+      storage_options.lazy_start = true;
+      storage_options.background_load = false;
       auto storage = PodStorage::Open(storage_options, &store, &dedup);
-      status = storage.ok() ? WriteExport(store, *own, dir, /*consistent=*/true, options, resp)
+      status = storage.ok() ? WriteExport(store, storage->get(), *own, dir,
+                                          /*consistent=*/true, options, resp)
                             : storage.status();
     }
     fs::remove_all(snapshot, ec);

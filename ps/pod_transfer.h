@@ -18,8 +18,8 @@ struct ExportOptions {
 
 // Writes the tables and dense tensors of the vshards `core` owns into req.dir (created if
 // missing). A durable pod exports a consistent cut: it checkpoints its database into
-// <dir>/.snapshot, recovers that copy into a second in-memory store, writes it out and
-// deletes the copy (so the export needs memory for a second copy of the pod's rows). An
+// <dir>/.snapshot, opens that copy lazily (only the rows its log updates come into
+// memory), writes those and streams the other stored rows, then deletes the copy. An
 // in-memory pod writes its live rows, each row whole, while pushes continue.
 // Errors: INVALID_ARGUMENT (empty dir), ALREADY_EXISTS (dir holds a manifest.json),
 // file system errors (RESOURCE_EXHAUSTED when the disk is full). Blocking; thread-safe.

@@ -221,6 +221,12 @@ absl::Status PsCore::MigrateBegin(const MigrateBeginRequest& req, MigrateBeginRe
         "this pod runs with --memory_budget_mb: moving vshards away from it is not supported "
         "yet");
   }
+  if (storage_ != nullptr && !storage_->rows_loaded()) {
+    // A lazy start: rows not loaded yet are only in the database, and a move copies rows
+    // from memory.
+    return absl::UnavailableError(
+        "this pod is still loading its stored rows (--lazy_start); retry the move later");
+  }
   for (uint32_t v : req.vshards()) {
     if (v >= n || !own->Owns(v)) {
       return absl::FailedPreconditionError(absl::StrCat(
@@ -347,6 +353,10 @@ absl::Status PsCore::BeginImport(uint64_t move_id, absl::Span<const uint32_t> vs
   if (options_.table.evictable) {
     return absl::FailedPreconditionError(
         "this pod runs with --memory_budget_mb: moving vshards onto it is not supported yet");
+  }
+  if (storage_ != nullptr && !storage_->rows_loaded()) {
+    return absl::UnavailableError(
+        "this pod is still loading its stored rows (--lazy_start); retry the move later");
   }
   absl::WriterMutexLock fence(&migrate_mu_);
   const uint32_t n = ownership()->num_vshards();

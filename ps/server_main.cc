@@ -53,10 +53,15 @@ DEFINE_int32(flush_ms, 100, "--durability=periodic: most milliseconds of pushes 
 DEFINE_int32(materialize_ms, 1000,
              "With --data_dir: how often changed rows are written to the database and the "
              "push log truncated. Recovery replays about this much of the log.");
-DEFINE_int32(memory_budget_mb, 0,
-             "With --data_dir: MB of table rows kept in memory; colder rows are evicted "
-             "(CLOCK) after each materialization and read back from the database when "
-             "touched; stored rows then load lazily at start. 0: every row stays in memory.");
+DEFINE_double(
+    memory_budget_mb, 0,
+    "With --data_dir: MB of table rows kept in memory (fractions allowed); colder rows are evicted "
+    "(CLOCK) after each materialization and read back from the database when "
+    "touched; stored rows then load lazily at start. 0: every row stays in memory.");
+DEFINE_bool(lazy_start, false,
+            "With --data_dir: serve as soon as the push log is replayed, and load the stored "
+            "rows in the background (a request for a row not loaded yet reads it from the "
+            "database). Implied by --memory_budget_mb.");
 DEFINE_string(master, "",
               "The master's HOST:PORT. If set, the pod registers as --pod_id and owns the "
               "vshards the master assigns (--shard must then be empty). Empty: standalone.");
@@ -110,7 +115,9 @@ int Main() {
     LOG(ERROR) << "--memory_budget_mb must be >= 0 and needs --data_dir";
     return 2;
   }
-  options.core.storage.memory_budget_bytes = uint64_t(FLAGS_memory_budget_mb) << 20;
+  options.core.storage.memory_budget_bytes =
+      static_cast<uint64_t>(FLAGS_memory_budget_mb * 1024 * 1024);
+  options.core.storage.lazy_start = FLAGS_lazy_start;
   absl::StatusOr<ps::Durability> durability = ps::ParseDurability(FLAGS_durability);
   if (!durability.ok() || FLAGS_flush_ms < 1 || FLAGS_materialize_ms < 1) {
     LOG(ERROR) << "bad durability flags: "

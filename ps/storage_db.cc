@@ -456,6 +456,40 @@ absl::Status StorageDb::ForEachRow(
   return FromRocks(it->status(), "cannot read stored rows");
 }
 
+absl::Status StorageDb::ForEachTableRow(uint32_t table_no,
+                                        const std::function<absl::Status(const StoredRow&)>& fn) {
+  rocksdb::ReadOptions read;
+  read.readahead_size = size_t{4} << 20;
+  read.fill_cache = false;
+  std::unique_ptr<rocksdb::Iterator> it(rep_->db->NewIterator(read, rep_->rows));
+  std::string prefix;
+  PutBE32(&prefix, table_no);
+  std::vector<float> values;
+  for (it->Seek(prefix); it->Valid() && it->key().starts_with(prefix); it->Next()) {
+    const rocksdb::Slice key = it->key();
+    const rocksdb::Slice value = it->value();
+    if (key.size() != 12 || value.size() < 8 || (value.size() - 8) % sizeof(float) != 0) {
+      return absl::DataLossError(absl::StrCat("stored row of ", key.size(), "-byte key and ",
+                                              value.size(), "-byte value"));
+    }
+    StoredRow row;
+    row.table_no = table_no;
+    row.id = static_cast<int64_t>(GetBE(key.data() + 4, 8) ^ (uint64_t{1} << 63));
+    std::memcpy(&row.step, value.data(), 8);
+    values.resize((value.size() - 8) / sizeof(float));
+    std::memcpy(values.data(), value.data() + 8, value.size() - 8);
+    row.values = values;
+    RETURN_IF_ERROR(fn(row));
+  }
+  return FromRocks(it->status(), "cannot read stored rows");
+}
+
+uint64_t StorageDb::EstimateRows() {
+  uint64_t n = 0;
+  rep_->db->GetIntProperty(rep_->rows, "rocksdb.estimate-num-keys", &n);
+  return n;
+}
+
 absl::Status StorageDb::ReadRows(uint32_t table_no, absl::Span<const int64_t> ids,
                                  size_t row_floats, float* values, uint64_t* steps, bool* found) {
   const size_t n = ids.size();

@@ -121,6 +121,10 @@ class StorageDb {
                                                            absl::Span<const float>)>& fn_dense,
                           bool table_rows = true);
 
+  // Calls fn for every stored row of table `table_no`, in id order of the key encoding.
+  absl::Status ForEachTableRow(uint32_t table_no,
+                               const std::function<absl::Status(const StoredRow&)>& fn);
+
   // Reads stored rows of table `table_no` in one batched MultiGet: for each i, if row
   // ids[i] is stored with row_floats floats, copies them to values[i*row_floats...] and its
   // step to steps[i] and sets found[i]. DATA_LOSS for a stored row of another size.
@@ -130,6 +134,9 @@ class StorageDb {
 
   // A consistent copy of the database in `dir` (must not exist), hard-linked where it can.
   absl::Status Checkpoint(const std::string& dir);
+
+  // RocksDB's estimate of the stored rows (keys of the rows column family).
+  uint64_t EstimateRows();
 
   // Bytes of live SST files and memtables, for Stats.
   uint64_t disk_bytes();

@@ -25,6 +25,7 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "embedding/binary_init.h"
@@ -41,6 +42,9 @@ DEFINE_int32(materialize_ms, 300,
              "ps-server --materialize_ms: short, so kills land in every phase of the "
              "materializer as well as the log.");
 DEFINE_string(server, "", "ps-server binary (default: ps-server beside this program).");
+DEFINE_string(server_flags, "",
+              "More ps-server flags, space-separated (e.g. \"--memory_budget_mb=0.25 "
+              "--lazy_start\"): the same checks under eviction or a lazy start.");
 DEFINE_bool(keep_dir, false, "Keep the data dir and server logs (their path is printed).");
 
 namespace {
@@ -87,12 +91,19 @@ class Server {
   absl::Status Start() {
     const std::string port_file = dir_ + "/port";
     std::filesystem::remove(port_file);
-    auto child = ChildProcess::Start(
-        {binary_, "--host=127.0.0.1", absl::StrCat("--port=", port_), "--port_file=" + port_file,
-         "--data_dir=" + dir_ + "/data", "--durability=" + FLAGS_durability,
-         absl::StrCat("--flush_ms=", FLAGS_flush_ms),
-         absl::StrCat("--materialize_ms=", FLAGS_materialize_ms), "--shutdown_grace_ms=100"},
-        absl::StrCat(dir_, "/server.log"));
+    std::vector<std::string> argv = {binary_,
+                                     "--host=127.0.0.1",
+                                     absl::StrCat("--port=", port_),
+                                     "--port_file=" + port_file,
+                                     "--data_dir=" + dir_ + "/data",
+                                     "--durability=" + FLAGS_durability,
+                                     absl::StrCat("--flush_ms=", FLAGS_flush_ms),
+                                     absl::StrCat("--materialize_ms=", FLAGS_materialize_ms),
+                                     "--shutdown_grace_ms=100"};
+    for (absl::string_view f : absl::StrSplit(FLAGS_server_flags, ' ', absl::SkipEmpty())) {
+      argv.emplace_back(f);
+    }
+    auto child = ChildProcess::Start(argv, absl::StrCat(dir_, "/server.log"));
     if (!child.ok()) return child.status();
     child_ = *std::move(child);
     return ps::integration::WaitForPortFile(port_file, *child_, absl::Seconds(60)).status();
