@@ -37,7 +37,7 @@ def from_eval_dir(eval_dir, epoch=None):
         if not os.path.basename(f).startswith(f"epoch{epoch}-"):
             continue
         z = np.load(f)
-        key = (str(z["file"]), int(z["first"]), int(z["end"]))
+        key = (str(z["path"]), int(z["first"]), int(z["end"]))
         if key in ranges:
             continue
         ranges.add(key)
