@@ -10,7 +10,7 @@
 #          tasks_failed=<n> seconds=<f>
 # (seconds: wall time of the whole demo, install and build included). Stops everything it
 # started. Sizes: DEMO_RECORDS (default 400000, ~125 MB), DEMO_HOLDOUT (40000),
-# DEMO_RECORDS_PER_TASK (10000).
+# DEMO_RECORDS_PER_TASK (10000). DEMO_FAULTS=0 skips the kills (to measure throughput).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT="$(pwd)"
@@ -30,6 +30,7 @@ EX="$ROOT/client/python/examples"
 RECORDS="${DEMO_RECORDS:-400000}"
 HOLDOUT="${DEMO_HOLDOUT:-40000}"
 PER_TASK="${DEMO_RECORDS_PER_TASK:-10000}"
+FAULTS="${DEMO_FAULTS:-1}"
 JOB=deepfm-demo
 RUN="$(mktemp -d /tmp/ps-demo.XXXXXX)"
 CLUSTER="$RUN/cluster"
@@ -72,11 +73,12 @@ echo "== training one epoch with two workers (DeepFM, async PS updates, server-s
 start_worker worker-a
 start_worker worker-b
 $PY "$EX/monitor.py" --master="$MASTER" --job="$JOB" --logs="$RUN/worker-*.log" \
-  --state="$RUN/state" --every_s=3 --until_done --timeout_s=900 &
+  --state="$RUN/state" --every_s=2 --until_done --timeout_s=900 &
 MONITOR_PID=$!
 
 RECORDS_DONE=0 RECORDS_TOTAL=0 STATE=UNKNOWN
 killed_worker=0 killed_pod=0
+[ "$FAULTS" = 1 ] || killed_worker=1 killed_pod=1
 while kill -0 "$MONITOR_PID" 2>/dev/null; do
   sleep 1
   # shellcheck disable=SC1090
@@ -109,6 +111,7 @@ echo "== what happened"
 grep -h "died; restarting" "$CLUSTER/supervisor.log" | sed 's/^/   supervisor: /' || true
 grep -h "recovered" "$CLUSTER/ps-1.log" | tail -1 | sed 's/^.*\] /   ps-1: /' || true
 for w in worker-a worker-b worker-c; do
+  [ -f "$RUN/$w.log" ] || continue
   echo "   $w: $(grep -c 'train task .* done' "$RUN/$w.log" || true) training tasks," \
     "$(grep -c 'eval task .* done' "$RUN/$w.log" || true) eval tasks;" \
     "$(tail -1 "$RUN/$w.log")"

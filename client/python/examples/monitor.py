@@ -66,6 +66,7 @@ def main():
     stub = master_pb2_grpc.MasterStub(grpc.insecure_channel(args.master))
     t0 = time.time()
     last_t, last_records = t0, None
+    trained_at = None  # when the training records first reached the total
     while True:
         try:
             st = stub.Status(master_pb2.StatusRequest(), timeout=5.0)
@@ -81,6 +82,8 @@ def main():
             if last_records is not None and now > last_t:
                 rate = (j.train_records_done - last_records) / (now - last_t)
             last_t, last_records = now, j.train_records_done
+            if trained_at is None and j.train_records_done >= j.train_records_total > 0:
+                trained_at = now
             live_w = sum(1 for w in st.workers if w.state == master_pb2.WorkerInfo.LIVE)
             live_p = sum(1 for p in st.pods if p.state == master_pb2.PodInfo.LIVE)
             loss = newest_loss(args.logs)
@@ -102,6 +105,14 @@ def main():
                 os.replace(tmp, args.state)
         elif st is not None:
             print(f"monitor: no job {args.job} yet", flush=True)
+        if state in ("SUCCEEDED", "FAILED") and args.until_done and trained_at is not None:
+            secs = trained_at - t0
+            print(f"monitor: {j.train_records_done} training records in {secs:.1f} s "
+                  f"({j.train_records_done / secs:.0f} records/s; from the monitor's start, "
+                  f"worker start-up included, to the last training report)", flush=True)
+            if args.state:
+                with open(args.state, "a") as f:
+                    f.write(f"TRAIN_SECONDS={secs:.1f}\n")
         if state == "SUCCEEDED":
             return 0
         if state == "FAILED":
