@@ -22,8 +22,7 @@ int main() {
   long long id;
   while (std::cin >> id) {
     const uint64_t r = ps::RouteHash(h, static_cast<int64_t>(id));
-    std::printf("%lld %llu %u\n", id, static_cast<unsigned long long>(r),
-                ps::VShardOf(r, 256));
+    std::printf("%lld %llu %u\n", id, static_cast<unsigned long long>(r), ps::VShardOf(r, 256));
   }
   return 0;
 }

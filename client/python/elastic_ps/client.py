@@ -197,11 +197,18 @@ class _Batch:
         self.lr = 0.0
 
 
-def _dedup(ids):
-    """(uniq, order, starts, inverse): uniq sorted distinct ids; ids[order] is sorted and
-    its runs start at `starts`; ids[i] == uniq[inverse[i]]."""
+def _dedup(ids, pods=None):
+    """(uniq, order, starts, inverse): the distinct ids, ids[order] has equal ids adjacent
+    (in their original order) with runs starting at `starts`, ids[i] == uniq[inverse[i]].
+    Ordered by id; with `pods` (the pod of every id), by pod first, so that each pod's ids
+    are a contiguous range of uniq (its request is a slice, not a gather)."""
     n = ids.shape[0]
     order = np.argsort(ids, kind="stable")
+    if pods is not None and n and int(pods.max()) > 0:
+        p = pods[order]
+        if int(p.max()) < 65536:
+            p = p.astype(np.uint16)  # a radix sort
+        order = order[np.argsort(p, kind="stable")]
     s = ids[order]
     first = np.empty(n, dtype=bool)
     if n:
@@ -211,6 +218,30 @@ def _dedup(ids):
     inverse = np.empty(n, dtype=np.int64)
     inverse[order] = np.cumsum(first) - 1
     return s[starts], order, starts, inverse
+
+
+def _segment_sum(sorted_rows, starts):
+    """Sums of the runs of `sorted_rows` (2-D float32) that begin at `starts`, each run
+    summed in order. Fast for the usual mix: many single rows, some short runs, few long
+    ones (np.add.reduceat alone costs microseconds per run)."""
+    n = sorted_rows.shape[0]
+    counts = np.diff(np.append(starts, n))
+    if counts.shape[0] == n:
+        return sorted_rows
+    out = sorted_rows[starts]  # a copy: the first row of every run
+    short_limit = 16
+    multi = np.flatnonzero((counts > 1) & (counts <= short_limit))
+    k = 1
+    while multi.shape[0]:
+        out[multi] += sorted_rows[starts[multi] + k]
+        k += 1
+        multi = multi[counts[multi] > k]
+    long_runs = np.flatnonzero(counts > short_limit)
+    if long_runs.shape[0]:
+        rows = np.concatenate([np.arange(starts[r], starts[r] + counts[r]) for r in long_runs])
+        local = np.concatenate([[0], np.cumsum(counts[long_runs])[:-1]])
+        out[long_runs] = np.add.reduceat(sorted_rows[rows], local, axis=0)
+    return out
 
 
 class _Part:
@@ -604,12 +635,16 @@ class PsClient:
                     op.on_ok(part, resp)
                 except PsError as failure:
                     errors.append(failure)
-            if errors:
+            if errors and not (op.keyed and retry):
                 raise errors[0]
+            # A push that failed on one pod still finishes its retries on the others, so
+            # that when it raises, every pod's part is settled (applied once, or refused).
             if retry:
                 time.sleep(self._backoff(max(p.attempt for p in retry)))
                 m = self._map
             parts = retry
+        if errors:
+            raise errors[0]
 
     def _on_failure(self, op, part, err):
         """The parts to send next for a failed part, or raises PsError."""
@@ -665,7 +700,9 @@ class PsClient:
     def _batch(self, table, ids):
         spec = self.table(table)
         ids = routing.as_ids(ids)
-        uniq, order, starts, inverse = _dedup(ids)
+        m = self._map
+        pods = m.pods_of(table, ids) if len(m.addresses) > 1 and ids.shape[0] > 64 else None
+        uniq, order, starts, inverse = _dedup(ids, pods)
         b = _Batch(table, spec.dim, uniq, inverse)
         return b, order, starts
 
@@ -683,7 +720,7 @@ class PsClient:
             b, _, _ = self._batch(table, ids)
             b.rows = np.empty((b.uniq.shape[0], b.dim), dtype=np.float32)
             batches.append(b)
-        items = [(b, np.arange(b.uniq.shape[0])) for b in batches if b.uniq.shape[0]]
+        items = [(b, slice(0, b.uniq.shape[0])) for b in batches if b.uniq.shape[0]]
         if items:
             self._run(_SparseOp("Pull", read_only=read_only), items)
         return {b.table: b.rows[b.inverse] for b in batches}
@@ -718,12 +755,10 @@ class PsClient:
                               "nothing was sent")
             if n == 0:
                 continue
-            sorted_g = g[order]
-            b.grads = (sorted_g if starts.shape[0] == n else
-                       np.add.reduceat(sorted_g, starts, axis=0))
+            b.grads = _segment_sum(g[order], starts)
             b.lr = lr
             batches.append(b)
-        items = [(b, np.arange(b.uniq.shape[0])) for b in batches]
+        items = [(b, slice(0, b.uniq.shape[0])) for b in batches]
         if items:
             self._run(_SparseOp("Push"), items)
 
@@ -733,6 +768,22 @@ class PsClient:
         if not np.isfinite(lr) or lr < 0:
             raise ValueError(f"learning_rate {lr} must be finite and >= 0")
         return lr
+
+    # ---- asynchronous forms ----
+
+    def pull_async(self, table, ids, read_only=False):
+        """pull on the client's thread pool -> concurrent.futures.Future of the rows (e.g.
+        to prefetch the next batch). `ids` must not change until the future is done."""
+        return self._pool.submit(self.pull, table, ids, read_only)
+
+    def push_async(self, table, ids, grads, learning_rate=0.0):
+        """push on the client's thread pool -> Future (its result() raises what push would).
+        `ids` and `grads` must not change until the future is done."""
+        return self._pool.submit(self.push, table, ids, grads, learning_rate)
+
+    def push_multi_async(self, requests, learning_rate=0.0):
+        """push_multi on the client's thread pool -> Future."""
+        return self._pool.submit(self.push_multi, requests, learning_rate)
 
     # ---- dense ----
 
@@ -813,12 +864,26 @@ class _SparseOp:
 
     @staticmethod
     def route(items, m):
+        """Splits (batch, pos) items by owning pod; pos is a slice or an index array of
+        batch.uniq. Ids already grouped by pod (see _dedup) stay slices."""
         per_pod = {}
         for b, pos in items:
-            pods = m.pods_of(b.table, b.uniq[pos])
-            if m.owner.shape[0] and len(m.addresses) == 1:
+            if len(m.addresses) == 1:
                 per_pod.setdefault(0, []).append((b, pos))
                 continue
+            pods = m.pods_of(b.table, b.uniq[pos])
+            if pods.shape[0] == 0:
+                continue
+            if np.all(pods[1:] >= pods[:-1]):  # grouped: contiguous ranges
+                cuts = (np.flatnonzero(pods[1:] != pods[:-1]) + 1).tolist()
+                bounds = [0, *cuts, pods.shape[0]]
+                for a, z in zip(bounds[:-1], bounds[1:]):
+                    sub = (slice(pos.start + a, pos.start + z) if isinstance(pos, slice)
+                           else pos[a:z])
+                    per_pod.setdefault(int(pods[a]), []).append((b, sub))
+                continue
+            if isinstance(pos, slice):
+                pos = np.arange(pos.start, pos.stop)
             order = np.argsort(pods, kind="stable")
             sp = pods[order]
             cuts = np.flatnonzero(sp[1:] != sp[:-1]) + 1
@@ -853,11 +918,16 @@ class _SparseOp:
                           f"{len(part.items)}")
         for (b, pos), t in zip(part.items, resp.tables):
             vals = np.frombuffer(t.values, dtype="<f4")
-            if vals.shape[0] != pos.shape[0] * b.dim:
+            n = _count(pos)
+            if vals.shape[0] != n * b.dim:
                 raise PsError(grpc.StatusCode.INTERNAL,
                               f"pod {part.address} answered {vals.shape[0]} floats of '{b.table}' "
-                              f"for {pos.shape[0]} rows of dim {b.dim}")
-            b.rows[pos] = vals.reshape(pos.shape[0], b.dim)
+                              f"for {n} rows of dim {b.dim}")
+            b.rows[pos] = vals.reshape(n, b.dim)
+
+
+def _count(pos):
+    return pos.stop - pos.start if isinstance(pos, slice) else pos.shape[0]
 
 
 class _DensePullOp:

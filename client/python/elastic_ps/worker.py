@@ -93,7 +93,7 @@ class Worker:
         self._client_options = dict(client_options or {})
         self._client_options.setdefault("deadline_s", deadline_s)
         self._client_options.setdefault("max_attempts", max_attempts)
-        # The master connection is the client's (one channel, same retries).
+        # Master calls of the membership and task loop (the client has its own channel).
         self._rpc = _MasterRpc(master, deadline_s, max_attempts)
         self.worker_id = 0
         self.incarnation = 0

@@ -39,6 +39,18 @@ def binary(name, env):
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "integration: starts ps-master / ps-server processes")
+    config.addinivalue_line("markers", "lease_ms(n): the cluster fixture's lease")
+
+
+_PROCESS_FIXTURES = {"cluster", "shared_cluster"}
+
+
+def pytest_collection_modifyitems(config, items):
+    """A test that uses a cluster fixture is an integration test, marked or not (ctest runs
+    `-m "not integration"` as a unit test and `-m integration` as an integration test)."""
+    for item in items:
+        if _PROCESS_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.integration)
 
 
 class Proc:
@@ -108,7 +120,7 @@ class Proc:
 class Cluster:
     """ps-master + `num_ps` durable pods registered with it."""
 
-    def __init__(self, tmp, num_ps=2, lease_ms=1000, data_dirs=True):
+    def __init__(self, tmp, num_ps=2, lease_ms=2000, data_dirs=True):
         self.tmp = Path(tmp)
         self.num_ps = num_ps
         self.lease_ms = lease_ms
@@ -123,15 +135,25 @@ class Cluster:
         return port_file, ["--host=127.0.0.1", f"--port_file={port_file}"]
 
     def start(self):
-        port_file, common = self._common("master")
-        self.master = Proc("master", [self.master_bin, *common, "--port=0",
-                                      f"--data_dir={self.tmp / 'master-db'}",
-                                      f"--num_ps={self.num_ps}", f"--num_vshards={NUM_VSHARDS}",
-                                      f"--lease_ms={self.lease_ms}", "--shutdown_grace_ms=200"],
-                           self.tmp / "master.log", port_file).start()
+        self.master = self.start_master()
         for i in range(self.num_ps):
             self.pods.append(self.start_pod(i))
         return self
+
+    def start_master(self, port=0):
+        port_file, common = self._common("master")
+        return Proc("master", [self.master_bin, *common, f"--port={port}",
+                              f"--data_dir={self.tmp / 'master-db'}",
+                              f"--num_ps={self.num_ps}", f"--num_vshards={NUM_VSHARDS}",
+                              f"--lease_ms={self.lease_ms}", "--shutdown_grace_ms=200"],
+                    self.tmp / "master.log", port_file).start()
+
+    def restart_master(self):
+        """SIGKILLs the master and starts it again on the same port and data dir."""
+        port = self.master.port
+        self.master.kill()
+        self.master = self.start_master(port)
+        return self.master
 
     def pod_argv(self, i, port=0):
         port_file, common = self._common(f"ps-{i}")
@@ -168,7 +190,10 @@ class Cluster:
 
 @pytest.fixture
 def cluster(tmp_path, request):
-    c = Cluster(tmp_path)
+    """A fresh cluster per test. Lease 2 s (a loaded CI machine must not expire a live
+    worker's lease), or @pytest.mark.lease_ms(N) for tests that wait for an expiry."""
+    marker = request.node.get_closest_marker("lease_ms")
+    c = Cluster(tmp_path, lease_ms=marker.args[0] if marker else 2000)
     try:
         c.start()
         yield c

@@ -266,6 +266,7 @@ def test_pod_killed_and_restarted_while_pushing(cluster):
     c.close()
 
 
+@pytest.mark.lease_ms(1000)
 def test_pod_moved_to_new_address_while_pushing(cluster):
     old = cluster.pods[0].address
 
@@ -304,3 +305,32 @@ def test_static_map_without_master(tmp_path):
     finally:
         for p in pods:
             p.stop()
+
+
+def test_pod_down_for_good_fails_after_the_attempts(cluster):
+    with PsClient(master=cluster.master.address, max_attempts=3, deadline_s=2) as c:
+        c.create_table("down", 4, optimizer="sgd")
+        ids = np.arange(100)
+        c.pull("down", ids)
+        cluster.pods[1].kill()
+        t = time.monotonic()
+        with pytest.raises(PsError) as e:
+            c.push("down", ids, np.ones((100, 4)))
+        assert e.value.code == grpc.StatusCode.UNAVAILABLE
+        assert cluster.pods[1].address in e.value.message and "after 3 attempts" in e.value.message
+        assert time.monotonic() - t < 10
+        # the live pod's ids still work
+        mine = ids[c.shard_map.pods_of("down", ids) == 0]
+        assert c.pull("down", mine).shape == (mine.shape[0], 4)
+
+
+def test_async_forms(client):
+    client.create_table("async", 4, optimizer="sgd", learning_rate=1.0, initializer="zeros")
+    futures = [client.push_async("async", [k, 99], np.ones((2, 4))) for k in range(8)]
+    for f in futures:
+        assert f.result(timeout=30) is None
+    rows = client.pull_async("async", [0, 7, 99]).result(timeout=30)
+    assert np.all(rows[:2] == -1) and np.all(rows[2] == -8)
+    bad = client.push_async("async", [1], np.full((1, 4), np.nan))
+    with pytest.raises(PsError):
+        bad.result(timeout=30)

@@ -92,6 +92,7 @@ def test_failed_task_is_retried(cluster):
         w.report(task)
 
 
+@pytest.mark.lease_ms(1000)
 def test_killed_worker_task_requeued(cluster):
     with Worker(cluster.master.address, "requeue") as w:
         w.create_job(files=[("f", 30)], epochs=1, records_per_task=10)
@@ -142,6 +143,7 @@ def test_sigterm_finishes_task_and_leaves(cluster):
         assert job_info(w).state == master_pb2.JobInfo.SUCCEEDED
 
 
+@pytest.mark.lease_ms(1000)
 def test_lost_lease_reregisters(cluster):
     w = Worker(cluster.master.address, "lease", heartbeat=False)
     try:
@@ -160,3 +162,36 @@ def test_lost_lease_reregisters(cluster):
         assert w.client.incarnation == 2  # push keys follow the new incarnation
     finally:
         w.leave()
+
+
+def test_master_restart_mid_job(cluster):
+    with Worker(cluster.master.address, "restart") as w:
+        w.create_job(files=[("f", 60)], epochs=1, records_per_task=10)
+        done = []
+        for task in w.tasks():
+            if len(done) == 2:
+                cluster.restart_master()  # SIGKILL; same port and data dir
+            w.report(task)
+            done.append(task.task_id)
+        assert sorted(done) == list(range(6))
+        info = job_info(w)
+        assert info.state == master_pb2.JobInfo.SUCCEEDED and info.train_records_done == 60
+
+
+@pytest.mark.lease_ms(1000)
+def test_heartbeat_thread_reregisters_after_a_stall(cluster):
+    with Worker(cluster.master.address, "stall") as w:
+        w.create_job(files=[("f", 10)], epochs=1, records_per_task=10)
+        task = w.get_task()
+        with w._lock:  # the heartbeat thread cannot build its request: a stalled process
+            time.sleep(cluster.lease_ms / 1000 * 2.5)
+        deadline = time.monotonic() + 5
+        while w.incarnation == 1 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert w.incarnation == 2 and w.reregistrations == 1
+        with pytest.raises(TaskLostError):
+            w.report(task)
+        again = w.get_task()
+        assert again.task_id == task.task_id and again.attempt == 2
+        w.report(again)
+        assert job_info(w).state == master_pb2.JobInfo.SUCCEEDED
