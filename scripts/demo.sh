@@ -109,7 +109,9 @@ WORKER_PIDS=()
 
 echo "== what happened"
 grep -h "died; restarting" "$CLUSTER/supervisor.log" | sed 's/^/   supervisor: /' || true
-grep -h "recovered" "$CLUSTER/ps-1.log" | tail -1 | sed 's/^.*\] /   ps-1: /' || true
+if [ "$FAULTS" = 1 ]; then
+  grep -h "recovered" "$CLUSTER/ps-1.log" | tail -1 | sed 's/^.*\] /   ps-1 after its restart: /' || true
+fi
 for w in worker-a worker-b worker-c; do
   [ -f "$RUN/$w.log" ] || continue
   echo "   $w: $(grep -c 'train task .* done' "$RUN/$w.log" || true) training tasks," \

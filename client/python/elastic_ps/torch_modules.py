@@ -43,7 +43,15 @@ def _ids_numpy(t):
 
 
 class _PsSparse(nn.Module):
-    """Shared part of PsEmbedding and PsEmbeddingBag: pull of unique ids, pending grads."""
+    """Shared part of PsEmbedding and PsEmbeddingBag: pull of unique ids, pending grads.
+
+    ``client``: a PsClient (or anything with its pull / push / create_table methods).
+    ``create``: create table ``table`` (dim ``dim``) on construction; idempotent for the
+    same spec, and ``**spec`` (optimizer, learning_rate, initializer and their parameters,
+    e.g. ``initial_accumulator=0.01, stddev=0.01``) goes to ``client.create_table``.
+    ``push_on_backward``: push from a tensor hook during backward instead of step().
+    Not thread-safe: one module per training thread.
+    """
 
     def __init__(self, client, table, dim, create=True, push_on_backward=False, **spec):
         super().__init__()
@@ -150,7 +158,9 @@ class PsDense:
     Creates each tensor on the PS (idempotent; initializer from ``initializers[name]`` or
     :func:`default_initializer`), then pulls the PS values into the local parameters.
     ``step()`` (called by :class:`PsOptimizer`) pushes the local gradients in one
-    ``push_dense`` and, every ``pull_every`` steps, pulls fresh values. Not thread-safe.
+    ``push_dense`` and, every ``pull_every`` steps, pulls fresh values. ``**spec``
+    (optimizer, learning_rate, optimizer parameters) goes to ``client.create_dense``.
+    Not thread-safe.
     """
 
     def __init__(self, client, module, prefix, pull_every=1, initializers=None, create=True,

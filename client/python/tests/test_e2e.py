@@ -160,6 +160,7 @@ def test_two_workers_train_every_record_once_and_match_the_baseline(cluster, dat
     assert abs(auc_ps - baseline["auc"]) < 0.01, (auc_ps, baseline["auc"])
 
 
+@pytest.mark.lease_ms(1000)
 def test_sigkilled_worker_task_is_retrained(cluster, data, tmp_path):
     master = cluster.master.address
     manifest = _manifest(data, tmp_path)
