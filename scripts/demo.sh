@@ -35,6 +35,7 @@ JOB=deepfm-demo
 RUN="$(mktemp -d /tmp/ps-demo.XXXXXX)"
 CLUSTER="$RUN/cluster"
 WORKER_PIDS=()
+declare -A WPID  # worker name -> pid
 MONITOR_PID=""
 
 cleanup() {
@@ -65,7 +66,7 @@ start_worker() {
     --records_per_task="$PER_TASK" --epochs=1 --eval_dir="$RUN/eval" --name="$1" \
     --trace="$RUN/trace.jsonl" --log_every_s=5 >"$RUN/$1.log" 2>&1 &
   WORKER_PIDS+=($!)
-  eval "PID_${1//-/_}=$!"
+  WPID[$1]=$!
   echo "   started $1 (pid $!)"
 }
 
@@ -76,19 +77,19 @@ $PY "$EX/monitor.py" --master="$MASTER" --job="$JOB" --logs="$RUN/worker-*.log" 
   --state="$RUN/state" --every_s=2 --until_done --timeout_s=900 &
 MONITOR_PID=$!
 
-RECORDS_DONE=0 RECORDS_TOTAL=0 STATE=UNKNOWN
+RECORDS_DONE=0 RECORDS_TOTAL=0 TASKS_FAILED=0
 killed_worker=0 killed_pod=0
 [ "$FAULTS" = 1 ] || killed_worker=1 killed_pod=1
 while kill -0 "$MONITOR_PID" 2>/dev/null; do
   sleep 1
-  # shellcheck disable=SC1090
+  # shellcheck disable=SC1091
   [ -s "$RUN/state" ] && source "$RUN/state"
   [ "$RECORDS_TOTAL" -gt 0 ] || continue
   if [ "$killed_worker" = 0 ] && [ $((RECORDS_DONE * 4)) -ge "$RECORDS_TOTAL" ]; then
     killed_worker=1
-    echo "== elasticity: SIGKILL worker-a (pid $PID_worker_a); its task returns to the queue" \
+    echo "== elasticity: SIGKILL worker-a (pid ${WPID[worker-a]}); its task returns to the queue" \
       "when its lease expires; worker-c joins"
-    { kill -KILL "$PID_worker_a" && wait "$PID_worker_a"; } 2>/dev/null || true
+    { kill -KILL "${WPID[worker-a]}" && wait "${WPID[worker-a]}"; } 2>/dev/null || true
     start_worker worker-c
   fi
   if [ "$killed_pod" = 0 ] && [ $((RECORDS_DONE * 2)) -ge "$RECORDS_TOTAL" ]; then
@@ -102,7 +103,7 @@ done
 wait "$MONITOR_PID" && rc=0 || rc=$?
 MONITOR_PID=""
 [ "$rc" = 0 ] || [ "$rc" = 3 ] || { echo "demo: the job did not finish (monitor exit $rc)"; exit 1; }
-# shellcheck disable=SC1090
+# shellcheck disable=SC1091
 source "$RUN/state"
 for pid in "${WORKER_PIDS[@]}"; do wait "$pid" 2>/dev/null || true; done
 WORKER_PIDS=()
