@@ -7,7 +7,8 @@ single-process torch.nn.EmbeddingBag baseline (examples/baseline.py) on the same
   the epoch's size), and the held-out AUC is within 0.01 of the baseline's.
 - A worker SIGKILLed mid-task: its task is handed out again after its lease expires, the
   job still succeeds, and every record is trained at least once (exactly once in the
-  master's accounting, which counts accepted reports only).
+  master's accounting, which counts accepted reports only). Another worker gets SIGTERM:
+  it finishes and reports its task, leaves, and exits 0.
 """
 
 import json
@@ -175,9 +176,22 @@ def test_sigkilled_worker_task_is_retrained(cluster, data, tmp_path):
     time.sleep(0.3)
     os.kill(victim.pid, signal.SIGKILL)
     victim.wait()
-    procs = [_start_worker(master, "e2e-kill", manifest, tmp_path, f"w{i}") for i in range(2)]
+    procs = [_start_worker(master, "e2e-kill", manifest, tmp_path, f"w{i}") for i in range(3)]
+    # SIGTERM one survivor after its first task: it finishes the task it holds, reports
+    # it, leaves and exits 0; the others finish the job.
+    term_log = tmp_path / "w2.log"
+    deadline = time.monotonic() + 60
+    while "train task" not in (term_log.read_text(errors="replace")
+                               if term_log.exists() else ""):
+        if procs[2].poll() is not None or time.monotonic() > deadline:
+            break
+        time.sleep(0.1)
+    termed = procs[2].poll() is None
+    assert termed, "the SIGTERM target ended before it was signalled"
+    os.kill(procs[2].pid, signal.SIGTERM)
     _wait(procs, tmp_path, timeout=150)
     assert all(p.returncode == 0 for p in procs)
+    assert "stopped (SIGTERM)" in term_log.read_text()
 
     job = _job(master, "e2e-kill")
     assert job.state == 2, job
