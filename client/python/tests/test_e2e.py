@@ -177,21 +177,24 @@ def test_sigkilled_worker_task_is_retrained(cluster, data, tmp_path):
     os.kill(victim.pid, signal.SIGKILL)
     victim.wait()
     procs = [_start_worker(master, "e2e-kill", manifest, tmp_path, f"w{i}") for i in range(3)]
-    # SIGTERM one survivor after its first task: it finishes the task it holds, reports
-    # it, leaves and exits 0; the others finish the job.
-    term_log = tmp_path / "w2.log"
-    deadline = time.monotonic() + 60
-    while "train task" not in (term_log.read_text(errors="replace")
-                               if term_log.exists() else ""):
-        if procs[2].poll() is not None or time.monotonic() > deadline:
-            break
-        time.sleep(0.1)
-    termed = procs[2].poll() is None
-    assert termed, "the SIGTERM target ended before it was signalled"
-    os.kill(procs[2].pid, signal.SIGTERM)
+    # SIGTERM the first survivor that finishes a task: it finishes the task it holds then,
+    # reports it, leaves and exits 0; the others finish the job.
+    logs = [tmp_path / f"w{i}.log" for i in range(3)]
+    deadline = time.monotonic() + 90
+    target = None
+    while target is None:
+        for i, f in enumerate(logs):
+            if f.exists() and "train task" in f.read_text(errors="replace"):
+                target = i
+                break
+        else:
+            assert time.monotonic() < deadline, "no survivor finished a task"
+            time.sleep(0.05)
+    assert procs[target].poll() is None, "the SIGTERM target ended before it was signalled"
+    os.kill(procs[target].pid, signal.SIGTERM)
     _wait(procs, tmp_path, timeout=150)
     assert all(p.returncode == 0 for p in procs)
-    assert "stopped (SIGTERM)" in term_log.read_text()
+    assert "stopped (SIGTERM)" in logs[target].read_text()
 
     job = _job(master, "e2e-kill")
     assert job.state == 2, job
