@@ -160,6 +160,15 @@ def test_two_workers_train_every_record_once_and_match_the_baseline(cluster, dat
     assert baseline["auc"] > 0.65  # the model learns
     assert abs(auc_ps - baseline["auc"]) < 0.01, (auc_ps, baseline["auc"])
 
+    # The model on the PS, evaluated directly (read-only pulls), is the one the eval tasks
+    # saw: training had ended before them.
+    from evaluate import from_ps
+
+    from elastic_ps.metrics import auc
+
+    labels, probs = from_ps(master, data["holdout"]["path"])
+    assert abs(auc(labels, probs) - auc_ps) < 1e-4
+
 
 @pytest.mark.lease_ms(1000)
 def test_sigkilled_worker_task_is_retrained(cluster, data, tmp_path):
