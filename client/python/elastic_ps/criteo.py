@@ -39,7 +39,7 @@ FIELD_SHIFT = 33
 MISSING_VALUE = 1 << 32
 
 _CHUNK_BYTES = 8 << 20  # bytes parsed at a time (whole lines)
-_INT_WIDTH = 20  # longest integer field accepted, sign included
+_INT_WIDTH = 19  # longest integer field accepted, sign included (fits int64)
 
 _HEX = np.full(256, 255, dtype=np.uint8)
 for _i, _c in enumerate(b"0123456789abcdef"):
@@ -232,29 +232,32 @@ def _parse_ints(a, starts, ends, origin, first_line):
         bad = np.argwhere(lens > _INT_WIDTH)[0]
         raise ValueError(f"{origin}: line {first_line + bad[0] + 1}: integer field "
                          f"I{bad[1] + 1} is longer than {_INT_WIDTH} characters")
-    neg = (lens > 0) & (a[np.minimum(starts, len(a) - 1)] == 45)  # '-'
-    dstart = starts + neg
     width = int(lens.max()) if lens.size else 0
-    value = np.zeros(starts.shape, dtype=np.int64)
     if width == 0:
-        return value
-    # Right-aligned digit positions: column j is the j-th character before the end.
-    for j in range(1, width + 1):
-        pos = ends - j
-        live = pos >= dstart
-        if not live.any():
-            break
-        d = _DIGIT[a[np.where(live, pos, 0)]]
-        if ((d == 255) & live).any():
-            bad = np.argwhere((d == 255) & live)[0]
-            raise ValueError(f"{origin}: line {first_line + bad[0] + 1}: integer field "
-                             f"I{bad[1] + 1} is not a decimal integer")
-        value += np.where(live, d.astype(np.int64), 0) * (10 ** (j - 1))
-    if ((lens == 1) & neg).any():
-        bad = np.argwhere((lens == 1) & neg)[0]
-        raise ValueError(f"{origin}: line {first_line + bad[0] + 1}: integer field "
-                         f"I{bad[1] + 1} is a lone '-'")
-    return np.where(neg, -value, value)
+        return np.zeros(starts.shape, dtype=np.int64)
+    # The `width` bytes that end at each field's end (right-aligned digits), through a
+    # window view over the buffer padded in front; column j is the character at
+    # end - width + j, a digit of the field when j >= width - len.
+    padded = np.concatenate([np.zeros(width, np.uint8), a])
+    windows = np.lib.stride_tricks.sliding_window_view(padded, width)
+    flat_len = lens.reshape(-1)
+    chars = windows[ends.reshape(-1)]
+    col = np.arange(width)
+    first_col = (width - flat_len)[:, None]
+    live = col >= first_col
+    neg = (flat_len > 0) & (chars[np.arange(len(chars)), np.minimum(width - flat_len,
+                                                                   width - 1)] == 45)
+    live &= ~((col == first_col) & neg[:, None])
+    d = _DIGIT[chars]
+    bad = (d == 255) & live
+    if bad.any() or (neg & (flat_len == 1)).any():
+        where = int(np.flatnonzero(bad.any(1) | (neg & (flat_len == 1)))[0])
+        row, field = divmod(where, starts.shape[1])
+        raise ValueError(f"{origin}: line {first_line + row + 1}: integer field "
+                         f"I{field + 1} is not a decimal integer")
+    scale = 10 ** np.arange(width - 1, -1, -1, dtype=np.int64)
+    value = (np.where(live, d, 0).astype(np.int64) * scale).sum(1)
+    return np.where(neg, -value, value).reshape(starts.shape)
 
 
 def _parse_hex(a, starts, lens, origin, first_line):
@@ -264,15 +267,21 @@ def _parse_hex(a, starts, lens, origin, first_line):
         raise ValueError(f"{origin}: line {first_line + bad[0] + 1}: categorical field "
                          f"C{bad[1] + 1} must be empty or 8 hex digits")
     present = lens == 8
-    pos = np.where(present, starts, 0)[..., None] + np.arange(8)
-    nib = _HEX[a[np.minimum(pos, len(a) - 1)]]
-    if ((nib == 255) & present[..., None]).any():
-        bad = np.argwhere((nib == 255).any(-1) & present)[0]
-        raise ValueError(f"{origin}: line {first_line + bad[0] + 1}: categorical field "
-                         f"C{bad[1] + 1} is not hex")
     v = np.zeros(starts.shape, dtype=np.int64)
-    for j in range(8):
-        v = (v << 4) | nib[..., j].astype(np.int64)
+    if present.any():
+        # 8 bytes at each field start, through a window view (no index arithmetic per byte),
+        # hex digits to nibbles by table, nibble pairs to bytes, 4 bytes to a big-endian u32.
+        windows = np.lib.stride_tricks.sliding_window_view(a, 8)
+        flat = present.reshape(-1)
+        nib = _HEX[windows[starts.reshape(-1)[flat]]]
+        bad = (nib == 255).any(1)
+        if bad.any():
+            where = np.flatnonzero(flat)[np.flatnonzero(bad)[0]]
+            row, col = divmod(int(where), starts.shape[1])
+            raise ValueError(f"{origin}: line {first_line + row + 1}: categorical field "
+                             f"C{col + 1} is not hex")
+        packed = np.ascontiguousarray((nib[:, 0::2] << 4) | nib[:, 1::2])
+        v.reshape(-1)[flat] = packed.view(">u4").reshape(-1)
     v = np.where(present, v, MISSING_VALUE)
     field = np.arange(NUM_CAT, dtype=np.int64) << FIELD_SHIFT
     return v | field

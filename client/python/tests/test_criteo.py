@@ -141,3 +141,25 @@ def test_reads_synth_output(tmp_path):
         assert len(b) == e["records"] == criteo.count_records(e["path"])
         assert set(np.unique(b.labels).tolist()) <= {0.0, 1.0}
         assert (criteo.field_of(b.cat) == np.arange(26)).all()
+
+
+def test_random_lines_match_a_plain_python_parse(tmp_path):
+    rng = np.random.default_rng(7)
+    lines, expect_dense, expect_cat = [], [], []
+    for _ in range(3000):
+        ints = []
+        for _ in range(13):
+            r = rng.random()
+            ints.append(None if r < 0.2 else int(rng.integers(-10**6, 0)) if r < 0.3
+                        else int(rng.integers(0, 10**int(rng.integers(1, 18)))))
+        cats = [None if rng.random() < 0.2 else f"{int(rng.integers(0, 1 << 32)):08x}"
+                for _ in range(26)]
+        lines.append(_line(int(rng.integers(0, 2)), ints, cats))
+        expect_dense.append([np.log1p(max(v or 0, 0)) for v in ints])
+        expect_cat.append([criteo.feature_id(f, None if c is None else int(c, 16))
+                           for f, c in enumerate(cats)])
+    p = str(tmp_path / "r.tsv")
+    _write(p, lines)
+    b = criteo.read_all(p)
+    np.testing.assert_allclose(b.dense, np.array(expect_dense, np.float32), rtol=1e-6)
+    assert b.cat.tolist() == expect_cat
