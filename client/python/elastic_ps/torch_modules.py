@@ -158,7 +158,10 @@ class PsDense:
     Creates each tensor on the PS (idempotent; initializer from ``initializers[name]`` or
     :func:`default_initializer`), then pulls the PS values into the local parameters.
     ``step()`` (called by :class:`PsOptimizer`) pushes the local gradients in one
-    ``push_dense`` and, every ``pull_every`` steps, pulls fresh values. ``**spec``
+    ``push_dense``; every ``pull_every`` steps the parameters are marked stale, and the
+    next forward of ``module`` (or of any of its submodules) pulls fresh values first: the
+    pull happens as late as possible, so the gradients pushed are computed on the freshest
+    values other workers' pushes allow. ``**spec``
     (optimizer, learning_rate, optimizer parameters) goes to ``client.create_dense``.
     Not thread-safe.
     """
@@ -188,21 +191,29 @@ class PsDense:
                 init = dict(init)
                 client.create_dense(ps_name, list(p.shape), initializer=init.pop("kind"),
                                     **init, **spec)
+        self.stale = False
         self.pull()
+        self._hooks = [m.register_forward_pre_hook(self._before_forward)
+                       for m in module.modules()]
+
+    def _before_forward(self, module, inputs):
+        if self.stale:
+            self.pull()
 
     def parameters(self):
         return list(self.params.values())
 
     def pull(self):
-        """Copies the PS values into the local parameters."""
+        """Copies the PS values into the local parameters now."""
+        self.stale = False
         values = self.client.pull_dense(list(self.params))
         with torch.no_grad():
             for name, p in self.params.items():
                 p.copy_(torch.from_numpy(np.asarray(values[name], np.float32).reshape(p.shape)))
 
     def step(self, learning_rate=0.0):
-        """Pushes the gradients of the parameters that have one, clears them, and pulls
-        every ``pull_every`` steps."""
+        """Pushes the gradients of the parameters that have one, clears them, and marks the
+        parameters stale every ``pull_every`` steps (the next forward pulls)."""
         grads = {}
         for name, p in self.params.items():
             if p.grad is not None:
@@ -212,7 +223,7 @@ class PsDense:
         self.zero_grad()
         self.steps += 1
         if self.steps % self.pull_every == 0:
-            self.pull()
+            self.stale = True
 
     def zero_grad(self):
         for p in self.params.values():

@@ -185,6 +185,11 @@ def test_ps_dense_pulls_pushes_and_matches_torch(client):
     after = client.pull_dense(names)
     for n, p in zip(names, net.parameters()):
         np.testing.assert_allclose(after[n], ps[n] - grads[n], rtol=1e-5, atol=1e-6)
+        assert p.grad is None
+    assert dense.stale
+    net(x)  # the next forward pulls first
+    assert not dense.stale
+    for n, p in zip(names, net.parameters()):
         np.testing.assert_array_equal(p.detach().numpy(), after[n])  # pulled back
         assert p.grad is None
 
