@@ -28,7 +28,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import deepfm  # noqa: E402
 
 
-def train_baseline(train_files, holdout, epochs=1, batch=256, seed=0, log=print):
+def train_baseline(train_files, holdout, epochs=1, batch=deepfm.BATCH, seed=0, log=print):
     """Trains on [(path, records)] and evaluates on holdout (path). Returns a dict with
     auc, logloss, records, seconds, records_per_s."""
     data = [criteo.read_all(p, 0, n) for p, n in train_files]
@@ -79,7 +79,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--manifest", required=True, help="manifest.json of elastic_ps.synth")
     ap.add_argument("--epochs", type=int, default=1, help="passes over the training files")
-    ap.add_argument("--batch", type=int, default=256, help="minibatch size")
+    ap.add_argument("--batch", type=int, default=deepfm.BATCH, help="minibatch size")
     ap.add_argument("--seed", type=int, default=0, help="torch seed (initial rows)")
     ap.add_argument("--threads", type=int, default=1, help="torch threads")
     ap.add_argument("--json", help="write the result here as JSON")

@@ -28,9 +28,10 @@ from elastic_ps import criteo
 # Hyperparameters shared by the PS workers and the baseline (so their AUCs compare).
 K = 8
 HIDDEN = (64, 32)
-SPARSE_LR = 0.2
-DENSE_LR = 0.05
-INITIAL_ACCUMULATOR = 0.01
+BATCH = 256
+SPARSE_LR = 0.4
+DENSE_LR = 0.1
+INITIAL_ACCUMULATOR = 0.1
 EMB_STDDEV = 0.01
 TABLE = "deepfm.emb"
 DENSE_PREFIX = "deepfm.dense/"

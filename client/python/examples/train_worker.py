@@ -114,7 +114,7 @@ def main():
     ap.add_argument("--records_per_task", type=int, default=10000, help="with --manifest")
     ap.add_argument("--epochs", type=int, default=1, help="with --manifest")
     ap.add_argument("--no_eval", action="store_true", help="with --manifest: no eval files")
-    ap.add_argument("--batch", type=int, default=256, help="minibatch size")
+    ap.add_argument("--batch", type=int, default=deepfm.BATCH, help="minibatch size")
     ap.add_argument("--pull_every", type=int, default=1,
                     help="pull the dense parameters every this many steps")
     ap.add_argument("--eval_dir", help="where eval tasks write their predictions")
