@@ -124,10 +124,34 @@ std::string FormatStatus(const StatusResponse& s, const PodStats& stats) {
       s.epoch(), s.num_vshards(), live_pods, s.pods_size(), live_workers, s.tasks_done(),
       s.records_trained(), s.lease_ms(), s.uptime_seconds());
   absl::StrAppend(&out, FormatPods(s, stats), "\n", FormatWorkers(s), "\n", FormatJobs(s));
+  if (s.has_operation()) {
+    const OperationInfo& op = s.operation();
+    absl::StrAppend(&out, "\n", op.kind(), ": ", op.moves_done(), "/", op.moves_total(),
+                    " moves done",
+                    op.done() ? (op.error().empty() ? ", finished" : ", stopped: ") : ", running",
+                    op.error(), "\n");
+  }
+  if (s.moves_size() > 0) absl::StrAppend(&out, "\nMOVES\n", FormatMoves(s.moves()));
   if (s.failed_tasks_size() > 0) {
     absl::StrAppend(&out, "\nFAILED TASKS\n", FormatTaskList(s.failed_tasks(), true));
   }
   return out;
+}
+
+std::string FormatMoves(const google::protobuf::RepeatedPtrField<MoveInfo>& moves) {
+  std::vector<std::vector<std::string>> rows = {
+      {"MOVE", "VSHARDS", "FROM", "TO", "STATE", "ROWS", "MB", "SECONDS", "FENCE_MS", "ERROR"}};
+  for (const MoveInfo& m : moves) {
+    std::vector<uint32_t> vs(m.vshards().begin(), m.vshards().end());
+    const bool done = m.state() == MoveInfo::COMMITTED;
+    rows.push_back({absl::StrCat(m.move_id()), FormatRanges(vs), m.source(), m.destination(),
+                    MoveInfo::State_Name(m.state()), done ? absl::StrCat(m.rows()) : "-",
+                    done ? absl::StrFormat("%.1f", m.bytes() / 1e6) : "-",
+                    done ? absl::StrFormat("%.2f", m.copy_seconds()) : "-",
+                    done ? absl::StrFormat("%.1f", m.fence_ms()) : "-",
+                    m.error().empty() ? "-" : m.error()});
+  }
+  return FormatColumns(rows);
 }
 
 std::string FormatShards(const ShardMapResponse& m) {
@@ -140,8 +164,10 @@ std::string FormatShards(const ShardMapResponse& m) {
                     PodInfo::State_Name(p.state()), absl::StrCat(owned[i].size()),
                     FormatRanges(owned[i])});
   }
-  return absl::StrCat("epoch ", m.epoch(), ", ", m.num_vshards(), " vshards\n",
-                      FormatColumns(rows));
+  std::string out =
+      absl::StrCat("epoch ", m.epoch(), ", ", m.num_vshards(), " vshards\n", FormatColumns(rows));
+  if (m.moves_size() > 0) absl::StrAppend(&out, "\nMOVES IN PROGRESS\n", FormatMoves(m.moves()));
+  return out;
 }
 
 std::string FormatTables(const ListTablesResponse& t, const StatusResponse& s) {

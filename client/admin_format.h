@@ -25,8 +25,9 @@ using PodStats = std::map<std::string, StatsResponse>;
 // Each returns the text ps-admin prints for its command (ending in a newline).
 // status: everything at a glance; `stats` adds rows, memory and request rates per pod.
 std::string FormatStatus(const StatusResponse& s, const PodStats& stats = {});
-std::string FormatPods(const StatusResponse& s, const PodStats& stats = {});     // part of status
-std::string FormatShards(const ShardMapResponse& m);                             // shards
+std::string FormatPods(const StatusResponse& s, const PodStats& stats = {});  // part of status
+std::string FormatShards(const ShardMapResponse& m);                          // shards
+std::string FormatMoves(const google::protobuf::RepeatedPtrField<MoveInfo>& moves);
 std::string FormatTables(const ListTablesResponse& t, const StatusResponse& s);  // tables
 std::string FormatWorkers(const StatusResponse& s);                              // workers
 std::string FormatTasks(const StatusResponse& s);                                // tasks

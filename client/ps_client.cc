@@ -10,6 +10,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
 #include "client/id_index.h"
 #include "client/shard_map.h"
 #include "client/timer.h"
@@ -36,6 +37,17 @@ class Op {
     --pending_;
   }
 
+  // More RPCs joined the op (a re-routed part); call before the RPC they replace is done.
+  void Add(int n) {
+    absl::MutexLock lock(&mu_);
+    pending_ += n;
+  }
+  // Keeps `p` alive as long as the op (re-routed RPCs).
+  void Keep(std::shared_ptr<void> p) {
+    absl::MutexLock lock(&mu_);
+    keep_.push_back(std::move(p));
+  }
+
   absl::Status Wait() {
     absl::MutexLock lock(&mu_);
     mu_.Await(absl::Condition(
@@ -56,6 +68,7 @@ class Op {
   absl::Status status_ ABSL_GUARDED_BY(mu_);
   bool finished_ ABSL_GUARDED_BY(mu_) = false;
   std::function<absl::Status()> finish_;  // set before any RPC starts
+  std::vector<std::shared_ptr<void>> keep_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace internal
@@ -88,20 +101,50 @@ bool Retryable(grpc::StatusCode code) {
          code == grpc::StatusCode::DEADLINE_EXCEEDED;
 }
 
-// One RPC to one pod, re-sent as is on retry.
+struct Pod;
+
+// Where a pull RPC's rows go: for entry e of its request (one table), row k is written to
+// out + dest[e][k] * dim.
+struct PullScatter {
+  struct Entry {
+    std::string table;
+    float* out = nullptr;
+    uint32_t dim = 0;
+    std::vector<uint32_t> dest;
+  };
+  std::vector<Entry> entries;
+  bool read_only = false;
+};
+
+// One RPC to one pod, re-sent as is on retry (same pod identity, same push key).
 template <typename Req, typename Resp>
 struct Rpc {
-  uint32_t pod = 0;
+  std::shared_ptr<Pod> pod;
+  uint64_t epoch = 0;  // of the routing it was built with
   Req req;
   Resp resp;
   std::unique_ptr<grpc::ClientContext> ctx;
   int attempt = 0;
+  int reroutes = 0;     // map changes this part of the call has followed
+  absl::Status status;  // the final outcome
   // If set, runs on gRPC's thread when the RPC succeeds, before the op learns of it; its
   // error becomes the RPC's. A pull scatters its rows here, while they are in cache.
   std::function<absl::Status()> on_ok;
+  // Pull and push RPCs: after the pod refused ids it does not own (so applied nothing),
+  // re-routes the request under the refreshed map as new RPCs of `op`.
+  std::function<void(const std::shared_ptr<Op>& op)> reroute;
+  std::shared_ptr<PullScatter> scatter;  // pulls
 };
 
+using RawRpc = Rpc<grpc::ByteBuffer, grpc::ByteBuffer>;
+
+bool WrongShard(const grpc::Status& s) {
+  return s.error_code() == grpc::StatusCode::FAILED_PRECONDITION &&
+         s.error_message().find("does not own") != std::string::npos;
+}
+
 struct Pod {
+  std::string id;  // the master's pod id, or "pod i" in a static map
   std::string address;
   std::vector<std::unique_ptr<Stub>> stubs;
   std::vector<std::unique_ptr<grpc::GenericStub>> raw_stubs;  // on the same channels
@@ -124,34 +167,29 @@ void Invoke(Pod& pod, RawMethod method, grpc::ClientContext* ctx, const grpc::By
                                               std::move(done));
 }
 
+// The channels of `options.security`; its files were read once already by Connect, so a
+// failure here (a file removed since) leaves plain text without a token, which a secured
+// server refuses.
+ChannelMaker Channels(const ClientOptions& options) {
+  return ChannelMaker::Create(options.security).value_or(ChannelMaker());
+}
+
+// The pods and the vshard map one call routes with.
+struct Routing {
+  ShardMap map;
+  std::vector<std::shared_ptr<Pod>> pods;  // index = the map's pod index
+};
+
 class PsClientImpl final : public PsClient {
  public:
-  explicit PsClientImpl(const ClientOptions& options, ShardMap map)
-      : options_(options), map_(std::move(map)), worker_id_(options.worker_id) {
+  PsClientImpl(const ClientOptions& options, std::shared_ptr<const Routing> routing)
+      : options_(options), worker_id_(options.worker_id), routing_(std::move(routing)) {
     if (worker_id_ == 0) {
       std::random_device rd;
       while (worker_id_ == 0) worker_id_ = (uint64_t{rd()} << 32) | rd();
     }
-    for (const std::string& address : options_.servers) {
-      auto pod = std::make_unique<Pod>();
-      pod->address = address;
-      for (int c = 0; c < std::max(1, options_.channels_per_server); ++c) {
-        grpc::ChannelArguments args;
-        args.SetMaxReceiveMessageSize(options_.max_message_bytes);
-        args.SetMaxSendMessageSize(options_.max_message_bytes);
-        // Own connection per channel, rather than one shared subchannel.
-        args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
-        // The client retries on its own (with backoff and push keys); gRPC's transparent
-        // retry layer would only add per-call work (it buffers every message it sends).
-        args.SetInt(GRPC_ARG_ENABLE_RETRIES, 0);
-        args.SetInt("ps.channel_index", c);
-        args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, options_.initial_backoff_ms);
-        args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, options_.max_backoff_ms);
-        auto channel = grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);
-        pod->stubs.push_back(ParameterServer::NewStub(channel));
-        pod->raw_stubs.push_back(std::make_unique<grpc::GenericStub>(channel));
-      }
-      pods_.push_back(std::move(pod));
+    if (!options_.master.empty()) {
+      master_ = Master::NewStub(Channels(options_).Make(options_.master));
     }
   }
 
@@ -161,27 +199,90 @@ class PsClientImpl final : public PsClient {
         +[](int* n) { return *n == 0; }, &inflight_rpcs_));
   }
 
-  absl::Status Init() {
-    std::vector<std::unique_ptr<Rpc<DescribeRequest, DescribeResponse>>> rpcs;
-    for (uint32_t p = 0; p < pods_.size(); ++p)
-      rpcs.push_back(MakeRpc<DescribeRequest, DescribeResponse>(p));
-    RETURN_IF_ERROR(RunAll(&AsyncIface::Describe, &rpcs));
-    for (const auto& rpc : rpcs) {
-      const DescribeResponse& d = rpc->resp;
-      const std::string& where = pods_[rpc->pod]->address;
-      if (d.num_vshards() != map_.num_vshards()) {
-        return absl::FailedPreconditionError(
-            absl::StrCat("pod ", rpc->pod, " (", where, ") has ", d.num_vshards(),
-                         " vshards; the client is configured with ", map_.num_vshards()));
+  // A pod with its channels.
+  static std::shared_ptr<Pod> NewPod(const ClientOptions& options, const std::string& id,
+                                     const std::string& address) {
+    auto pod = std::make_shared<Pod>();
+    pod->id = id;
+    pod->address = address;
+    if (address.empty()) return pod;  // never registered: owns nothing, gets no calls
+    const ChannelMaker channels = Channels(options);
+    for (int c = 0; c < std::max(1, options.channels_per_server); ++c) {
+      grpc::ChannelArguments args;
+      args.SetMaxReceiveMessageSize(options.max_message_bytes);
+      args.SetMaxSendMessageSize(options.max_message_bytes);
+      // Own connection per channel, rather than one shared subchannel.
+      args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
+      // The client retries on its own (with backoff and push keys); gRPC's transparent
+      // retry layer would only add per-call work (it buffers every message it sends).
+      args.SetInt(GRPC_ARG_ENABLE_RETRIES, 0);
+      args.SetInt("ps.channel_index", c);
+      args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, options.initial_backoff_ms);
+      args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, options.max_backoff_ms);
+      auto channel = channels.Make(address, args);
+      pod->stubs.push_back(ParameterServer::NewStub(channel));
+      pod->raw_stubs.push_back(std::make_unique<grpc::GenericStub>(channel));
+    }
+    return pod;
+  }
+
+  // The routing of a master's map: pods keep their channels when their address is the
+  // same as in `previous`.
+  static absl::StatusOr<std::shared_ptr<const Routing>> RoutingFromMap(const ClientOptions& options,
+                                                                       const ShardMapResponse& resp,
+                                                                       const Routing* previous) {
+    auto routing = std::make_shared<Routing>();
+    std::vector<uint32_t> owner(resp.owner().begin(), resp.owner().end());
+    for (const PodInfo& info : resp.pods()) {
+      std::shared_ptr<Pod> pod;
+      if (previous != nullptr) {
+        for (const auto& p : previous->pods) {
+          if (p->id == info.pod_id() && p->address == info.address()) pod = p;
+        }
       }
-      for (uint32_t v = 0; v < map_.num_vshards(); ++v) {
-        const bool owns = (static_cast<uint8_t>(d.owned_vshards()[v >> 3]) >> (v & 7)) & 1;
-        if (owns != (map_.PodOfVShard(v) == rpc->pod)) {
-          return absl::FailedPreconditionError(
-              absl::StrCat("pod ", rpc->pod, " (", where, ") ", owns ? "owns" : "does not own",
-                           " vshard ", v, ", unlike the shard map (epoch ", map_.epoch(), ") of ",
-                           pods_.size(), " pods. Static map: start pod i with --shard=i/",
-                           pods_.size(), " and list the servers in that order"));
+      if (pod == nullptr) pod = NewPod(options, info.pod_id(), info.address());
+      routing->pods.push_back(std::move(pod));
+    }
+    for (uint32_t pod : owner) {
+      if (pod >= routing->pods.size() || routing->pods[pod]->address.empty()) {
+        return absl::UnavailableError(
+            absl::StrCat("the master's map names pod ", pod, ", which has no address yet"));
+      }
+    }
+    ASSIGN_OR_RETURN(routing->map,
+                     ShardMap::FromOwners(std::move(owner), static_cast<uint32_t>(resp.pods_size()),
+                                          resp.epoch()));
+    return std::shared_ptr<const Routing>(std::move(routing));
+  }
+
+  // Loads the catalog from the pods (and, with a static map, checks that they agree with
+  // it: a wrong --shard flag or server order is an error here, not silent misrouting).
+  absl::Status Init() {
+    auto r = routing();
+    std::vector<std::unique_ptr<Rpc<DescribeRequest, DescribeResponse>>> rpcs;
+    for (const auto& pod : r->pods) {
+      if (!options_.master.empty() && pod->address.empty()) continue;
+      rpcs.push_back(MakeRpc<DescribeRequest, DescribeResponse>(pod, r->map.epoch()));
+    }
+    RETURN_IF_ERROR(RunAll(&AsyncIface::Describe, &rpcs));
+    for (size_t i = 0; i < rpcs.size(); ++i) {
+      const DescribeResponse& d = rpcs[i]->resp;
+      const std::string& where = rpcs[i]->pod->address;
+      if (d.num_vshards() != r->map.num_vshards()) {
+        return absl::FailedPreconditionError(
+            absl::StrCat("pod ", i, " (", where, ") has ", d.num_vshards(),
+                         " vshards; the client is configured with ", r->map.num_vshards()));
+      }
+      if (options_.master.empty()) {
+        for (uint32_t v = 0; v < r->map.num_vshards(); ++v) {
+          const bool owns = (static_cast<uint8_t>(d.owned_vshards()[v >> 3]) >> (v & 7)) & 1;
+          if (owns != (r->map.PodOfVShard(v) == i)) {
+            return absl::FailedPreconditionError(absl::StrCat(
+                "pod ", i, " (", where, ") ", owns ? "owns" : "does not own", " vshard ", v,
+                ", unlike the shard map (epoch ", r->map.epoch(), ") of ", r->pods.size(),
+                " pods. Static map: start pod i with --shard=i/", r->pods.size(),
+                " and list the servers in that order"));
+          }
         }
       }
       absl::MutexLock lock(&catalog_mu_);
@@ -194,11 +295,23 @@ class PsClientImpl final : public PsClient {
   uint64_t worker_id() const override { return worker_id_; }
 
   absl::Status CreateTable(const TableSpec& spec) override {
+    if (master_ != nullptr) {  // the catalog: pods that join later create it from there
+      CreateTableRequest req;
+      *req.mutable_spec() = spec;
+      CreateTableResponse resp;
+      RETURN_IF_ERROR(CallMaster(&Master::Stub::CreateTable, req, &resp));
+    }
     return CreateOnEveryPod<CreateTableRequest, CreateTableResponse>(&AsyncIface::CreateTable,
                                                                      spec);
   }
 
   absl::Status CreateDense(const DenseSpec& spec) override {
+    if (master_ != nullptr) {
+      CreateDenseRequest req;
+      *req.mutable_spec() = spec;
+      CreateDenseResponse resp;
+      RETURN_IF_ERROR(CallMaster(&Master::Stub::CreateDense, req, &resp));
+    }
     return CreateOnEveryPod<CreateDenseRequest, CreateDenseResponse>(&AsyncIface::CreateDense,
                                                                      spec);
   }
@@ -218,9 +331,12 @@ class PsClientImpl final : public PsClient {
                          const std::vector<const float*>& grads, float lr) override;
 
   absl::StatusOr<std::vector<StatsResponse>> Stats() override {
+    auto r = routing();
     std::vector<std::unique_ptr<Rpc<StatsRequest, StatsResponse>>> rpcs;
-    for (uint32_t p = 0; p < pods_.size(); ++p)
-      rpcs.push_back(MakeRpc<StatsRequest, StatsResponse>(p));
+    for (const auto& pod : r->pods) {
+      if (pod->address.empty()) continue;
+      rpcs.push_back(MakeRpc<StatsRequest, StatsResponse>(pod, r->map.epoch()));
+    }
     RETURN_IF_ERROR(RunAll(&AsyncIface::Stats, &rpcs));
     std::vector<StatsResponse> out;
     for (auto& rpc : rpcs) out.push_back(std::move(rpc->resp));
@@ -228,10 +344,89 @@ class PsClientImpl final : public PsClient {
   }
 
  private:
+  std::shared_ptr<const Routing> routing() const {
+    absl::MutexLock lock(&routing_mu_);
+    return routing_;
+  }
+
   template <typename Req, typename Resp>
-  std::unique_ptr<Rpc<Req, Resp>> MakeRpc(uint32_t pod) {
+  absl::Status CallMaster(grpc::Status (Master::Stub::*method)(grpc::ClientContext*, const Req&,
+                                                               Resp*),
+                          const Req& req, Resp* resp) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() +
+                     std::chrono::milliseconds(options_.deadline_ms));
+    grpc::Status s = (master_.get()->*method)(&ctx, req, resp);
+    if (s.ok()) return absl::OkStatus();
+    return absl::Status(static_cast<absl::StatusCode>(s.error_code()),
+                        absl::StrCat("master ", options_.master, ": ", s.error_message()));
+  }
+
+  // Calls `then` once the routing is newer than `seen_epoch`, or after one refresh from the
+  // master (whatever it brought). Refreshes are shared by all calls waiting for one and at
+  // most one per map_refresh_ms. `then` runs on the timer or a gRPC thread.
+  void RefreshMap(uint64_t seen_epoch, std::function<void()> then) {
+    if (routing()->map.epoch() > seen_epoch) return then();
+    {
+      absl::MutexLock lock(&refresh_mu_);
+      refresh_waiters_.push_back(std::move(then));
+      if (refresh_in_flight_) return;
+      refresh_in_flight_ = true;
+    }
+    {
+      absl::MutexLock lock(&inflight_mu_);
+      ++inflight_rpcs_;
+    }
+    const absl::Duration wait =
+        std::max(absl::ZeroDuration(),
+                 last_refresh_ + absl::Milliseconds(options_.map_refresh_ms) - absl::Now());
+    timer_.After(wait, [this] { StartRefresh(); });
+  }
+
+  void StartRefresh() {
+    auto ctx = std::make_shared<grpc::ClientContext>();
+    ctx->set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(2));
+    auto req = std::make_shared<GetShardMapRequest>();
+    auto resp = std::make_shared<ShardMapResponse>();
+    master_->async()->GetShardMap(ctx.get(), req.get(), resp.get(),
+                                  [this, ctx, req, resp](grpc::Status s) {
+                                    if (s.ok()) {
+                                      auto current = routing();
+                                      if (resp->epoch() >= current->map.epoch()) {
+                                        auto next = RoutingFromMap(options_, *resp, current.get());
+                                        if (next.ok()) {
+                                          absl::MutexLock lock(&routing_mu_);
+                                          routing_ = *std::move(next);
+                                        }
+                                      }
+                                    }
+                                    std::vector<std::function<void()>> waiters;
+                                    {
+                                      absl::MutexLock lock(&refresh_mu_);
+                                      refresh_in_flight_ = false;
+                                      last_refresh_ = absl::Now();
+                                      waiters.swap(refresh_waiters_);
+                                    }
+                                    for (auto& w : waiters) w();
+                                    absl::MutexLock lock(&inflight_mu_);
+                                    --inflight_rpcs_;
+                                  });
+  }
+
+  // The pod with `id` in the current routing (its address may have changed), or `pod`.
+  std::shared_ptr<Pod> Resolve(const std::shared_ptr<Pod>& pod) {
+    auto r = routing();
+    for (const auto& p : r->pods) {
+      if (p->id == pod->id) return p->address.empty() ? pod : p;
+    }
+    return pod;
+  }
+
+  template <typename Req, typename Resp>
+  std::unique_ptr<Rpc<Req, Resp>> MakeRpc(std::shared_ptr<Pod> pod, uint64_t epoch) {
     auto rpc = std::make_unique<Rpc<Req, Resp>>();
-    rpc->pod = pod;
+    rpc->pod = std::move(pod);
+    rpc->epoch = epoch;
     return rpc;
   }
 
@@ -247,19 +442,43 @@ class PsClientImpl final : public PsClient {
     Start(method, rpc, std::move(op));
   }
 
+  // Retries and map changes:
+  // - UNAVAILABLE / ABORTED / DEADLINE_EXCEEDED: the same request again to the same pod
+  //   identity, with backoff. From the third attempt on (with a master) the map is
+  //   refreshed first, so a pod restarted at a new address is found.
+  // - FAILED_PRECONDITION for ids the pod does not own (a map change): nothing of the
+  //   request was applied there, so after a refresh its ids are routed again as new RPCs
+  //   (a push under a new key), which may go to several pods.
   template <typename Method, typename Req, typename Resp>
   void Start(Method method, Rpc<Req, Resp>* rpc, std::shared_ptr<Op> op) {
     rpc->ctx = std::make_unique<grpc::ClientContext>();
     rpc->ctx->set_deadline(std::chrono::system_clock::now() +
                            std::chrono::milliseconds(options_.deadline_ms));
     Invoke(
-        *pods_[rpc->pod], method, rpc->ctx.get(), &rpc->req, &rpc->resp,
+        *rpc->pod, method, rpc->ctx.get(), &rpc->req, &rpc->resp,
         [this, method, rpc, op = std::move(op)](grpc::Status s) mutable {
           ++rpc->attempt;
+          const bool master = master_ != nullptr;
           if (!s.ok() && Retryable(s.error_code()) && rpc->attempt < options_.max_attempts) {
-            timer_.After(Backoff(rpc->attempt), [this, method, rpc, op = std::move(op)]() mutable {
+            const absl::Duration backoff = Backoff(rpc->attempt);
+            auto resend = [this, method, rpc, op]() mutable {
               rpc->resp.Clear();
+              rpc->pod = Resolve(rpc->pod);
               Start(method, rpc, std::move(op));
+            };
+            if (master && rpc->attempt >= 3) {
+              timer_.After(backoff, [this, rpc, resend = std::move(resend)]() mutable {
+                RefreshMap(rpc->epoch, std::move(resend));
+              });
+            } else {
+              timer_.After(backoff, std::move(resend));
+            }
+            return;
+          }
+          if (master && rpc->reroute && WrongShard(s) && rpc->reroutes < options_.max_reroutes) {
+            RefreshMap(rpc->epoch, [this, rpc, op = std::move(op)] {
+              rpc->reroute(op);  // adds its RPCs to the op before this one is done
+              Done(rpc, op.get(), absl::OkStatus());
             });
             return;
           }
@@ -268,15 +487,21 @@ class PsClientImpl final : public PsClient {
             status = absl::Status(
                 static_cast<absl::StatusCode>(s.error_code()),
                 absl::StrCat(
-                    "pod ", rpc->pod, " (", pods_[rpc->pod]->address, "): ", s.error_message(),
+                    "pod ", rpc->pod->id, " (", rpc->pod->address, "): ", s.error_message(),
                     rpc->attempt > 1 ? absl::StrCat(" [after ", rpc->attempt, " attempts]") : ""));
           } else if (rpc->on_ok) {
             status = rpc->on_ok();
           }
-          op->RpcDone(status);
-          absl::MutexLock lock(&inflight_mu_);
-          --inflight_rpcs_;
+          Done(rpc, op.get(), status);
         });
+  }
+
+  template <typename Req, typename Resp>
+  void Done(Rpc<Req, Resp>* rpc, Op* op, const absl::Status& status) {
+    rpc->status = status;
+    op->RpcDone(status);
+    absl::MutexLock lock(&inflight_mu_);
+    --inflight_rpcs_;
   }
 
   absl::Duration Backoff(int attempt) {
@@ -286,16 +511,14 @@ class PsClientImpl final : public PsClient {
     return absl::Milliseconds(cap / 2 + static_cast<int64_t>(rng() % (cap / 2 + 1)));
   }
 
-  // Starts every RPC of `rpcs` under one op and returns a handle; `finish` runs on Wait.
-  template <typename Method, typename Req, typename Resp>
-  Handle StartAll(Method method, std::shared_ptr<std::vector<std::unique_ptr<Rpc<Req, Resp>>>> rpcs,
-                  std::function<absl::Status()> finish) {
-    auto op = std::make_shared<Op>(static_cast<int>(rpcs->size()));
-    // The op's finish closure owns the RPCs, so they live until every callback is done.
-    op->set_finish(
-        [rpcs, finish = std::move(finish)] { return finish ? finish() : absl::OkStatus(); });
-    for (auto& rpc : *rpcs) Begin(method, rpc.get(), op);
-    return Handle(op);
+  // Starts `rpcs` as part of `op` (whose pending count already includes them); the op
+  // keeps them alive.
+  void StartRaw(RawMethod method, std::vector<std::shared_ptr<RawRpc>> rpcs,
+                const std::shared_ptr<Op>& op) {
+    for (auto& rpc : rpcs) {
+      op->Keep(rpc);
+      Begin(method, rpc.get(), op);
+    }
   }
 
   // Blocking fan-out over caller-owned RPCs.
@@ -310,9 +533,11 @@ class PsClientImpl final : public PsClient {
   // Sends the create request to every pod (in parallel), then refreshes the catalog.
   template <typename Req, typename Resp, typename Spec>
   absl::Status CreateOnEveryPod(AsyncMethod<Req, Resp> method, const Spec& spec) {
+    auto r = routing();
     std::vector<std::unique_ptr<Rpc<Req, Resp>>> rpcs;
-    for (uint32_t p = 0; p < pods_.size(); ++p) {
-      rpcs.push_back(MakeRpc<Req, Resp>(p));
+    for (const auto& pod : r->pods) {
+      if (pod->address.empty()) continue;
+      rpcs.push_back(MakeRpc<Req, Resp>(pod, r->map.epoch()));
       *rpcs.back()->req.mutable_spec() = spec;
     }
     RETURN_IF_ERROR(RunAll(method, &rpcs));
@@ -320,8 +545,10 @@ class PsClientImpl final : public PsClient {
   }
 
   absl::Status RefreshCatalog() {
+    auto r = routing();
     std::vector<std::unique_ptr<Rpc<DescribeRequest, DescribeResponse>>> rpcs;
-    rpcs.push_back(MakeRpc<DescribeRequest, DescribeResponse>(0));
+    rpcs.push_back(
+        MakeRpc<DescribeRequest, DescribeResponse>(r->pods[r->map.PodOfVShard(0)], r->map.epoch()));
     RETURN_IF_ERROR(RunAll(&AsyncIface::Describe, &rpcs));
     absl::MutexLock lock(&catalog_mu_);
     for (const TableInfo& t : rpcs[0]->resp.tables()) tables_[t.spec().name()] = t.spec();
@@ -364,9 +591,8 @@ class PsClientImpl final : public PsClient {
 
   // Rows to reserve in one pod's entry for a call of n ids: the even share plus a margin
   // for hash imbalance (a reserve too small only costs a reallocation).
-  size_t ReserveRows(size_t n) const {
-    const size_t pods = map_.num_pods();
-    return pods == 1 ? n : n / pods + n / (4 * pods) + 16;
+  static size_t ReserveRows(size_t n, size_t pods) {
+    return pods <= 1 ? n : n / pods + n / (4 * pods) + 16;
   }
 
   Handle Failed(absl::Status s) {
@@ -375,11 +601,32 @@ class PsClientImpl final : public PsClient {
     return Handle(op);
   }
 
+  // Pull RPCs built from (pod, table entry) parts; see PullAsync and ReroutePull.
+  struct PullBuild {
+    std::vector<PullRequest> reqs;
+    std::vector<std::shared_ptr<PullScatter>> scatters;
+    std::vector<uint32_t> pod_of_rpc;
+    std::vector<int> rpc_of_pod;
+  };
+  std::vector<std::shared_ptr<RawRpc>> FinishPull(PullBuild* b, const Routing& r, int reroutes);
+  void ReroutePull(RawRpc* rpc, const std::shared_ptr<Op>& op);
+  // Push RPCs: one PushRequest per pod (all under `key`).
+  std::vector<std::shared_ptr<RawRpc>> MakePushRpcs(std::vector<PushRequest>* reqs,
+                                                    const std::vector<uint32_t>& pod_of_rpc,
+                                                    const Routing& r, int reroutes);
+  void ReroutePush(RawRpc* rpc, const std::shared_ptr<Op>& op);
+
   // Constant after construction.
   const ClientOptions options_;
-  const ShardMap map_;
   uint64_t worker_id_;
-  std::vector<std::unique_ptr<Pod>> pods_;
+  std::unique_ptr<Master::Stub> master_;  // null with a static map
+
+  mutable absl::Mutex routing_mu_;
+  std::shared_ptr<const Routing> routing_ ABSL_GUARDED_BY(routing_mu_);
+  absl::Mutex refresh_mu_ ABSL_ACQUIRED_AFTER(routing_mu_);
+  bool refresh_in_flight_ ABSL_GUARDED_BY(refresh_mu_) = false;
+  absl::Time last_refresh_ ABSL_GUARDED_BY(refresh_mu_) = absl::InfinitePast();
+  std::vector<std::function<void()>> refresh_waiters_ ABSL_GUARDED_BY(refresh_mu_);
 
   std::atomic<uint64_t> sequence_{1};
   absl::Mutex inflight_mu_;
@@ -390,25 +637,112 @@ class PsClientImpl final : public PsClient {
   Timer timer_;  // last: destroyed first, so no retry fires into a dying client
 };
 
-// Where the rows of one table's pull go: the row at position k of pod p's entry for this
-// table is written to out row dest[p][k] (the first request index of that id); a repeated
-// id's row is then copied from its first occurrence (dups).
+// Where the rows of one table's pull go besides the RPCs' scatters: a repeated id's row
+// is copied from its first occurrence once every RPC is done.
 struct PullPlan {
-  std::string table;
   float* out;
   uint32_t dim;
-  std::vector<int> entry_of_pod;                    // per pod: entry index, or -1
-  std::vector<std::vector<uint32_t>> dest;          // per pod, per entry position
   std::vector<std::pair<uint32_t, uint32_t>> dups;  // (request index, first index)
 };
 
+// Scatters a pull RPC's rows into the caller's buffers, on gRPC's thread.
+absl::Status ScatterPull(RawRpc* r) {
+  std::vector<grpc::Slice> slices;
+  std::vector<absl::string_view> pieces = wire::Pieces(r->resp, &slices);
+  r->resp.Clear();  // the slices hold the memory from here
+  uint64_t epoch;
+  std::vector<wire::TableValuesView> tables;
+  absl::Status s = wire::DecodePullResponse(pieces, &epoch, &tables);
+  if (!s.ok()) return absl::InternalError(absl::StrCat("pod ", r->pod->id, ": ", s.message()));
+  const auto& entries = r->scatter->entries;
+  if (tables.size() != entries.size()) {
+    return absl::InternalError(absl::StrCat("pod ", r->pod->id, " answered ", tables.size(),
+                                            " tables for ", entries.size()));
+  }
+  for (size_t e = 0; e < entries.size(); ++e) {
+    const PullScatter::Entry& entry = entries[e];
+    const size_t row_bytes = entry.dim * sizeof(float);
+    if (tables[e].values_bytes != entry.dest.size() * row_bytes) {
+      return absl::InternalError(absl::StrCat("pod ", r->pod->id, " answered a pull of '",
+                                              entry.table, "' with the wrong number of values"));
+    }
+    char* out = reinterpret_cast<char*>(entry.out);
+    wire::Reader values(tables[e].values);
+    for (uint32_t i : entry.dest) values.CopyTo(out + i * row_bytes, row_bytes);
+  }
+  return absl::OkStatus();
+}
+
+std::vector<std::shared_ptr<RawRpc>> PsClientImpl::FinishPull(PullBuild* b, const Routing& r,
+                                                              int reroutes) {
+  std::vector<std::shared_ptr<RawRpc>> rpcs;
+  for (size_t k = 0; k < b->reqs.size(); ++k) {
+    auto rpc = std::shared_ptr<RawRpc>(
+        MakeRpc<grpc::ByteBuffer, grpc::ByteBuffer>(r.pods[b->pod_of_rpc[k]], r.map.epoch()));
+    rpc->req = wire::EncodePullRequest(&b->reqs[k]);
+    rpc->scatter = std::move(b->scatters[k]);
+    rpc->reroutes = reroutes;
+    RawRpc* raw = rpc.get();
+    rpc->on_ok = [raw] { return ScatterPull(raw); };
+    rpc->reroute = [this, raw](const std::shared_ptr<Op>& op) { ReroutePull(raw, op); };
+    rpcs.push_back(std::move(rpc));
+  }
+  return rpcs;
+}
+
+void PsClientImpl::ReroutePull(RawRpc* rpc, const std::shared_ptr<Op>& op) {
+  grpc::ByteBuffer raw(rpc->req);
+  PullRequest req;
+  if (!grpc::SerializationTraits<PullRequest>::Deserialize(&raw, &req).ok()) {
+    op->Add(1);
+    return op->RpcDone(absl::InternalError("cannot re-route a pull: its request is unreadable"));
+  }
+  auto r = routing();
+  const uint32_t num_pods = r->map.num_pods();
+  PullBuild b;
+  b.rpc_of_pod.assign(num_pods, -1);
+  const auto& entries = rpc->scatter->entries;
+  for (int e = 0; e < req.tables_size() && e < static_cast<int>(entries.size()); ++e) {
+    const PullScatter::Entry& entry = entries[e];
+    const std::string& ids = req.tables(e).ids();
+    const uint64_t name_hash = NameHash(entry.table);
+    std::vector<int> entry_of_pod(num_pods, -1);
+    for (size_t k = 0; k < entry.dest.size(); ++k) {
+      int64_t id;
+      std::memcpy(&id, ids.data() + k * sizeof(id), sizeof(id));
+      const uint32_t pod = r->map.PodOf(name_hash, id);
+      if (b.rpc_of_pod[pod] < 0) {
+        b.rpc_of_pod[pod] = static_cast<int>(b.reqs.size());
+        b.pod_of_rpc.push_back(pod);
+        b.reqs.emplace_back().set_epoch(r->map.epoch());
+        b.reqs.back().set_read_only(req.read_only());
+        b.scatters.push_back(std::make_shared<PullScatter>());
+      }
+      const int k_rpc = b.rpc_of_pod[pod];
+      PullScatter& sc = *b.scatters[k_rpc];
+      if (entry_of_pod[pod] < 0) {
+        entry_of_pod[pod] = static_cast<int>(sc.entries.size());
+        sc.entries.push_back({entry.table, entry.out, entry.dim, {}});
+        b.reqs[k_rpc].add_tables()->set_table(entry.table);
+      }
+      sc.entries[entry_of_pod[pod]].dest.push_back(entry.dest[k]);
+      b.reqs[k_rpc]
+          .mutable_tables(entry_of_pod[pod])
+          ->mutable_ids()
+          ->append(reinterpret_cast<const char*>(&id), sizeof(id));
+    }
+  }
+  auto rpcs = FinishPull(&b, *r, rpc->reroutes + 1);
+  op->Add(static_cast<int>(rpcs.size()));
+  StartRaw(kRawPull, std::move(rpcs), op);
+}
+
 Handle PsClientImpl::PullAsync(std::vector<PullSpec> specs, bool read_only) {
-  using PullRpc = Rpc<grpc::ByteBuffer, grpc::ByteBuffer>;
-  const uint32_t num_pods = map_.num_pods();
-  const uint32_t num_vshards = map_.num_vshards();
-  std::vector<PullRequest> reqs;  // per RPC, encoded once complete
-  std::vector<uint32_t> pod_of_rpc;
-  std::vector<int> rpc_of_pod(num_pods, -1);
+  auto r = routing();
+  const uint32_t num_pods = r->map.num_pods();
+  const uint32_t num_vshards = r->map.num_vshards();
+  PullBuild b;
+  b.rpc_of_pod.assign(num_pods, -1);
   auto plans = std::make_shared<std::vector<PullPlan>>(specs.size());
   thread_local IdIndex unique;
   for (size_t s = 0; s < specs.size(); ++s) {
@@ -420,14 +754,12 @@ Handle PsClientImpl::PullAsync(std::vector<PullSpec> specs, bool read_only) {
           absl::StrCat("pull of '", spec.table, "' has no output buffer")));
     }
     PullPlan& plan = (*plans)[s];
-    plan.table = spec.table;
     plan.out = spec.out;
     plan.dim = *dim;
-    plan.entry_of_pod.assign(num_pods, -1);
-    plan.dest.resize(num_pods);
     const uint64_t name_hash = NameHash(spec.table);
     unique.Reset(spec.ids.size());
     std::vector<std::string*> ids_of_pod(num_pods, nullptr);
+    std::vector<std::vector<uint32_t>*> dest_of_pod(num_pods, nullptr);
     for (size_t i = 0; i < spec.ids.size(); ++i) {
       const int64_t id = spec.ids[i];
       const uint64_t h = RouteHash(name_hash, id);
@@ -437,62 +769,34 @@ Handle PsClientImpl::PullAsync(std::vector<PullSpec> specs, bool read_only) {
         plan.dups.emplace_back(static_cast<uint32_t>(i), first);
         continue;
       }
-      const uint32_t pod = map_.PodOfVShard(VShardOf(h, num_vshards));
+      const uint32_t pod = r->map.PodOfVShard(VShardOf(h, num_vshards));
       std::string* ids = ids_of_pod[pod];
       if (ids == nullptr) {
-        if (rpc_of_pod[pod] < 0) {
-          rpc_of_pod[pod] = static_cast<int>(reqs.size());
-          pod_of_rpc.push_back(pod);
-          reqs.emplace_back().set_epoch(map_.epoch());
-          reqs.back().set_read_only(read_only);
+        if (b.rpc_of_pod[pod] < 0) {
+          b.rpc_of_pod[pod] = static_cast<int>(b.reqs.size());
+          b.pod_of_rpc.push_back(pod);
+          b.reqs.emplace_back().set_epoch(r->map.epoch());
+          b.reqs.back().set_read_only(read_only);
+          b.scatters.push_back(std::make_shared<PullScatter>());
         }
-        PullRequest& req = reqs[rpc_of_pod[pod]];
-        plan.entry_of_pod[pod] = req.tables_size();
-        TableIds* entry = req.add_tables();
+        const int k = b.rpc_of_pod[pod];
+        TableIds* entry = b.reqs[k].add_tables();
         entry->set_table(spec.table);
         ids = ids_of_pod[pod] = entry->mutable_ids();
-        ids->reserve(ReserveRows(spec.ids.size()) * sizeof(int64_t));
-        plan.dest[pod].reserve(ReserveRows(spec.ids.size()));
+        ids->reserve(ReserveRows(spec.ids.size(), num_pods) * sizeof(int64_t));
+        PullScatter& sc = *b.scatters[k];
+        sc.entries.push_back({spec.table, spec.out, *dim, {}});
+        dest_of_pod[pod] = &sc.entries.back().dest;
+        dest_of_pod[pod]->reserve(ReserveRows(spec.ids.size(), num_pods));
       }
-      plan.dest[pod].push_back(static_cast<uint32_t>(i));
+      dest_of_pod[pod]->push_back(static_cast<uint32_t>(i));
       ids->append(reinterpret_cast<const char*>(&id), sizeof(id));
     }
   }
-  auto rpcs = std::make_shared<std::vector<std::unique_ptr<PullRpc>>>();
-  for (size_t r = 0; r < reqs.size(); ++r) {
-    rpcs->push_back(MakeRpc<grpc::ByteBuffer, grpc::ByteBuffer>(pod_of_rpc[r]));
-    rpcs->back()->req = wire::EncodePullRequest(&reqs[r]);
-  }
-  // Each RPC scatters its pod's rows as it completes; the duplicates are filled in last,
-  // once every pod's rows are in place.
-  for (auto& rpc : *rpcs) {
-    PullRpc* r = rpc.get();
-    r->on_ok = [plans, r]() -> absl::Status {
-      std::vector<grpc::Slice> slices;
-      std::vector<absl::string_view> pieces = wire::Pieces(r->resp, &slices);
-      r->resp.Clear();  // the slices hold the memory from here
-      uint64_t epoch;
-      std::vector<wire::TableValuesView> tables;
-      absl::Status s = wire::DecodePullResponse(pieces, &epoch, &tables);
-      if (!s.ok()) return absl::InternalError(absl::StrCat("pod ", r->pod, ": ", s.message()));
-      for (const PullPlan& plan : *plans) {
-        const int e = plan.entry_of_pod[r->pod];
-        if (e < 0) continue;
-        const size_t row_bytes = plan.dim * sizeof(float);
-        const std::vector<uint32_t>& dest = plan.dest[r->pod];
-        if (static_cast<size_t>(e) >= tables.size() ||
-            tables[e].values_bytes != dest.size() * row_bytes) {
-          return absl::InternalError(absl::StrCat("pod ", r->pod, " answered a pull of '",
-                                                  plan.table, "' with the wrong number of values"));
-        }
-        char* out = reinterpret_cast<char*>(plan.out);
-        wire::Reader values(tables[e].values);
-        for (uint32_t i : dest) values.CopyTo(out + i * row_bytes, row_bytes);
-      }
-      return absl::OkStatus();
-    };
-  }
-  auto finish = [plans]() -> absl::Status {
+  auto rpcs = FinishPull(&b, *r, 0);
+  auto op = std::make_shared<Op>(static_cast<int>(rpcs.size()));
+  // The duplicates are filled in last, once every pod's rows are in place.
+  op->set_finish([plans]() -> absl::Status {
     for (const PullPlan& plan : *plans) {
       const size_t row_bytes = plan.dim * sizeof(float);
       char* out = reinterpret_cast<char*>(plan.out);
@@ -501,14 +805,77 @@ Handle PsClientImpl::PullAsync(std::vector<PullSpec> specs, bool read_only) {
       }
     }
     return absl::OkStatus();
-  };
-  return StartAll(kRawPull, rpcs, finish);
+  });
+  StartRaw(kRawPull, std::move(rpcs), op);
+  return Handle(op);
+}
+
+std::vector<std::shared_ptr<RawRpc>> PsClientImpl::MakePushRpcs(
+    std::vector<PushRequest>* reqs, const std::vector<uint32_t>& pod_of_rpc, const Routing& r,
+    int reroutes) {
+  std::vector<std::shared_ptr<RawRpc>> rpcs;
+  for (size_t k = 0; k < reqs->size(); ++k) {
+    auto rpc = std::shared_ptr<RawRpc>(
+        MakeRpc<grpc::ByteBuffer, grpc::ByteBuffer>(r.pods[pod_of_rpc[k]], r.map.epoch()));
+    rpc->req = wire::EncodePushRequest(&(*reqs)[k]);
+    rpc->reroutes = reroutes;
+    RawRpc* raw = rpc.get();
+    rpc->reroute = [this, raw](const std::shared_ptr<Op>& op) { ReroutePush(raw, op); };
+    rpcs.push_back(std::move(rpc));
+  }
+  return rpcs;
+}
+
+// The pod refused the whole request (FAILED_PRECONDITION: it applied none of it), so its
+// rows go out again under the current map as a new push, with a new key.
+void PsClientImpl::ReroutePush(RawRpc* rpc, const std::shared_ptr<Op>& op) {
+  grpc::ByteBuffer raw(rpc->req);
+  PushRequest req;
+  if (!grpc::SerializationTraits<PushRequest>::Deserialize(&raw, &req).ok()) {
+    op->Add(1);
+    return op->RpcDone(absl::InternalError("cannot re-route a push: its request is unreadable"));
+  }
+  auto r = routing();
+  const uint32_t num_pods = r->map.num_pods();
+  const PushKey key = NextKey();
+  std::vector<PushRequest> reqs;
+  std::vector<uint32_t> pod_of_rpc;
+  std::vector<int> rpc_of_pod(num_pods, -1);
+  for (const TableGrads& t : req.tables()) {
+    const size_t n = t.ids().size() / sizeof(int64_t);
+    if (n == 0) continue;
+    const size_t row_bytes = t.grads().size() / n;
+    const uint64_t name_hash = NameHash(t.table());
+    std::vector<TableGrads*> entry_of_pod(num_pods, nullptr);
+    for (size_t k = 0; k < n; ++k) {
+      int64_t id;
+      std::memcpy(&id, t.ids().data() + k * sizeof(id), sizeof(id));
+      const uint32_t pod = r->map.PodOf(name_hash, id);
+      if (rpc_of_pod[pod] < 0) {
+        rpc_of_pod[pod] = static_cast<int>(reqs.size());
+        pod_of_rpc.push_back(pod);
+        reqs.emplace_back().set_epoch(r->map.epoch());
+        *reqs.back().mutable_key() = key;
+      }
+      TableGrads*& entry = entry_of_pod[pod];
+      if (entry == nullptr) {
+        entry = reqs[rpc_of_pod[pod]].add_tables();
+        entry->set_table(t.table());
+        entry->set_learning_rate(t.learning_rate());
+      }
+      entry->mutable_ids()->append(reinterpret_cast<const char*>(&id), sizeof(id));
+      entry->mutable_grads()->append(t.grads().data() + k * row_bytes, row_bytes);
+    }
+  }
+  auto rpcs = MakePushRpcs(&reqs, pod_of_rpc, *r, rpc->reroutes + 1);
+  op->Add(static_cast<int>(rpcs.size()));
+  StartRaw(kRawPush, std::move(rpcs), op);
 }
 
 Handle PsClientImpl::PushAsync(std::vector<PushSpec> specs) {
-  using PushRpc = Rpc<grpc::ByteBuffer, grpc::ByteBuffer>;
-  const uint32_t num_pods = map_.num_pods();
-  const uint32_t num_vshards = map_.num_vshards();
+  auto r = routing();
+  const uint32_t num_pods = r->map.num_pods();
+  const uint32_t num_vshards = r->map.num_vshards();
   std::vector<PushRequest> reqs;  // per RPC, encoded once complete
   std::vector<uint32_t> pod_of_rpc;
   std::vector<int> rpc_of_pod(num_pods, -1);
@@ -546,13 +913,13 @@ Handle PsClientImpl::PushAsync(std::vector<PushSpec> specs) {
         for (uint32_t j = 0; j < dim; ++j) row[j] += g[j];
         continue;
       }
-      const uint32_t pod = map_.PodOfVShard(VShardOf(h, num_vshards));
+      const uint32_t pod = r->map.PodOfVShard(VShardOf(h, num_vshards));
       Entry& entry = entry_of_pod[pod];
       if (entry.ids == nullptr) {
         if (rpc_of_pod[pod] < 0) {
           rpc_of_pod[pod] = static_cast<int>(reqs.size());
           pod_of_rpc.push_back(pod);
-          reqs.emplace_back().set_epoch(map_.epoch());
+          reqs.emplace_back().set_epoch(r->map.epoch());
           *reqs.back().mutable_key() = key;
         }
         TableGrads* t = reqs[rpc_of_pod[pod]].add_tables();
@@ -560,7 +927,7 @@ Handle PsClientImpl::PushAsync(std::vector<PushSpec> specs) {
         t->set_learning_rate(spec.learning_rate);
         entry.ids = t->mutable_ids();
         entry.grads = t->mutable_grads();
-        const size_t expect = ReserveRows(spec.ids.size());
+        const size_t expect = ReserveRows(spec.ids.size(), num_pods);
         entry.ids->reserve(expect * sizeof(int64_t));
         entry.grads->reserve(expect * row_bytes);
       }
@@ -570,108 +937,116 @@ Handle PsClientImpl::PushAsync(std::vector<PushSpec> specs) {
       where.emplace_back(pod, pos);
     }
   }
-  auto rpcs = std::make_shared<std::vector<std::unique_ptr<PushRpc>>>();
-  for (size_t r = 0; r < reqs.size(); ++r) {
-    rpcs->push_back(MakeRpc<grpc::ByteBuffer, grpc::ByteBuffer>(pod_of_rpc[r]));
-    rpcs->back()->req = wire::EncodePushRequest(&reqs[r]);
-  }
-  return StartAll(kRawPush, rpcs, nullptr);
+  auto rpcs = MakePushRpcs(&reqs, pod_of_rpc, *r, 0);
+  auto op = std::make_shared<Op>(static_cast<int>(rpcs.size()));
+  StartRaw(kRawPush, std::move(rpcs), op);
+  return Handle(op);
 }
 
 absl::Status PsClientImpl::PullDense(const std::vector<std::string>& names,
                                      const std::vector<float*>& out) {
   if (names.size() != out.size()) return absl::InvalidArgumentError("names and out differ in size");
-  std::vector<std::unique_ptr<Rpc<DensePullRequest, DensePullResponse>>> rpcs;
-  std::vector<int> rpc_of_pod(map_.num_pods(), -1);
   std::vector<size_t> numel(names.size());
   for (size_t i = 0; i < names.size(); ++i) {
     ASSIGN_OR_RETURN(DenseSpec spec, GetDense(names[i]));
     numel[i] = 1;
     for (int64_t d : spec.shape()) numel[i] *= d;
-    const uint32_t pod = map_.PodOfVShard(DenseVShard(names[i], map_.num_vshards()));
-    if (rpc_of_pod[pod] < 0) {
-      rpc_of_pod[pod] = static_cast<int>(rpcs.size());
-      rpcs.push_back(MakeRpc<DensePullRequest, DensePullResponse>(pod));
-      rpcs.back()->req.set_epoch(map_.epoch());
+  }
+  // A pull is idempotent: after a map change it simply runs again under the new map.
+  for (int round = 0;; ++round) {
+    auto r = routing();
+    std::vector<std::unique_ptr<Rpc<DensePullRequest, DensePullResponse>>> rpcs;
+    std::vector<int> rpc_of_pod(r->map.num_pods(), -1);
+    for (size_t i = 0; i < names.size(); ++i) {
+      const uint32_t pod = r->map.PodOfVShard(DenseVShard(names[i], r->map.num_vshards()));
+      if (rpc_of_pod[pod] < 0) {
+        rpc_of_pod[pod] = static_cast<int>(rpcs.size());
+        rpcs.push_back(MakeRpc<DensePullRequest, DensePullResponse>(r->pods[pod], r->map.epoch()));
+        rpcs.back()->req.set_epoch(r->map.epoch());
+      }
+      rpcs[rpc_of_pod[pod]]->req.add_names(names[i]);
     }
-    rpcs[rpc_of_pod[pod]]->req.add_names(names[i]);
-  }
-  RETURN_IF_ERROR(RunAll(&AsyncIface::PullDense, &rpcs));
-  absl::flat_hash_map<std::string, const std::string*> values;
-  for (const auto& rpc : rpcs) {
-    for (const DenseValues& v : rpc->resp.tensors()) values[v.name()] = &v.values();
-  }
-  for (size_t i = 0; i < names.size(); ++i) {
-    auto it = values.find(names[i]);
-    if (it == values.end() || it->second->size() != numel[i] * sizeof(float)) {
-      return absl::InternalError(
-          absl::StrCat("dense pull of '", names[i], "' came back malformed"));
+    absl::Status s = RunAll(&AsyncIface::PullDense, &rpcs);
+    if (!s.ok()) {
+      if (master_ == nullptr || round >= options_.max_reroutes ||
+          s.code() != absl::StatusCode::kFailedPrecondition ||
+          s.message().find("does not own") == absl::string_view::npos) {
+        return s;
+      }
+      absl::Notification refreshed;
+      RefreshMap(r->map.epoch(), [&] { refreshed.Notify(); });
+      refreshed.WaitForNotification();
+      continue;
     }
-    std::memcpy(out[i], it->second->data(), it->second->size());
+    absl::flat_hash_map<std::string, const std::string*> values;
+    for (const auto& rpc : rpcs) {
+      for (const DenseValues& v : rpc->resp.tensors()) values[v.name()] = &v.values();
+    }
+    for (size_t i = 0; i < names.size(); ++i) {
+      auto it = values.find(names[i]);
+      if (it == values.end() || it->second->size() != numel[i] * sizeof(float)) {
+        return absl::InternalError(
+            absl::StrCat("dense pull of '", names[i], "' came back malformed"));
+      }
+      std::memcpy(out[i], it->second->data(), it->second->size());
+    }
+    return absl::OkStatus();
   }
-  return absl::OkStatus();
 }
 
 absl::Status PsClientImpl::PushDense(const std::vector<std::string>& names,
                                      const std::vector<const float*>& grads, float lr) {
   if (names.size() != grads.size())
     return absl::InvalidArgumentError("names and grads differ in size");
-  std::vector<std::unique_ptr<Rpc<DensePushRequest, PushResponse>>> rpcs;
-  std::vector<int> rpc_of_pod(map_.num_pods(), -1);
-  const PushKey key = NextKey();
+  std::vector<size_t> numel(names.size());
   for (size_t i = 0; i < names.size(); ++i) {
     ASSIGN_OR_RETURN(DenseSpec spec, GetDense(names[i]));
-    size_t numel = 1;
-    for (int64_t d : spec.shape()) numel *= d;
-    const uint32_t pod = map_.PodOfVShard(DenseVShard(names[i], map_.num_vshards()));
-    if (rpc_of_pod[pod] < 0) {
-      rpc_of_pod[pod] = static_cast<int>(rpcs.size());
-      rpcs.push_back(MakeRpc<DensePushRequest, PushResponse>(pod));
-      rpcs.back()->req.set_epoch(map_.epoch());
-      *rpcs.back()->req.mutable_key() = key;
-    }
-    DenseGrads* g = rpcs[rpc_of_pod[pod]]->req.add_tensors();
-    g->set_name(names[i]);
-    g->set_grads(reinterpret_cast<const char*>(grads[i]), numel * sizeof(float));
-    g->set_learning_rate(lr);
+    numel[i] = 1;
+    for (int64_t d : spec.shape()) numel[i] *= d;
   }
-  return RunAll(&AsyncIface::PushDense, &rpcs);
-}
-
-}  // namespace
-
-namespace {
-
-// The pods and vshard map the master holds; UNAVAILABLE while a pod that owns vshards is
-// not live (still starting, or restarting).
-absl::StatusOr<std::pair<std::vector<std::string>, ShardMap>> MapFromMaster(
-    const ClientOptions& options) {
-  auto stub =
-      Master::NewStub(grpc::CreateChannel(options.master, grpc::InsecureChannelCredentials()));
-  grpc::ClientContext ctx;
-  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
-  ShardMapResponse resp;
-  grpc::Status status = stub->GetShardMap(&ctx, GetShardMapRequest(), &resp);
-  if (!status.ok()) {
-    return absl::Status(static_cast<absl::StatusCode>(status.error_code()), status.error_message());
-  }
-  std::vector<std::string> servers;
-  for (const PodInfo& pod : resp.pods()) servers.push_back(pod.address());
-  std::vector<uint32_t> owner(resp.owner().begin(), resp.owner().end());
-  for (uint32_t pod : owner) {
-    if (pod >= static_cast<uint32_t>(resp.pods_size())) {
-      return absl::InternalError(
-          absl::StrCat("master's map names pod ", pod, " of ", resp.pods_size()));
+  // Tensors still to push; after a pod refuses its part (applying none of it) that part
+  // goes out again under the new map with a new key.
+  std::vector<size_t> todo(names.size());
+  for (size_t i = 0; i < todo.size(); ++i) todo[i] = i;
+  for (int round = 0;; ++round) {
+    auto r = routing();
+    const PushKey key = NextKey();
+    std::vector<std::unique_ptr<Rpc<DensePushRequest, PushResponse>>> rpcs;
+    std::vector<std::vector<size_t>> tensors_of_rpc;
+    std::vector<int> rpc_of_pod(r->map.num_pods(), -1);
+    for (size_t i : todo) {
+      const uint32_t pod = r->map.PodOfVShard(DenseVShard(names[i], r->map.num_vshards()));
+      if (rpc_of_pod[pod] < 0) {
+        rpc_of_pod[pod] = static_cast<int>(rpcs.size());
+        rpcs.push_back(MakeRpc<DensePushRequest, PushResponse>(r->pods[pod], r->map.epoch()));
+        rpcs.back()->req.set_epoch(r->map.epoch());
+        *rpcs.back()->req.mutable_key() = key;
+        tensors_of_rpc.emplace_back();
+      }
+      DenseGrads* g = rpcs[rpc_of_pod[pod]]->req.add_tensors();
+      g->set_name(names[i]);
+      g->set_grads(reinterpret_cast<const char*>(grads[i]), numel[i] * sizeof(float));
+      g->set_learning_rate(lr);
+      tensors_of_rpc[rpc_of_pod[pod]].push_back(i);
     }
-    if (resp.pods(pod).state() != PodInfo::LIVE) {
-      return absl::UnavailableError(absl::StrCat("pod ", resp.pods(pod).pod_id(), " is ",
-                                                 PodInfo::State_Name(resp.pods(pod).state())));
+    absl::Status s = RunAll(&AsyncIface::PushDense, &rpcs);
+    if (s.ok()) return s;
+    std::vector<size_t> again;
+    for (size_t k = 0; k < rpcs.size(); ++k) {
+      const absl::Status& rs = rpcs[k]->status;
+      if (rs.ok()) continue;
+      if (master_ == nullptr || round >= options_.max_reroutes ||
+          rs.code() != absl::StatusCode::kFailedPrecondition ||
+          rs.message().find("does not own") == absl::string_view::npos) {
+        return rs;
+      }
+      again.insert(again.end(), tensors_of_rpc[k].begin(), tensors_of_rpc[k].end());
     }
+    todo = std::move(again);
+    absl::Notification refreshed;
+    RefreshMap(r->map.epoch(), [&] { refreshed.Notify(); });
+    refreshed.WaitForNotification();
   }
-  ASSIGN_OR_RETURN(
-      ShardMap map,
-      ShardMap::FromOwners(std::move(owner), static_cast<uint32_t>(servers.size()), resp.epoch()));
-  return std::make_pair(std::move(servers), std::move(map));
 }
 
 }  // namespace
@@ -680,6 +1055,7 @@ absl::StatusOr<std::unique_ptr<PsClient>> PsClient::Connect(const ClientOptions&
   if (options.servers.empty() && options.master.empty()) {
     return absl::InvalidArgumentError("no PS servers and no master given");
   }
+  RETURN_IF_ERROR(ChannelMaker::Create(options.security).status());
   if (options.deadline_ms <= 0 || options.max_attempts < 1 || options.initial_backoff_ms < 1 ||
       options.max_backoff_ms < options.initial_backoff_ms) {
     return absl::InvalidArgumentError(
@@ -688,25 +1064,47 @@ absl::StatusOr<std::unique_ptr<PsClient>> PsClient::Connect(const ClientOptions&
   if (options.master.empty()) {
     ASSIGN_OR_RETURN(ShardMap map, ShardMap::Static(options.num_vshards,
                                                     static_cast<uint32_t>(options.servers.size())));
-    auto client = std::make_unique<PsClientImpl>(options, std::move(map));
+    auto routing = std::make_shared<Routing>();
+    routing->map = std::move(map);
+    for (size_t i = 0; i < options.servers.size(); ++i) {
+      routing->pods.push_back(
+          PsClientImpl::NewPod(options, absl::StrCat("pod ", i), options.servers[i]));
+    }
+    auto client = std::make_unique<PsClientImpl>(options, std::move(routing));
     RETURN_IF_ERROR(client->Init());
     return std::unique_ptr<PsClient>(std::move(client));
   }
   // From the master: retry while pods start or have not applied the map yet.
+  auto stub = Master::NewStub(Channels(options).Make(options.master));
   const absl::Time deadline = absl::Now() + absl::Milliseconds(options.connect_timeout_ms);
   absl::Duration backoff = absl::Milliseconds(options.initial_backoff_ms);
   for (;;) {
     absl::Status s;
-    auto from_master = MapFromMaster(options);
-    if (from_master.ok()) {
-      ClientOptions with_pods = options;
-      with_pods.servers = from_master->first;
-      with_pods.num_vshards = from_master->second.num_vshards();
-      auto client = std::make_unique<PsClientImpl>(with_pods, std::move(from_master->second));
-      s = client->Init();
-      if (s.ok()) return std::unique_ptr<PsClient>(std::move(client));
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+    ShardMapResponse resp;
+    grpc::Status gs = stub->GetShardMap(&ctx, GetShardMapRequest(), &resp);
+    if (gs.ok()) {
+      // Every owner live, so Init's Describe reaches them.
+      for (uint32_t pod : resp.owner()) {
+        if (pod < static_cast<uint32_t>(resp.pods_size()) &&
+            resp.pods(pod).state() != PodInfo::LIVE && s.ok()) {
+          s = absl::UnavailableError(absl::StrCat("pod ", resp.pods(pod).pod_id(), " is ",
+                                                  PodInfo::State_Name(resp.pods(pod).state())));
+        }
+      }
+      if (s.ok()) {
+        auto routing = PsClientImpl::RoutingFromMap(options, resp, nullptr);
+        if (routing.ok()) {
+          auto client = std::make_unique<PsClientImpl>(options, *std::move(routing));
+          s = client->Init();
+          if (s.ok()) return std::unique_ptr<PsClient>(std::move(client));
+        } else {
+          s = routing.status();
+        }
+      }
     } else {
-      s = from_master.status();
+      s = absl::Status(static_cast<absl::StatusCode>(gs.error_code()), gs.error_message());
     }
     const bool retry = s.code() == absl::StatusCode::kUnavailable ||
                        s.code() == absl::StatusCode::kFailedPrecondition ||

@@ -15,6 +15,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
+#include "embedding/transport_security.h"
 #include "proto/ps.pb.h"
 
 namespace ps {
@@ -22,9 +23,15 @@ namespace ps {
 struct ClientOptions {
   // The master (host:port). When set, Connect takes the pods and the vshard map from it
   // (waiting, up to connect_timeout_ms, until every pod that owns vshards is live and
-  // serves them), and `servers` and `num_vshards` are ignored. Map changes after Connect
-  // are not followed yet: a pod restarted at the same address is, a moved one is not.
+  // serves them), and `servers` and `num_vshards` are ignored. The client then follows
+  // map changes: a pod that refuses ids it does not own (a vshard moved), or stays
+  // unreachable for a few attempts (restarted elsewhere), makes it refresh the map from
+  // the master and route again; the caller never sees those errors.
   std::string master;
+  // At most one map refresh per this many ms, shared by every call waiting for one.
+  int map_refresh_ms = 50;
+  // Map changes one part of a call may follow before its error is returned.
+  int max_reroutes = 200;
   int connect_timeout_ms = 30000;
   // Pod addresses (host:port). With a static map, pod i is the one started --shard=i/N.
   std::vector<std::string> servers;
@@ -45,6 +52,9 @@ struct ClientOptions {
   // Push identity. worker_id 0: a random id is drawn (a master assigns ids in production).
   uint64_t worker_id = 0;
   uint64_t incarnation = 1;
+  // TLS (CA, client certificate for mutual TLS) and the bearer token, towards the pods and
+  // the master. Default: plain text, no token. Connect fails on unreadable files.
+  ChannelSecurity security;
 };
 
 // Rows to pull from one table: ids[i]'s row goes to out[i*dim, (i+1)*dim). `ids` and

@@ -11,6 +11,7 @@ namespace ps {
 
 class ShardMap {
  public:
+  ShardMap() = default;  // empty: no vshards
   // The static map of `num_pods` pods: pod i owns the contiguous vshards StaticOwner gives
   // (ps/shard_ownership.h), matching `ps-server --shard=i/num_pods`.
   static absl::StatusOr<ShardMap> Static(uint32_t num_vshards, uint32_t num_pods);
@@ -31,8 +32,8 @@ class ShardMap {
       : owner_(std::move(owner)), num_pods_(num_pods), epoch_(epoch) {}
 
   std::vector<uint32_t> owner_;
-  uint32_t num_pods_;
-  uint64_t epoch_;
+  uint32_t num_pods_ = 0;
+  uint64_t epoch_ = 0;
 };
 
 }  // namespace ps

@@ -59,19 +59,27 @@ absl::StatusOr<std::unique_ptr<MasterCore>> MasterCore::Open(const MasterOptions
                                                    ") must be > 0 and max_task_failures (",
                                                    options.max_task_failures, ") >= 1"));
   }
-  auto core = std::unique_ptr<MasterCore>(new MasterCore(options));
+  if (options.vshards_per_move < 1) {
+    return absl::InvalidArgumentError("vshards_per_move must be >= 1");
+  }
+  MasterOptions with_defaults = options;
+  if (with_defaults.pod_control == nullptr) with_defaults.pod_control = NewGrpcPodControl();
+  auto core = std::unique_ptr<MasterCore>(new MasterCore(with_defaults));
   ASSIGN_OR_RETURN(core->store_, MasterStore::Open(options.data_dir));
 
   ClusterConfig config;
   ASSIGN_OR_RETURN(std::optional<std::string> stored, core->store_->Get(keys::kConfig));
   if (stored.has_value()) {
     RETURN_IF_ERROR(ParseRecord(keys::kConfig, *stored, &config));
-    if (config.num_vshards() != options.num_vshards || config.num_ps() != options.num_ps) {
+    if (config.num_vshards() != options.num_vshards) {
       return absl::FailedPreconditionError(absl::StrCat(
           "data dir ", options.data_dir, " holds a cluster of num_vshards = ", config.num_vshards(),
-          ", num_ps = ", config.num_ps(), "; refusing to start with ",
-          "num_vshards = ", options.num_vshards, ", num_ps = ", options.num_ps,
-          " (changing them needs vshard migration)"));
+          "; refusing to start with num_vshards = ", options.num_vshards));
+    }
+    if (config.num_ps() != options.num_ps) {
+      LOG(INFO) << "--num_ps = " << options.num_ps << " ignored: it sets the initial pods of a "
+                << "new cluster, and this one started with " << config.num_ps()
+                << " (pods join by registering; ps-admin rebalance / drain move vshards)";
     }
   } else {
     // A new cluster: the static map of num_ps pods, epoch 1.
@@ -155,6 +163,39 @@ absl::Status MasterCore::Load(const ClusterConfig& config) {
     it->second.tasks[t.task_id()] = std::move(t);
     return absl::OkStatus();
   }));
+  // A move recorded by a master that stopped mid-way is aborted: the source still owns the
+  // vshards (the map never named the destination); the epoch moves on so both pods drop
+  // the move's state at their next heartbeat (the destination its partial rows).
+  {
+    StoreBatch batch;
+    std::vector<std::string> aborted;
+    RETURN_IF_ERROR(store_->Scan(keys::kMovePrefix, [&](absl::string_view k,
+                                                        absl::string_view val) {
+      MoveRecord move;
+      RETURN_IF_ERROR(ParseRecord(k, val, &move));
+      batch.Delete(std::string(k));
+      aborted.push_back(absl::StrCat("move ", move.move_id(), " (", move.source(), " -> ",
+                                     move.destination(), ", ", move.vshards_size(), " vshards)"));
+      MoveInfo info;
+      info.set_move_id(move.move_id());
+      *info.mutable_vshards() = move.vshards();
+      info.set_source(move.source());
+      info.set_destination(move.destination());
+      info.set_state(MoveInfo::ABORTED);
+      info.set_error("the master restarted during the move");
+      recent_moves_.push_back(std::move(info));
+      return absl::OkStatus();
+    }));
+    if (!batch.empty()) {
+      ShardMapRecord map = map_;
+      map.set_epoch(map.epoch() + 1);
+      batch.Put(std::string(keys::kMap), map);
+      RETURN_IF_ERROR(store_->Write(batch));
+      map_ = std::move(map);
+      LOG(WARNING) << "aborted " << absl::StrJoin(aborted, ", ")
+                   << " left by the previous master; epoch " << map_.epoch();
+    }
+  }
   // Derived state: queues, phase counts, holders.
   for (auto& [name, job] : jobs_) {
     const uint32_t phases = 2 * job.record.spec().epochs();
@@ -195,6 +236,10 @@ void MasterCore::FillAssignment(const std::string& pod_id, PodAssignment* out) c
   }
   out->set_lease_ms(absl::ToInt64Milliseconds(options_.lease));
   out->set_catalog_version(counters_.catalog_version());
+  for (const auto& [id, move] : moves_) {
+    if (move.destination() == pod_id) *out->mutable_moving_in() = move.vshards();
+    if (move.source() == pod_id) *out->mutable_moving_out() = move.vshards();
+  }
 }
 
 absl::Status MasterCore::RegisterPod(const RegisterPodRequest& req, RegisterPodResponse* resp) {
@@ -222,7 +267,7 @@ absl::Status MasterCore::RegisterPod(const RegisterPodRequest& req, RegisterPodR
   }
   const bool address_changed = !known || it->second.record.address() != req.address();
   if (address_changed) {
-    PodRecord record;
+    PodRecord record;  // a new process: not drained (any more)
     record.set_pod_id(req.pod_id());
     record.set_address(req.address());
     ShardMapRecord map = map_;
@@ -262,6 +307,24 @@ absl::Status MasterCore::PodHeartbeat(const PodHeartbeatRequest& req, PodHeartbe
   return absl::OkStatus();
 }
 
+absl::Status MasterCore::LeavePod(const LeavePodRequest& req, LeavePodResponse*) {
+  absl::MutexLock lock(&mu_);
+  auto it = pods_.find(req.pod_id());
+  if (it == pods_.end()) {
+    return absl::NotFoundError(absl::StrCat("pod ", req.pod_id(), " is not registered"));
+  }
+  if (it->second.record.address() != req.address()) {
+    return absl::FailedPreconditionError(absl::StrCat("pod ", req.pod_id(), " is registered at ",
+                                                      it->second.record.address(), ", not ",
+                                                      req.address()));
+  }
+  it->second.lease_deadline = Now();
+  it->second.lost_logged = true;
+  LOG(INFO) << "pod " << req.pod_id() << " at " << req.address()
+            << " left (shutting down); its vshards stay assigned to it, epoch " << map_.epoch();
+  return absl::OkStatus();
+}
+
 std::vector<std::string> MasterCore::KnownPodIds() const {
   std::set<std::string> ids(map_.owner().begin(), map_.owner().end());
   for (const auto& [id, pod] : pods_) ids.insert(id);
@@ -284,6 +347,9 @@ PodInfo MasterCore::DescribePod(const std::string& pod_id, absl::Time now) const
   info.set_address(it->second.record.address());
   info.set_lease_remaining_ms(RemainingMs(it->second.lease_deadline, now));
   info.set_state(it->second.lease_deadline > now ? PodInfo::LIVE : PodInfo::LOST);
+  if (info.state() == PodInfo::LIVE && it->second.record.drained() && owned == 0) {
+    info.set_state(PodInfo::DRAINED);
+  }
   return info;
 }
 
@@ -298,6 +364,14 @@ absl::Status MasterCore::GetShardMap(const GetShardMapRequest&, ShardMapResponse
     *resp->add_pods() = DescribePod(id, now);
   }
   for (const std::string& o : map_.owner()) resp->add_owner(index[o]);
+  for (const auto& [id, move] : moves_) {
+    MoveInfo* info = resp->add_moves();
+    info->set_move_id(id);
+    *info->mutable_vshards() = move.vshards();
+    info->set_source(move.source());
+    info->set_destination(move.destination());
+    info->set_state(MoveInfo::COPYING);
+  }
   return absl::OkStatus();
 }
 
@@ -418,6 +492,9 @@ absl::Status MasterCore::RegisterWorker(const RegisterWorkerRequest& req,
   resp->set_worker_id(id);
   resp->set_incarnation(record.incarnation());
   resp->set_lease_ms(absl::ToInt64Milliseconds(options_.lease));
+  LOG(INFO) << "worker " << id << " registered, incarnation " << record.incarnation()
+            << (requeued.empty() ? std::string()
+                                 : absl::StrCat("; ", requeued.size(), " tasks re-queued"));
   return absl::OkStatus();
 }
 
@@ -442,6 +519,8 @@ absl::Status MasterCore::LeaveWorker(const LeaveWorkerRequest& req, LeaveWorkerR
   w->record = std::move(record);
   for (const Task& t : requeued) ApplyTask(t);
   resp->set_requeued_tasks(static_cast<uint32_t>(requeued.size()));
+  LOG(INFO) << "worker " << req.worker_id() << " incarnation " << req.incarnation() << " left; "
+            << requeued.size() << " tasks re-queued";
   return absl::OkStatus();
 }
 
@@ -451,6 +530,7 @@ absl::Status MasterCore::ExpireLeases() {
   for (auto& [id, pod] : pods_) {
     if (pod.lease_deadline <= now && !pod.lost_logged) {
       pod.lost_logged = true;
+      pod_lease_losses_.fetch_add(1);
       LOG(WARNING) << "pod " << id << " at " << pod.record.address() << " LOST: no heartbeat for "
                    << absl::FormatDuration(options_.lease + (now - pod.lease_deadline));
     }
@@ -469,6 +549,7 @@ absl::Status MasterCore::ExpireLeases() {
     RETURN_IF_ERROR(store_->Write(batch));
     w.record = std::move(record);
     for (const Task& t : requeued) ApplyTask(t);
+    worker_lease_losses_.fetch_add(1);
     LOG(WARNING) << "worker " << id << " LOST; " << requeued.size() << " tasks re-queued";
   }
   return absl::OkStatus();
@@ -511,6 +592,16 @@ absl::Status MasterCore::Status(const StatusRequest&, StatusResponse* resp) {
   for (const auto& [name, spec] : tables_) tables.insert(name);
   for (const auto& [name, spec] : dense_) tables.insert(name);
   for (const auto& [name, version] : counters_.table_versions()) tables.insert(name);
+  for (const auto& [id, move] : moves_) {
+    MoveInfo* info = resp->add_moves();
+    info->set_move_id(id);
+    *info->mutable_vshards() = move.vshards();
+    info->set_source(move.source());
+    info->set_destination(move.destination());
+    info->set_state(MoveInfo::COPYING);
+  }
+  for (auto it = recent_moves_.rbegin(); it != recent_moves_.rend(); ++it) *resp->add_moves() = *it;
+  if (operation_.operation_id() != 0) *resp->mutable_operation() = operation_;
   for (const std::string& name : tables) {
     TableProgress* p = resp->add_tables();
     p->set_name(name);
@@ -518,63 +609,6 @@ absl::Status MasterCore::Status(const StatusRequest&, StatusResponse* resp) {
     p->set_version(v == counters_.table_versions().end() ? 0 : v->second);
   }
   return absl::OkStatus();
-}
-
-absl::Status MasterCore::Drain(const DrainRequest& req, DrainResponse* resp) {
-  absl::MutexLock lock(&mu_);
-  const absl::Time now = Now();
-  const std::vector<std::string> ids = KnownPodIds();
-  if (std::find(ids.begin(), ids.end(), req.pod_id()) == ids.end()) {
-    return absl::NotFoundError(
-        absl::StrCat("unknown pod '", req.pod_id(), "'; known: ", absl::StrJoin(ids, ", ")));
-  }
-  resp->set_epoch(map_.epoch());
-  uint32_t owned = 0;
-  for (const std::string& o : map_.owner()) owned += o == req.pod_id();
-  if (owned == 0) return absl::OkStatus();  // nothing to move: already drained
-  std::vector<std::string> targets;
-  for (const std::string& id : ids) {
-    if (id != req.pod_id() && DescribePod(id, now).state() == PodInfo::LIVE) targets.push_back(id);
-  }
-  if (targets.empty()) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "cannot drain ", req.pod_id(), ": no other live pod to take its ", owned, " vshards"));
-  }
-  // The plan (round robin over the live pods); not recorded, since nothing can carry it out.
-  std::map<std::string, uint32_t> plan;
-  for (uint32_t k = 0; k < owned; ++k) ++plan[targets[k % targets.size()]];
-  return absl::UnimplementedError(absl::StrCat(
-      "draining ", req.pod_id(), " would move its ", owned, " vshards (",
-      absl::StrJoin(plan, ", ", absl::PairFormatter(" <- ")),
-      "), which needs live vshard migration (copying rows between pods): not implemented yet. "
-      "The shard map is unchanged at epoch ",
-      map_.epoch()));
-}
-
-absl::Status MasterCore::Rebalance(const RebalanceRequest&, RebalanceResponse* resp) {
-  absl::MutexLock lock(&mu_);
-  const std::vector<std::string> ids = KnownPodIds();
-  std::vector<std::pair<uint32_t, std::string>> owned;  // (count, pod), most first
-  for (const std::string& id : ids) {
-    uint32_t n = 0;
-    for (const std::string& o : map_.owner()) n += o == id;
-    owned.push_back({n, id});
-  }
-  std::sort(owned.begin(), owned.end(), std::greater<>());
-  const uint32_t q = config_.num_vshards() / owned.size(), r = config_.num_vshards() % owned.size();
-  uint32_t moves = 0;
-  for (size_t i = 0; i < owned.size(); ++i) {
-    const uint32_t target = q + (i < r ? 1 : 0);
-    if (owned[i].first > target) moves += owned[i].first - target;
-  }
-  resp->set_epoch(map_.epoch());
-  if (moves == 0) return absl::OkStatus();
-  return absl::UnimplementedError(absl::StrCat(
-      "balancing ", config_.num_vshards(), " vshards over ", owned.size(), " pods (",
-      absl::StrJoin(ids, ", "), ") would move ", moves,
-      " vshards, which needs live vshard migration: not implemented yet. The shard map is "
-      "unchanged at epoch ",
-      map_.epoch()));
 }
 
 absl::Status MasterCore::Checkpoint(const CheckpointRequest&, CheckpointResponse*) {

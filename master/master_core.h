@@ -20,6 +20,7 @@
 //   A worker that leaves (LeaveWorker) re-queues its tasks without a failure.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -34,6 +35,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "master/master_store.h"
+#include "master/pod_control.h"
 #include "proto/master.pb.h"
 #include "proto/master_state.pb.h"
 
@@ -56,6 +58,13 @@ struct MasterOptions {
   uint64_t max_tasks_per_job = 10'000'000;
   // Time source; null means absl::Now. Tests inject a fake clock.
   std::function<absl::Time()> clock;
+  // How moves reach the pods; null: gRPC (NewGrpcPodControl). Tests inject a fake.
+  std::shared_ptr<PodControl> pod_control;
+  // Vshards copied by one move. A move fences its vshards once at the end, so a small
+  // batch keeps each fence short while amortizing the per-move round trips.
+  uint32_t vshards_per_move = 4;
+  // A move's catch-up rounds stop (and its fence starts) at this many changed rows.
+  uint32_t fence_rows = 2000;
 };
 
 class MasterCore {
@@ -69,6 +78,7 @@ class MasterCore {
   // proto's header comment); on error nothing changed. Thread-safe.
   absl::Status RegisterPod(const RegisterPodRequest& req, RegisterPodResponse* resp);
   absl::Status PodHeartbeat(const PodHeartbeatRequest& req, PodHeartbeatResponse* resp);
+  absl::Status LeavePod(const LeavePodRequest& req, LeavePodResponse* resp);
   absl::Status GetShardMap(const GetShardMapRequest& req, ShardMapResponse* resp);
   absl::Status CreateTable(const CreateTableRequest& req, CreateTableResponse* resp);
   absl::Status CreateDense(const CreateDenseRequest& req, CreateDenseResponse* resp);
@@ -89,6 +99,15 @@ class MasterCore {
   absl::Status ExpireLeases();
 
   const MasterOptions& options() const { return options_; }
+
+  // One move of `vshards` from pod `source` to pod `destination` (both live), start to
+  // commit or abort (master_moves.cc). Drain and Rebalance are sequences of these; public
+  // for tests. ABORTED while another move runs; the error of the failed step otherwise.
+  absl::StatusOr<MoveInfo> MoveVShards(const std::string& source, const std::string& destination,
+                                       const std::vector<uint32_t>& vshards);
+  // Leases that ran out since Open (pods, workers); for metrics. Thread-safe.
+  uint64_t pod_lease_losses() const { return pod_lease_losses_.load(); }
+  uint64_t worker_lease_losses() const { return worker_lease_losses_.load(); }
 
  private:
   struct Pod {
@@ -135,6 +154,16 @@ class MasterCore {
     return t.state() == Task::DONE || t.state() == Task::FAILED;
   }
   JobInfo DescribeJob(const Job& job) const;
+  // Moves: the assignment a pod gets now, sent to it directly (best effort).
+  void NotifyPod(const std::string& pod_id) ABSL_LOCKS_EXCLUDED(mu_);
+  // Aborts move `id` (the source keeps its vshards) and tells both pods.
+  void AbortMove(uint64_t id, const std::string& why) ABSL_LOCKS_EXCLUDED(mu_);
+  // Runs planned moves one after another, recording progress in operation_.
+  absl::StatusOr<uint32_t> RunMoves(
+      const std::vector<std::tuple<std::string, std::string, std::vector<uint32_t>>>& plan)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  uint32_t OwnedBy(const std::string& pod_id) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  bool Live(const std::string& pod_id, absl::Time now) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const MasterOptions options_;
   const absl::Time started_;
@@ -149,6 +178,13 @@ class MasterCore {
   std::map<std::string, DenseSpec> dense_ ABSL_GUARDED_BY(mu_);
   std::map<uint64_t, Worker> workers_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, Job> jobs_ ABSL_GUARDED_BY(mu_);
+  // Moves being copied (at most one), and the last finished ones for status.
+  std::map<uint64_t, MoveRecord> moves_ ABSL_GUARDED_BY(mu_);
+  std::vector<MoveInfo> recent_moves_ ABSL_GUARDED_BY(mu_);
+  OperationInfo operation_ ABSL_GUARDED_BY(mu_);
+  uint64_t next_operation_ ABSL_GUARDED_BY(mu_) = 0;
+  absl::Mutex operation_mu_;  // held by the running Drain / Rebalance
+  std::atomic<uint64_t> pod_lease_losses_{0}, worker_lease_losses_{0};
 };
 
 }  // namespace ps

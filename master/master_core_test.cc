@@ -14,6 +14,37 @@ namespace {
 
 constexpr absl::Duration kLease = absl::Seconds(1);
 
+// Stands in for the pods: records what the master asks, fails where told to.
+class FakePodControl final : public PodControl {
+ public:
+  absl::Status ApplyAssignment(const std::string& address, const Assignment& req) override {
+    absl::MutexLock lock(&mu);
+    assignments[address] = req;
+    return absl::OkStatus();
+  }
+  absl::Status MigrateBegin(const std::string& address, const MigrateBeginRequest& req,
+                            MigrateBeginResponse* resp) override {
+    absl::MutexLock lock(&mu);
+    begun.push_back(address);
+    return absl::OkStatus();
+  }
+  absl::Status MigrateImport(const std::string& address, const MigrateImportRequest& req,
+                             MigrateImportResponse* resp) override {
+    absl::MutexLock lock(&mu);
+    imports.push_back(req);
+    if (!fail_import.ok()) return fail_import;
+    resp->set_rows(10 * req.vshards_size());
+    resp->set_final_ms(1);
+    return absl::OkStatus();
+  }
+
+  absl::Mutex mu;
+  std::map<std::string, Assignment> assignments;
+  std::vector<std::string> begun;
+  std::vector<MigrateImportRequest> imports;
+  absl::Status fail_import;
+};
+
 class MasterCoreTest : public testing::Test {
  protected:
   void SetUp() override {
@@ -35,6 +66,8 @@ class MasterCoreTest : public testing::Test {
     o.lease = kLease;
     o.max_task_failures = 2;
     o.clock = [this] { return now_; };
+    o.pod_control = pods_;
+    o.vshards_per_move = 2;
     return o;
   }
 
@@ -107,6 +140,22 @@ class MasterCoreTest : public testing::Test {
     return s;
   }
 
+  void AddPod(const std::string& id) {
+    RegisterPodRequest reg;
+    reg.set_pod_id(id);
+    reg.set_address(id + ":1");
+    RegisterPodResponse resp;
+    ASSERT_TRUE(core_->RegisterPod(reg, &resp).ok());
+  }
+  std::map<std::string, int> Counts() {
+    ShardMapResponse map;
+    EXPECT_TRUE(core_->GetShardMap(GetShardMapRequest(), &map).ok());
+    std::map<std::string, int> counts;
+    for (uint32_t o : map.owner()) counts[map.pods(o).pod_id()]++;
+    return counts;
+  }
+
+  std::shared_ptr<FakePodControl> pods_ = std::make_shared<FakePodControl>();
   std::string dir_;
   absl::Time now_ = absl::FromUnixSeconds(1'000'000);
   std::unique_ptr<MasterCore> core_;
@@ -119,11 +168,16 @@ TEST_F(MasterCoreTest, ImpossibleVShardCountsAreRefused) {
   auto bad = MasterCore::Open(o);
   EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(bad.status().message().find("100"), std::string::npos) << bad.status();
-  // The data dir keeps the cluster's shape: another num_ps is refused.
+  // num_ps only shapes a new cluster: a later start with another keeps the stored map.
   o = Options();
   o.num_ps = 4;
-  auto other = MasterCore::Open(o);
-  EXPECT_EQ(other.status().code(), absl::StatusCode::kFailedPrecondition) << other.status();
+  {
+    auto other = MasterCore::Open(o);
+    ASSERT_TRUE(other.ok()) << other.status();
+    ShardMapResponse map;
+    ASSERT_TRUE((*other)->GetShardMap(GetShardMapRequest(), &map).ok());
+    EXPECT_EQ(map.pods_size(), 2);
+  }
   Reopen();
   RegisterPodRequest req;
   req.set_pod_id("ps-0");
@@ -407,7 +461,7 @@ TEST_F(MasterCoreTest, BadRequestsGetSpecificCodes) {
   EXPECT_EQ(again->task().failures(), 0u);  // leaving is not a failure
 }
 
-TEST_F(MasterCoreTest, AdminActionsThatNeedMigrationSaySo) {
+TEST_F(MasterCoreTest, DrainAndRebalanceMoveVShards) {
   DrainResponse drain;
   DrainRequest req;
   req.set_pod_id("ps-7");
@@ -415,29 +469,155 @@ TEST_F(MasterCoreTest, AdminActionsThatNeedMigrationSaySo) {
   req.set_pod_id("ps-0");
   // No other live pod to take ps-0's vshards.
   EXPECT_EQ(core_->Drain(req, &drain).code(), absl::StatusCode::kFailedPrecondition);
-  for (const char* id : {"ps-0", "ps-1"}) {
-    RegisterPodRequest reg;
-    reg.set_pod_id(id);
-    reg.set_address(std::string(id) + ":1");
-    RegisterPodResponse reg_resp;
-    ASSERT_TRUE(core_->RegisterPod(reg, &reg_resp).ok());
-  }
-  absl::Status s = core_->Drain(req, &drain);
-  EXPECT_EQ(s.code(), absl::StatusCode::kUnimplemented);
-  EXPECT_NE(s.message().find("8 vshards"), std::string::npos) << s;
+  AddPod("ps-0");
+  AddPod("ps-1");
   RebalanceResponse rebalance;
-  EXPECT_TRUE(core_->Rebalance(RebalanceRequest(), &rebalance).ok());  // already balanced
-  // A third pod joins: balancing would move vshards onto it.
+  ASSERT_TRUE(core_->Rebalance(RebalanceRequest(), &rebalance).ok());  // already balanced
+  EXPECT_EQ(rebalance.moved_vshards(), 0u);
+  // A third pod joins (the cluster grows past --num_ps); rebalance moves vshards onto it.
+  AddPod("ps-2");
+  ShardMapResponse before;
+  ASSERT_TRUE(core_->GetShardMap(GetShardMapRequest(), &before).ok());
+  ASSERT_TRUE(core_->Rebalance(RebalanceRequest(), &rebalance).ok());
+  EXPECT_EQ(rebalance.moved_vshards(), 5u);  // 16 over 3: 6, 5, 5
+  EXPECT_GT(rebalance.epoch(), before.epoch());
+  auto counts = Counts();
+  EXPECT_EQ(counts["ps-2"], 5);
+  EXPECT_EQ(counts["ps-0"] + counts["ps-1"], 11);
+  EXPECT_LE(std::abs(counts["ps-0"] - counts["ps-1"]), 1);
+  // Moves of at most 2 vshards; each import came from the source's address.
+  ASSERT_EQ(pods_->imports.size(), 3u);
+  for (const auto& imp : pods_->imports) EXPECT_LE(imp.vshards_size(), 2);
+  // The destination was told it owns its vshards at the final epoch.
+  EXPECT_EQ(pods_->assignments["ps-2:1"].owned_size(), 5);
+  EXPECT_EQ(pods_->assignments["ps-2:1"].moving_in_size(), 0);
+  EXPECT_EQ(pods_->assignments["ps-2:1"].epoch(), rebalance.epoch());
+
+  // Drain ps-2: everything goes back; it shows DRAINED and gets nothing from a rebalance.
+  req.set_pod_id("ps-2");
+  ASSERT_TRUE(core_->Drain(req, &drain).ok());
+  EXPECT_EQ(drain.moved_vshards(), 5u);
+  counts = Counts();
+  EXPECT_EQ(counts.count("ps-2"), 0u);
+  StatusResponse status;
+  ASSERT_TRUE(core_->Status(StatusRequest(), &status).ok());
+  bool drained = false;
+  for (const PodInfo& p : status.pods())
+    drained |= p.pod_id() == "ps-2" && p.state() == PodInfo::DRAINED;
+  EXPECT_TRUE(drained);
+  EXPECT_TRUE(status.operation().done());
+  EXPECT_EQ(status.operation().kind(), "drain ps-2");
+  ASSERT_TRUE(core_->Rebalance(RebalanceRequest(), &rebalance).ok());
+  EXPECT_EQ(Counts().count("ps-2"), 0u);
+  // The drained state survives a master restart.
+  Reopen();
+  ASSERT_TRUE(core_->Status(StatusRequest(), &status).ok());
+  drained = false;
+  for (const PodInfo& p : status.pods())
+    drained |= p.pod_id() == "ps-2" && p.state() == PodInfo::DRAINED;
+  EXPECT_TRUE(drained);
+}
+
+TEST_F(MasterCoreTest, FailedMoveIsAbortedAndTheSourceKeepsItsVShards) {
+  AddPod("ps-0");
+  AddPod("ps-1");
+  const auto before = Counts();
+  pods_->fail_import = absl::UnavailableError("destination died");
+  auto moved = core_->MoveVShards("ps-0", "ps-1", {0, 1});
+  EXPECT_EQ(moved.status().code(), absl::StatusCode::kUnavailable) << moved.status();
+  EXPECT_EQ(Counts(), before);
+  // Both pods were told: no move in their assignments any more.
+  EXPECT_EQ(pods_->assignments["ps-0:1"].moving_out_size(), 0);
+  EXPECT_EQ(pods_->assignments["ps-0:1"].owned_size(), 8);
+  EXPECT_EQ(pods_->assignments["ps-1:1"].moving_in_size(), 0);
+  StatusResponse status;
+  ASSERT_TRUE(core_->Status(StatusRequest(), &status).ok());
+  ASSERT_GE(status.moves_size(), 1);
+  EXPECT_EQ(status.moves(0).state(), MoveInfo::ABORTED);
+  // Vshards the source does not own, or a dead destination, are refused up front.
+  pods_->fail_import = absl::OkStatus();
+  EXPECT_EQ(core_->MoveVShards("ps-1", "ps-0", {0}).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+  now_ += 2 * kLease;  // both leases expire
+  EXPECT_EQ(core_->MoveVShards("ps-0", "ps-1", {0}).status().code(),
+            absl::StatusCode::kUnavailable);
+}
+
+TEST_F(MasterCoreTest, MoveRecordedByADeadMasterIsAbortedOnRestart) {
+  AddPod("ps-0");
+  AddPod("ps-1");
+  const auto before = Counts();
+  ShardMapResponse map;
+  ASSERT_TRUE(core_->GetShardMap(GetShardMapRequest(), &map).ok());
+  // A master that died mid-move left its record (and the epoch it bumped) behind.
+  core_.reset();
+  {
+    auto store = MasterStore::Open(dir_);
+    ASSERT_TRUE(store.ok()) << store.status();
+    MoveRecord move;
+    move.set_move_id(7);
+    move.add_vshards(3);
+    move.set_source("ps-0");
+    move.set_destination("ps-1");
+    StoreBatch batch;
+    batch.Put("move/00000000000000000007", move);
+    ASSERT_TRUE((*store)->Write(batch).ok());
+  }
+  Reopen();
+  EXPECT_EQ(Counts(), before);  // ps-0 still owns vshard 3
+  ShardMapResponse after;
+  ASSERT_TRUE(core_->GetShardMap(GetShardMapRequest(), &after).ok());
+  EXPECT_GT(after.epoch(), map.epoch());  // pods drop the move's state
+  EXPECT_EQ(after.moves_size(), 0);
+  // No pod is told it is receiving or sending anything.
   RegisterPodRequest reg;
-  reg.set_pod_id("ps-2");
-  reg.set_address("ps-2:1");
-  RegisterPodResponse reg_resp;
-  ASSERT_TRUE(core_->RegisterPod(reg, &reg_resp).ok());
-  EXPECT_EQ(reg_resp.assignment().owned_vshards_size(), 0);
-  EXPECT_EQ(core_->Rebalance(RebalanceRequest(), &rebalance).code(),
-            absl::StatusCode::kUnimplemented);
-  CheckpointResponse cp;
-  EXPECT_EQ(core_->Checkpoint(CheckpointRequest(), &cp).code(), absl::StatusCode::kUnimplemented);
+  reg.set_pod_id("ps-1");
+  reg.set_address("ps-1:1");
+  RegisterPodResponse resp;
+  ASSERT_TRUE(core_->RegisterPod(reg, &resp).ok());
+  EXPECT_EQ(resp.assignment().moving_in_size(), 0);
+  StatusResponse status;
+  ASSERT_TRUE(core_->Status(StatusRequest(), &status).ok());
+  ASSERT_EQ(status.moves_size(), 1);
+  EXPECT_EQ(status.moves(0).state(), MoveInfo::ABORTED);
+  // And a new move works after it.
+  ASSERT_TRUE(core_->MoveVShards("ps-0", "ps-1", {3}).ok());
+  EXPECT_EQ(Counts()["ps-1"], before.at("ps-1") + 1);
+}
+
+TEST_F(MasterCoreTest, LeavingPodIsLostAtOnceAndItsSuccessorWelcome) {
+  RegisterPodRequest req;
+  req.set_pod_id("ps-0");
+  req.set_address("h:1");
+  RegisterPodResponse resp;
+  ASSERT_TRUE(core_->RegisterPod(req, &resp).ok());
+  LeavePodRequest leave;
+  leave.set_pod_id("ps-0");
+  leave.set_address("h:9");
+  LeavePodResponse left;
+  EXPECT_EQ(core_->LeavePod(leave, &left).code(), absl::StatusCode::kFailedPrecondition);
+  leave.set_pod_id("ps-7");
+  EXPECT_EQ(core_->LeavePod(leave, &left).code(), absl::StatusCode::kNotFound);
+  leave.set_pod_id("ps-0");
+  leave.set_address("h:1");
+  ASSERT_TRUE(core_->LeavePod(leave, &left).ok());
+  // LOST at once, without waiting for the lease; not counted as a lease loss.
+  ASSERT_TRUE(core_->ExpireLeases().ok());
+  EXPECT_EQ(GetStatus().pods(0).state(), PodInfo::LOST);
+  EXPECT_EQ(core_->pod_lease_losses(), 0u);
+  // Its successor at another address is accepted at once and keeps the vshards.
+  req.set_address("h:2");
+  resp.Clear();
+  ASSERT_TRUE(core_->RegisterPod(req, &resp).ok());
+  EXPECT_EQ(resp.assignment().owned_vshards_size(), 8);
+  // A lease that runs out is a loss.
+  now_ += kLease + absl::Milliseconds(1);
+  ASSERT_TRUE(core_->ExpireLeases().ok());
+  EXPECT_EQ(core_->pod_lease_losses(), 1u);
+  RegisterWorkerResponse w = AddWorker();
+  now_ += kLease + absl::Milliseconds(1);
+  ASSERT_TRUE(core_->ExpireLeases().ok());
+  EXPECT_EQ(core_->worker_lease_losses(), 1u);
 }
 
 }  // namespace

@@ -10,6 +10,7 @@
 //   worker/<20-digit id>        WorkerRecord
 //   job/<name>                  JobRecord
 //   task/<job>/<20-digit id>    Task
+//   move/<20-digit id>          MoveRecord (a move being copied)
 #pragma once
 
 #include <functional>

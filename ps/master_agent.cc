@@ -17,19 +17,35 @@ namespace {
 
 class MasterAgentImpl final : public MasterAgent {
  public:
-  MasterAgentImpl(const MasterAgentOptions& options, PsCore* core)
+  MasterAgentImpl(const MasterAgentOptions& options, PsCore* core, const ChannelMaker& channels)
       : options_(options),
         core_(core),
-        stub_(Master::NewStub(
-            grpc::CreateChannel(options.master, grpc::InsecureChannelCredentials()))),
+        stub_(Master::NewStub(channels.Make(options.master))),
         thread_([this] { Run(); }) {}
 
-  ~MasterAgentImpl() override {
-    stop_.Notify();
-    thread_.join();
-  }
+  ~MasterAgentImpl() override { Stop(); }
 
   bool registered() const override { return registered_.load(); }
+
+  absl::Status Leave() override {
+    Stop();
+    if (!registered_) return absl::OkStatus();
+    LeavePodRequest req;
+    req.set_pod_id(options_.pod_id);
+    req.set_address(options_.address);
+    LeavePodResponse resp;
+    grpc::ClientContext ctx;
+    SetDeadline(&ctx);
+    absl::Status s = FromGrpcStatus(stub_->LeavePod(&ctx, req, &resp));
+    registered_ = false;
+    if (s.ok()) {
+      LOG(INFO) << "pod " << options_.pod_id << " deregistered from master " << options_.master;
+    } else {
+      LOG(WARNING) << "pod " << options_.pod_id << " could not deregister from master "
+                   << options_.master << " (its lease will expire instead): " << s;
+    }
+    return s;
+  }
 
  private:
   void Run() {
@@ -50,12 +66,19 @@ class MasterAgentImpl final : public MasterAgent {
       }
       if (registered_ && (s.code() == absl::StatusCode::kNotFound ||
                           s.code() == absl::StatusCode::kFailedPrecondition)) {
+        LOG(WARNING) << "pod " << options_.pod_id << " lost its registration with master "
+                     << options_.master << " (" << s << "); registering again";
         registered_ = false;  // the master forgot or re-assigned us: register again at once
         wait = absl::ZeroDuration();
         continue;
       }
       wait = registered_ ? heartbeat_interval_ : options_.retry_interval;
     }
+  }
+
+  void Stop() {
+    if (!stop_.HasBeenNotified()) stop_.Notify();
+    if (thread_.joinable()) thread_.join();
   }
 
   void SetDeadline(grpc::ClientContext* ctx) const {
@@ -93,16 +116,15 @@ class MasterAgentImpl final : public MasterAgent {
   // Installs the assignment if it differs from the core's ownership, and syncs the catalog.
   absl::Status Apply(const PodAssignment& a) {
     heartbeat_interval_ = std::max(absl::Milliseconds(10), absl::Milliseconds(a.lease_ms()) / 3);
-    std::vector<uint32_t> owned(a.owned_vshards().begin(), a.owned_vshards().end());
-    auto next = ShardOwnership::Create(a.num_vshards(), a.epoch(), owned);
-    if (!next.ok()) return next.status();
-    auto current = core_->ownership();
-    if (current->epoch() != next->epoch() || current->num_vshards() != next->num_vshards() ||
-        current->Bitmap() != next->Bitmap()) {
-      LOG(INFO) << "pod " << options_.pod_id << ": shard map epoch " << next->epoch() << ", owning "
-                << next->owned_count() << " of " << next->num_vshards() << " vshards";
-      core_->SetOwnership(*std::move(next));
-    }
+    Assignment assignment;
+    assignment.set_epoch(a.epoch());
+    assignment.set_num_vshards(a.num_vshards());
+    *assignment.mutable_owned() = a.owned_vshards();
+    *assignment.mutable_moving_in() = a.moving_in();
+    *assignment.mutable_moving_out() = a.moving_out();
+    ApplyAssignmentResponse applied;
+    // Ignored when older than what the master already sent the pod directly.
+    if (absl::Status s = core_->ApplyAssignment(assignment, &applied); !s.ok()) return s;
     if (a.catalog_version() != catalog_version_) return SyncCatalog(a.catalog_version());
     return absl::OkStatus();
   }
@@ -156,7 +178,9 @@ absl::StatusOr<std::unique_ptr<MasterAgent>> MasterAgent::Start(const MasterAgen
         "the master agent needs a master address, a pod id and the pod's address; got master '",
         options.master, "', pod id '", options.pod_id, "', address '", options.address, "'"));
   }
-  return std::unique_ptr<MasterAgent>(std::make_unique<MasterAgentImpl>(options, core));
+  absl::StatusOr<ChannelMaker> channels = ChannelMaker::Create(options.security);
+  if (!channels.ok()) return channels.status();
+  return std::unique_ptr<MasterAgent>(std::make_unique<MasterAgentImpl>(options, core, *channels));
 }
 
 std::string DefaultAdvertiseAddress(const std::string& host, int port) {

@@ -93,6 +93,13 @@ absl::StatusOr<std::unique_ptr<PsCore>> PsCore::Open(PsCoreOptions options,
                                                      ShardOwnership ownership) {
   const bool durable = !options.storage.db.dir.empty();
   if (durable) options.table.track_dirty = true;
+  if (options.storage.memory_budget_bytes > 0) {
+    if (!durable) {
+      return absl::InvalidArgumentError(
+          "a memory budget needs a data dir: evicted rows live in the pod's database");
+    }
+    options.table.evictable = true;
+  }
   auto core = std::make_unique<PsCore>(options, std::move(ownership));
   if (durable) {
     ASSIGN_OR_RETURN(core->storage_,
@@ -103,6 +110,7 @@ absl::StatusOr<std::unique_ptr<PsCore>> PsCore::Open(PsCoreOptions options,
 
 void PsCore::SetOwnership(ShardOwnership ownership) {
   auto next = std::make_shared<const ShardOwnership>(std::move(ownership));
+  absl::WriterMutexLock fence(&migrate_mu_);
   absl::MutexLock lock(&mu_);
   ownership_ = std::move(next);
 }
@@ -211,17 +219,19 @@ absl::Status PsCore::Pull(const PullRequest& req, PullSink* sink) {
     RETURN_IF_ERROR(
         PrepareIds("pull", req.tables(i).table(), req.tables(i).ids(), *own, &total, &prepared[i]));
   }
+  absl::Status read_error;  // reading evicted rows back (memory budget) can fail
   for (TableIdsView& p : prepared) {
     float* values = sink->AddEntry(p.table->spec().name(), p.ids.size() * p.table->dim());
-    p.table->Pull(p.ids, values, req.read_only());
+    p.table->Pull(p.ids, values, req.read_only(), &read_error);
   }
+  RETURN_IF_ERROR(read_error);
   counters_.pull_requests.fetch_add(1, std::memory_order_relaxed);
   counters_.pulled_rows.fetch_add(total, std::memory_order_relaxed);
   return absl::OkStatus();
 }
 
 void PsCore::ApplyOnce(const PushKey& key, PushResponse* resp, size_t record_bytes,
-                       const std::function<void(LogRecordBuilder*)>& apply, Done done) {
+                       const std::function<absl::Status(LogRecordBuilder*)>& apply, Done done) {
   if (storage_ != nullptr) {
     if (absl::Status s = storage_->log().health(); !s.ok()) return done(s);
   }
@@ -240,16 +250,19 @@ void PsCore::ApplyOnce(const PushKey& key, PushResponse* resp, size_t record_byt
       break;
   }
   if (storage_ == nullptr) {
-    apply(nullptr);
-    dedup_.Finish(key, /*applied=*/true);
-    return done(absl::OkStatus());
+    absl::Status s = apply(nullptr);
+    dedup_.Finish(key, /*applied=*/s.ok());
+    return done(s);
   }
   // Applied and logged under the shared apply lock (see PodStorage::apply_mu); the key
   // is marked applied only once the record is durable, so a retry before then is told to
   // wait (ABORTED) rather than acknowledged early.
   absl::ReaderMutexLock lock(&storage_->apply_mu());
   LogRecordBuilder record(key, record_bytes);
-  apply(&record);
+  if (absl::Status s = apply(&record); !s.ok()) {
+    dedup_.Finish(key, /*applied=*/false);  // nothing was applied
+    return done(s);
+  }
   storage_->log().Append(record.Finish(), [this, key, done = std::move(done)](absl::Status s) {
     dedup_.Finish(key, /*applied=*/s.ok());
     done(s);
@@ -285,12 +298,28 @@ absl::Status PsCore::PreparePush(const PushRequest& req, const ShardOwnership& o
 }
 
 void PsCore::PushAsync(const PushRequest& req, PushResponse* resp, Done done) {
+  // Held until the push is applied in memory: see migrate_mu_.
+  absl::ReaderMutexLock fence(&migrate_mu_);
   auto own = ownership();
   resp->set_epoch(own->epoch());
   // Shared so the (copyable) apply function can hold it; lives until this call returns.
   auto prepared = std::make_shared<std::vector<PreparedPush>>();
   size_t total = 0;
-  if (absl::Status s = PreparePush(req, *own, prepared.get(), &total); !s.ok()) return done(s);
+  if (absl::Status s = PreparePush(req, *own, prepared.get(), &total); !s.ok()) {
+    return done(RefusedOrDuplicate(req.key(), resp, std::move(s)));
+  }
+  OutgoingMove* out = outgoing_.get();
+  if (out != nullptr) {
+    std::vector<uint32_t> vshards;
+    for (const PreparedPush& p : *prepared) {
+      const uint64_t h = p.rows.table->name_hash();
+      for (int64_t id : p.rows.ids)
+        vshards.push_back(VShardOf(RouteHash(h, id), own->num_vshards()));
+    }
+    if (absl::Status s = CheckFence(*out, req.key(), resp, vshards); !s.ok() || resp->duplicate()) {
+      return done(s);
+    }
+  }
   size_t record_bytes = 0;
   for (const PreparedPush& p : *prepared) {
     record_bytes += LogRecordBuilder::TableBytes(p.rows.table->spec().name(), p.rows.ids.size(),
@@ -298,18 +327,23 @@ void PsCore::PushAsync(const PushRequest& req, PushResponse* resp, Done done) {
   }
   ApplyOnce(
       req.key(), resp, record_bytes,
-      [prepared](LogRecordBuilder* record) {
+      [this, prepared, out](LogRecordBuilder* record) -> absl::Status {
+        // Evicted rows (memory budget) are read back first, so that a failed read
+        // applies nothing; eviction waits for the apply lock this runs under.
+        for (PreparedPush& p : *prepared) RETURN_IF_ERROR(p.rows.table->Load(p.rows.ids));
         std::vector<uint64_t> steps;
         for (PreparedPush& p : *prepared) {
           EmbeddingTable& t = *p.rows.table;
           if (record == nullptr) {
             t.Push(p.rows.ids, p.grads.data(), p.lr);
-            continue;
+          } else {
+            steps.resize(p.rows.ids.size());
+            t.Push(p.rows.ids, p.grads.data(), p.lr, steps.data());
+            record->AddTable(t.spec().name(), p.lr, t.dim(), p.rows.ids, steps, p.grads.data());
           }
-          steps.resize(p.rows.ids.size());
-          t.Push(p.rows.ids, p.grads.data(), p.lr, steps.data());
-          record->AddTable(t.spec().name(), p.lr, t.dim(), p.rows.ids, steps, p.grads.data());
+          if (out != nullptr) RecordTouched(out, p.rows.table, p.rows.ids);
         }
+        return absl::OkStatus();
       },
       [this, total, done = std::move(done)](absl::Status s) {
         if (s.ok()) {
@@ -318,6 +352,23 @@ void PsCore::PushAsync(const PushRequest& req, PushResponse* resp, Done done) {
         }
         done(s);
       });
+}
+
+absl::Status PsCore::RefusedOrDuplicate(const PushKey& key, PushResponse* resp,
+                                        absl::Status refused) {
+  if (refused.code() != absl::StatusCode::kFailedPrecondition) return refused;
+  switch (dedup_.Peek(key)) {
+    case PushDedup::Claim::kDuplicate:
+      counters_.duplicate_pushes.fetch_add(1, std::memory_order_relaxed);
+      resp->set_duplicate(true);
+      return absl::OkStatus();
+    case PushDedup::Claim::kInProgress:
+      return absl::AbortedError(absl::StrCat("push ", key.worker_id(), "/", key.incarnation(), "/",
+                                             key.sequence(), " is being applied now; retry"));
+    case PushDedup::Claim::kNew:
+      break;
+  }
+  return refused;
 }
 
 namespace {
@@ -397,19 +448,34 @@ absl::Status PsCore::PrepareDensePush(const DensePushRequest& req, const ShardOw
 }
 
 void PsCore::PushDenseAsync(const DensePushRequest& req, PushResponse* resp, Done done) {
+  absl::ReaderMutexLock fence(&migrate_mu_);
   auto own = ownership();
   resp->set_epoch(own->epoch());
   auto prepared = std::make_shared<std::vector<PreparedDense>>();
-  if (absl::Status s = PrepareDensePush(req, *own, prepared.get()); !s.ok()) return done(s);
+  if (absl::Status s = PrepareDensePush(req, *own, prepared.get()); !s.ok()) {
+    return done(RefusedOrDuplicate(req.key(), resp, std::move(s)));
+  }
+  OutgoingMove* out = outgoing_.get();
+  if (out != nullptr) {
+    std::vector<uint32_t> vshards;
+    for (const PreparedDense& p : *prepared) {
+      vshards.push_back(DenseVShard(p.tensor->spec().name(), own->num_vshards()));
+    }
+    if (absl::Status s = CheckFence(*out, req.key(), resp, vshards); !s.ok() || resp->duplicate()) {
+      return done(s);
+    }
+  }
   size_t record_bytes = 0;
   for (const PreparedDense& p : *prepared) record_bytes += 32 + p.grads.size() * sizeof(float);
   ApplyOnce(
       req.key(), resp, record_bytes,
-      [prepared](LogRecordBuilder* record) {
+      [this, prepared, out](LogRecordBuilder* record) {
         for (PreparedDense& p : *prepared) {
           const uint64_t step = p.tensor->Push(p.grads.data(), p.lr);
           if (record != nullptr) record->AddDense(p.tensor->spec().name(), p.lr, step, p.grads);
+          if (out != nullptr) RecordTouchedDense(out, p.tensor->spec().name());
         }
+        return absl::OkStatus();
       },
       std::move(done));
 }

@@ -82,8 +82,27 @@ class PsCore {
   void PushAsync(const PushRequest& req, PushResponse* resp, Done done);
   void PushDenseAsync(const DensePushRequest& req, PushResponse* resp, Done done);
 
-  // Replaces the ownership (a new shard map epoch). Thread-safe.
+  // Replaces the ownership (a new shard map epoch). Waits for pushes being applied; a
+  // push applies entirely under one ownership. Thread-safe.
   void SetOwnership(ShardOwnership ownership);
+
+  // Live migration (ps_core_migrate.cc; the protocol is described in proto/ps.proto).
+  // ApplyAssignment installs the master's assignment unless its epoch is older than the
+  // pod's: ownership, the end of an outgoing move (unfencing it, or dropping the moved
+  // rows), and dropping rows of vshards the pod neither owns nor receives.
+  absl::Status ApplyAssignment(const Assignment& req, ApplyAssignmentResponse* resp);
+  // Source side: starts tracking the vshards (which this pod must own) and snapshots the
+  // ids of their rows. FAILED_PRECONDITION for a vshard it does not own.
+  absl::Status MigrateBegin(const MigrateBeginRequest& req, MigrateBeginResponse* resp);
+  // Source side: one chunk of a phase. FINAL at cursor 0 fences the vshards and waits
+  // until every push applied to them is durable. NOT_FOUND for another move id.
+  absl::Status MigrateExport(const MigrateExportRequest& req, MigrateExportResponse* resp);
+  // Destination side: BeginImport keeps the vshards' rows from being dropped until the
+  // move ends; ImportChunk installs an exported chunk (creating its tables), adding its
+  // row count and bytes; FinishImport makes everything imported durable.
+  absl::Status BeginImport(uint64_t move_id, absl::Span<const uint32_t> vshards);
+  absl::Status ImportChunk(const MigrateExportResponse& chunk, uint64_t* rows, uint64_t* bytes);
+  absl::Status FinishImport();
   std::shared_ptr<const ShardOwnership> ownership() const;
 
   ModelStore& store() { return store_; }
@@ -107,10 +126,10 @@ class PsCore {
                           absl::Span<const int64_t> ids);
   absl::Status CheckOwnedDense(const ShardOwnership& own, absl::string_view name);
   // Runs `apply` once for a key: handles duplicates and in-flight retries. `apply` adds
-  // the push's entries to the log record it is given (when the pod is durable); `done`
-  // gets the outcome once the push is durable.
+  // the push's entries to the log record it is given (when the pod is durable), or fails
+  // having applied nothing; `done` gets the outcome once the push is durable.
   void ApplyOnce(const PushKey& key, PushResponse* resp, size_t record_bytes,
-                 const std::function<void(LogRecordBuilder*)>& apply, Done done);
+                 const std::function<absl::Status(LogRecordBuilder*)>& apply, Done done);
   absl::Status PreparePush(const PushRequest& req, const ShardOwnership& own,
                            std::vector<PreparedPush>* prepared, size_t* total);
   struct PreparedDense {
@@ -128,6 +147,30 @@ class PsCore {
   PushDedup dedup_;
   std::unique_ptr<PodStorage> storage_;  // null: in memory only
   absl::Mutex create_mu_;                // serializes table and tensor creation
+
+  // Migration. Pushes hold migrate_mu_ shared from reading the ownership until they are
+  // applied in memory (and their touched rows recorded); changing the ownership or
+  // fencing takes it exclusively, so no push straddles either.
+  struct OutgoingMove;
+  // OK, or the error a push or dense push touching a fenced vshard gets.
+  absl::Status CheckFence(const OutgoingMove& out, const PushKey& key, PushResponse* resp,
+                          const std::vector<uint32_t>& vshards);
+  // Remember rows pushes changed while an outgoing move tracks their vshards.
+  static void RecordTouched(OutgoingMove* out, const std::shared_ptr<EmbeddingTable>& table,
+                            absl::Span<const int64_t> ids);
+  static void RecordTouchedDense(OutgoingMove* out, const std::string& name);
+  // Erases the rows of `vshards` from memory and storage.
+  absl::Status DropVShards(const std::vector<uint32_t>& vshards);
+  // A refused push (FAILED_PRECONDITION): a key this pod already applied is a duplicate
+  // even if it no longer owns the vshards; one being applied is ABORTED (retry).
+  absl::Status RefusedOrDuplicate(const PushKey& key, PushResponse* resp, absl::Status refused);
+  absl::Mutex migrate_mu_ ABSL_ACQUIRED_BEFORE(mu_);
+  std::shared_ptr<OutgoingMove> outgoing_ ABSL_GUARDED_BY(migrate_mu_);
+  std::vector<bool> incoming_ ABSL_GUARDED_BY(migrate_mu_);
+  // Vshards this pod may hold rows of (all of them until the first assignment).
+  std::vector<bool> held_ ABSL_GUARDED_BY(migrate_mu_);
+  bool assigned_ ABSL_GUARDED_BY(migrate_mu_) = false;
+  absl::Mutex drop_mu_;  // one drop at a time
 
   mutable absl::Mutex mu_;
   std::shared_ptr<const ShardOwnership> ownership_ ABSL_GUARDED_BY(mu_);

@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "proto/wire.h"
+#include "ps/migrate_import.h"
 
 namespace ps {
 
@@ -36,10 +37,24 @@ absl::Status FromGrpcStatus(const grpc::Status& s) {
   return absl::Status(static_cast<absl::StatusCode>(s.error_code()), s.error_message());
 }
 
+absl::Status PsService::Authenticate(const grpc::ServerContextBase& ctx) const {
+  if (auth_ == nullptr) return absl::OkStatus();
+  absl::Status s = auth_->Check(ctx);
+  if (!s.ok()) {
+    LOG_EVERY_N(WARNING, 100) << "refused a call from " << ctx.peer() << ": " << s
+                              << " (every 100th refusal is logged)";
+  }
+  return s;
+}
+
 grpc::ServerUnaryReactor* PsService::Submit(grpc::CallbackServerContext* ctx,
                                             std::function<void(PsCore::Done)> work,
                                             size_t request_bytes) {
   grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+  if (absl::Status s = Authenticate(*ctx); !s.ok()) {
+    reactor->Finish(ToGrpcStatus(s));
+    return reactor;
+  }
   PsCore* core = core_;
   PsCore::Done finish = [core, ctx, reactor](absl::Status s) {
     if (!s.ok()) {
@@ -137,6 +152,31 @@ PS_RPC(Describe, DescribeRequest, DescribeResponse)
 PS_RPC(PullDense, DensePullRequest, DensePullResponse)
 PS_RPC(Stats, StatsRequest, StatsResponse)
 PS_RPC(Checkpoint, PodCheckpointRequest, PodCheckpointResponse)
+PS_RPC(MigrateBegin, MigrateBeginRequest, MigrateBeginResponse)
+PS_RPC(MigrateExport, MigrateExportRequest, MigrateExportResponse)
+
+grpc::ServerUnaryReactor* PsService::ApplyAssignment(grpc::CallbackServerContext* ctx,
+                                                     const Assignment* req,
+                                                     ApplyAssignmentResponse* resp) {
+  return Run(ctx, req, resp, &PsCore::ApplyAssignment);
+}
+
+grpc::ServerUnaryReactor* PsService::MigrateImport(grpc::CallbackServerContext* ctx,
+                                                   const MigrateImportRequest* req,
+                                                   MigrateImportResponse* resp) {
+  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+  if (absl::Status s = Authenticate(*ctx); !s.ok()) {
+    reactor->Finish(ToGrpcStatus(s));
+    return reactor;
+  }
+  PsCore* core = core_;
+  if (!migrate_pool_.TrySubmit([this, core, req, resp, reactor] {
+        reactor->Finish(ToGrpcStatus(RunMigrateImport(core, *req, resp, migrate_options_)));
+      })) {
+    reactor->Finish(grpc::Status(grpc::StatusCode::UNAVAILABLE, "too many imports queued"));
+  }
+  return reactor;
+}
 
 #undef PS_RPC
 

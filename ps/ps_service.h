@@ -12,7 +12,9 @@
 
 #include <functional>
 
+#include "embedding/transport_security.h"
 #include "proto/ps.grpc.pb.h"
+#include "ps/migrate_import.h"
 #include "ps/ps_core.h"
 #include "ps/work_pool.h"
 
@@ -22,10 +24,18 @@ class PsService final
     : public ParameterServer::WithRawCallbackMethod_Pull<
           ParameterServer::WithRawCallbackMethod_Push<ParameterServer::CallbackService>> {
  public:
-  // `core` and `pool` must outlive the service. Pulls and pushes whose request is at most
-  // `inline_request_bytes` run on gRPC's thread instead of the pool.
-  PsService(PsCore* core, WorkPool* pool, size_t inline_request_bytes = 0)
-      : core_(core), pool_(pool), inline_request_bytes_(inline_request_bytes) {}
+  // `core` and `pool` (and `auth`, if given) must outlive the service. Pulls and pushes
+  // whose request is at most `inline_request_bytes` run on gRPC's thread instead of the
+  // pool. With `auth`, every RPC is checked first and refused with UNAUTHENTICATED.
+  // `migrate` configures the imports this pod runs as a move's destination.
+  PsService(PsCore* core, WorkPool* pool, size_t inline_request_bytes = 0,
+            const TokenAuthenticator* auth = nullptr, MigrateImportOptions migrate = {})
+      : core_(core),
+        pool_(pool),
+        inline_request_bytes_(inline_request_bytes),
+        auth_(auth),
+        migrate_options_(std::move(migrate)),
+        migrate_pool_(WorkPoolOptions{1, 4}) {}
 
   grpc::ServerUnaryReactor* CreateTable(grpc::CallbackServerContext* ctx,
                                         const CreateTableRequest* req,
@@ -48,6 +58,18 @@ class PsService final
   grpc::ServerUnaryReactor* Checkpoint(grpc::CallbackServerContext* ctx,
                                        const PodCheckpointRequest* req,
                                        PodCheckpointResponse* resp) override;
+  grpc::ServerUnaryReactor* ApplyAssignment(grpc::CallbackServerContext* ctx, const Assignment* req,
+                                            ApplyAssignmentResponse* resp) override;
+  grpc::ServerUnaryReactor* MigrateBegin(grpc::CallbackServerContext* ctx,
+                                         const MigrateBeginRequest* req,
+                                         MigrateBeginResponse* resp) override;
+  grpc::ServerUnaryReactor* MigrateExport(grpc::CallbackServerContext* ctx,
+                                          const MigrateExportRequest* req,
+                                          MigrateExportResponse* resp) override;
+  // Runs on its own thread (a move takes seconds): never holds a request worker.
+  grpc::ServerUnaryReactor* MigrateImport(grpc::CallbackServerContext* ctx,
+                                          const MigrateImportRequest* req,
+                                          MigrateImportResponse* resp) override;
 
  private:
   // Runs `work` (inline if request_bytes <= inline_request_bytes_, else on the pool); the
@@ -62,6 +84,13 @@ class PsService final
   PsCore* const core_;
   WorkPool* const pool_;
   const size_t inline_request_bytes_;
+  // OK, or UNAUTHENTICATED (logged, 1 in 100) when `auth_` refuses the call. Every RPC
+  // checks it first.
+  absl::Status Authenticate(const grpc::ServerContextBase& ctx) const;
+
+  const TokenAuthenticator* const auth_;  // null: no token required
+  const MigrateImportOptions migrate_options_;
+  WorkPool migrate_pool_;  // one import at a time
 };
 
 // absl::Status -> grpc::Status (the codes are the same google.rpc.Code values).

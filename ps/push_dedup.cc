@@ -72,6 +72,19 @@ absl::StatusOr<PushDedup::Claim> PushDedup::Begin(const PushKey& key) {
   return Claim::kNew;
 }
 
+PushDedup::Claim PushDedup::Peek(const PushKey& key) const {
+  if (key.worker_id() == 0) return Claim::kNew;
+  absl::MutexLock lock(&mu_);
+  auto it = writers_.find(key.worker_id());
+  if (it == writers_.end() || it->second.incarnation != key.incarnation()) return Claim::kNew;
+  const Writer& w = it->second;
+  const uint64_t seq = key.sequence();
+  if (seq < w.base || seq >= w.base + options_.window) return Claim::kNew;
+  if (IsDone(w, seq)) return Claim::kDuplicate;
+  if (w.in_progress.contains(seq)) return Claim::kInProgress;
+  return Claim::kNew;
+}
+
 void PushDedup::Finish(const PushKey& key, bool applied) {
   if (key.worker_id() == 0) return;
   absl::MutexLock lock(&mu_);

@@ -44,6 +44,11 @@ class PushDedup {
   // incarnation or a sequence older than the window. Thread-safe.
   absl::StatusOr<Claim> Begin(const PushKey& key);
 
+  // What Begin would answer for `key`, without claiming it or changing any state:
+  // kDuplicate (applied), kInProgress (claimed now) or kNew (neither, or unknown writer,
+  // superseded incarnation, sequence outside the window). Thread-safe.
+  Claim Peek(const PushKey& key) const;
+
   // Ends a kNew claim: `applied` marks the key done; false releases it so a retry applies
   // it. Thread-safe.
   void Finish(const PushKey& key, bool applied);

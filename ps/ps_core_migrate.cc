@@ -1,0 +1,430 @@
+// PsCore: live vshard migration (the protocol is described in proto/ps.proto).
+//
+// Source side: MigrateBegin installs an OutgoingMove; from then on every push that
+// touches one of its vshards records the rows it changed (after applying them, under
+// migrate_mu_ shared). Exports read rows as they are now: the SNAPSHOT phase every row
+// present at MigrateBegin, each DELTA phase the rows touched since the previous phase
+// began, and FINAL the same after fencing. A row read after its last change is current,
+// and every change after a read is recorded for the next phase, so after the fence the
+// destination holds exactly the source's rows.
+#include <glog/logging.h>
+
+#include <algorithm>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "embedding/hash.h"
+#include "embedding/status_macros.h"
+#include "ps/codec.h"
+#include "ps/ps_core.h"
+
+namespace ps {
+
+struct PsCore::OutgoingMove {
+  uint64_t move_id = 0;
+  std::vector<bool> vshards;  // indexed by vshard
+  std::vector<uint32_t> list;
+  // Guarded by PsCore::migrate_mu_ (written exclusively, read shared).
+  bool fenced = false;
+  absl::Time fence_start;
+
+  bool Has(uint32_t v) const { return v < vshards.size() && vshards[v]; }
+
+  // Rows changed since the current phase began.
+  absl::Mutex touched_mu;
+  absl::flat_hash_map<EmbeddingTable*,
+                      std::pair<std::shared_ptr<EmbeddingTable>, absl::flat_hash_set<int64_t>>>
+      touched ABSL_GUARDED_BY(touched_mu);
+  absl::flat_hash_set<std::string> touched_dense ABSL_GUARDED_BY(touched_mu);
+
+  // The phase being exported (one destination, one call at a time).
+  absl::Mutex export_mu;
+  MigrateExportRequest::Phase phase ABSL_GUARDED_BY(export_mu) = MigrateExportRequest::SNAPSHOT;
+  std::vector<std::pair<std::shared_ptr<EmbeddingTable>, int64_t>> rows ABSL_GUARDED_BY(export_mu);
+  std::vector<std::string> dense ABSL_GUARDED_BY(export_mu);
+};
+
+namespace {
+
+std::string VShardList(const std::vector<uint32_t>& v) {
+  if (v.size() <= 8) return absl::StrJoin(v, ",");
+  return absl::StrCat(v.front(), "..", v.back(), " (", v.size(), ")");
+}
+
+std::vector<bool> BitsOf(absl::Span<const uint32_t> vshards, uint32_t n) {
+  std::vector<bool> bits(n, false);
+  for (uint32_t v : vshards) {
+    if (v < n) bits[v] = true;
+  }
+  return bits;
+}
+
+}  // namespace
+
+void PsCore::RecordTouched(OutgoingMove* out, const std::shared_ptr<EmbeddingTable>& table,
+                           absl::Span<const int64_t> ids) {
+  const uint64_t h = table->name_hash();
+  const uint32_t n = static_cast<uint32_t>(out->vshards.size());
+  absl::MutexLock lock(&out->touched_mu);
+  std::pair<std::shared_ptr<EmbeddingTable>, absl::flat_hash_set<int64_t>>* entry = nullptr;
+  for (int64_t id : ids) {
+    if (!out->Has(VShardOf(RouteHash(h, id), n))) continue;
+    if (entry == nullptr) {
+      entry = &out->touched[table.get()];
+      entry->first = table;
+    }
+    entry->second.insert(id);
+  }
+}
+
+void PsCore::RecordTouchedDense(OutgoingMove* out, const std::string& name) {
+  if (!out->Has(DenseVShard(name, static_cast<uint32_t>(out->vshards.size())))) return;
+  absl::MutexLock lock(&out->touched_mu);
+  out->touched_dense.insert(name);
+}
+
+absl::Status PsCore::CheckFence(const OutgoingMove& out, const PushKey& key, PushResponse* resp,
+                                const std::vector<uint32_t>& vshards) {
+  if (!out.fenced) return absl::OkStatus();
+  for (uint32_t v : vshards) {
+    if (!out.Has(v)) continue;
+    if (dedup_.Peek(key) == PushDedup::Claim::kDuplicate) {
+      counters_.duplicate_pushes.fetch_add(1, std::memory_order_relaxed);
+      resp->set_duplicate(true);
+      return absl::OkStatus();
+    }
+    return absl::UnavailableError(absl::StrCat("vshard ", v, " is moving to another pod (move ",
+                                               out.move_id, "); retry shortly"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status PsCore::ApplyAssignment(const Assignment& req, ApplyAssignmentResponse* resp) {
+  auto current = ownership();
+  if (req.num_vshards() != current->num_vshards()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "assignment for ", req.num_vshards(), " vshards; this pod has ", current->num_vshards()));
+  }
+  const uint32_t n = current->num_vshards();
+  std::vector<uint32_t> owned(req.owned().begin(), req.owned().end());
+  ASSIGN_OR_RETURN(ShardOwnership next, ShardOwnership::Create(n, req.epoch(), owned));
+  const std::vector<bool> moving_in = BitsOf(req.moving_in(), n);
+  const std::vector<bool> moving_out = BitsOf(req.moving_out(), n);
+  std::vector<uint32_t> drop;
+  std::shared_ptr<OutgoingMove> ended;
+  {
+    absl::WriterMutexLock fence(&migrate_mu_);
+    current = ownership();
+    if (assigned_ && req.epoch() < current->epoch()) {  // an older answer arriving late
+      resp->set_epoch(current->epoch());
+      return absl::OkStatus();
+    }
+    if (outgoing_ != nullptr) {
+      for (uint32_t v : outgoing_->list) {
+        if (!moving_out[v]) ended = outgoing_;
+      }
+      if (ended != nullptr) outgoing_.reset();
+    }
+    if (req.moving_out_size() > 0) {
+      bool covered = outgoing_ != nullptr;
+      for (uint32_t v : req.moving_out()) covered = covered && outgoing_->Has(v);
+      if (!covered) {
+        // A move of these vshards is under way, but this pod has no record of its rows
+        // being tracked (it restarted, or MigrateBegin has not come yet): refuse pushes to
+        // them, or a push applied here now could be missing on the destination.
+        auto placeholder = std::make_shared<OutgoingMove>();
+        placeholder->list.assign(req.moving_out().begin(), req.moving_out().end());
+        placeholder->vshards = moving_out;
+        placeholder->fenced = true;
+        placeholder->fence_start = absl::Now();
+        outgoing_ = std::move(placeholder);
+      }
+    }
+    if (current->epoch() != next.epoch() || current->Bitmap() != next.Bitmap()) {
+      LOG(INFO) << "shard map epoch " << next.epoch() << ": owning " << next.owned_count() << " of "
+                << n << " vshards";
+      absl::MutexLock lock(&mu_);
+      ownership_ = std::make_shared<const ShardOwnership>(std::move(next));
+    }
+    if (!assigned_) {
+      held_.assign(n, true);  // recovered rows may be of any vshard
+      assigned_ = true;
+    }
+    incoming_ = moving_in;
+    auto own = ownership();
+    for (uint32_t v = 0; v < n; ++v) {
+      if (own->Owns(v) || moving_in[v]) {
+        if (own->Owns(v)) held_[v] = true;
+        continue;
+      }
+      if (held_[v]) drop.push_back(v);
+      held_[v] = false;
+    }
+  }
+  if (ended != nullptr) {
+    const bool committed = !ownership()->Owns(ended->list.front());
+    if (ended->fenced) {
+      LOG(INFO) << "move " << ended->move_id << " of vshards " << VShardList(ended->list) << " "
+                << (committed ? "committed" : "aborted") << "; pushes were fenced for "
+                << absl::ToDoubleMilliseconds(absl::Now() - ended->fence_start) << " ms";
+    } else {
+      LOG(INFO) << "move " << ended->move_id << " of vshards " << VShardList(ended->list)
+                << (committed ? " committed" : " aborted before its fence");
+    }
+  }
+  if (!drop.empty()) RETURN_IF_ERROR(DropVShards(drop));
+  resp->set_epoch(ownership()->epoch());
+  return absl::OkStatus();
+}
+
+absl::Status PsCore::DropVShards(const std::vector<uint32_t>& vshards) {
+  absl::MutexLock lock(&drop_mu_);
+  const absl::Time start = absl::Now();
+  const uint32_t n = ownership()->num_vshards();
+  const std::vector<bool> bits = BitsOf(vshards, n);
+  std::vector<std::pair<std::string, std::vector<int64_t>>> rows;
+  size_t erased = 0;
+  for (const auto& t : store_.Tables()) {
+    std::vector<int64_t> ids;
+    const uint64_t h = t->name_hash();
+    t->ForEachRow([&](const RowView& r) {
+      if (bits[VShardOf(RouteHash(h, r.id), n)]) ids.push_back(r.id);
+    });
+    if (ids.empty()) continue;
+    erased += t->Erase(ids);
+    rows.emplace_back(t->spec().name(), std::move(ids));
+  }
+  std::vector<std::string> dense;
+  for (const auto& d : store_.DenseTensors()) {
+    if (bits[DenseVShard(d->spec().name(), n)]) dense.push_back(d->spec().name());
+  }
+  if (storage_ != nullptr && (!rows.empty() || !dense.empty())) {
+    RETURN_IF_ERROR(storage_->DropRows(rows, dense));
+  }
+  if (erased > 0) {
+    LOG(INFO) << "dropped " << erased << " rows of vshards " << VShardList(vshards)
+              << ", which this pod no longer owns, in "
+              << absl::ToDoubleMilliseconds(absl::Now() - start) << " ms";
+  }
+  return absl::OkStatus();
+}
+
+absl::Status PsCore::MigrateBegin(const MigrateBeginRequest& req, MigrateBeginResponse* resp) {
+  auto own = ownership();
+  const uint32_t n = own->num_vshards();
+  if (req.vshards_size() == 0) return absl::InvalidArgumentError("move names no vshards");
+  if (options_.table.evictable) {
+    // A move copies rows from memory; evicted rows are only in the database.
+    return absl::FailedPreconditionError(
+        "this pod runs with --memory_budget_mb: moving vshards away from it is not supported "
+        "yet");
+  }
+  for (uint32_t v : req.vshards()) {
+    if (v >= n || !own->Owns(v)) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "cannot move vshard ", v, " away: this pod does not own it at epoch ", own->epoch()));
+    }
+  }
+  auto move = std::make_shared<OutgoingMove>();
+  move->move_id = req.move_id();
+  move->list.assign(req.vshards().begin(), req.vshards().end());
+  move->vshards = BitsOf(move->list, n);
+  {
+    absl::WriterMutexLock fence(&migrate_mu_);
+    if (outgoing_ != nullptr && outgoing_->move_id == req.move_id()) {
+      absl::MutexLock lock(&outgoing_->export_mu);
+      resp->set_rows(outgoing_->rows.size());
+      return absl::OkStatus();  // a retried begin
+    }
+    if (outgoing_ != nullptr) {
+      LOG(WARNING) << "move " << outgoing_->move_id << " replaced by move " << req.move_id();
+    }
+    outgoing_ = move;  // tracking starts before the snapshot below
+  }
+  absl::MutexLock lock(&move->export_mu);
+  for (const auto& t : store_.Tables()) {
+    const uint64_t h = t->name_hash();
+    t->ForEachRow([&](const RowView& r) {
+      if (move->Has(VShardOf(RouteHash(h, r.id), n))) move->rows.emplace_back(t, r.id);
+    });
+  }
+  for (const auto& d : store_.DenseTensors()) {
+    if (move->Has(DenseVShard(d->spec().name(), n))) move->dense.push_back(d->spec().name());
+  }
+  move->phase = MigrateExportRequest::SNAPSHOT;
+  resp->set_rows(move->rows.size());
+  LOG(INFO) << "move " << req.move_id() << ": sending vshards " << VShardList(move->list) << " ("
+            << move->rows.size() << " rows, " << move->dense.size() << " dense tensors)";
+  return absl::OkStatus();
+}
+
+absl::Status PsCore::MigrateExport(const MigrateExportRequest& req, MigrateExportResponse* resp) {
+  std::shared_ptr<OutgoingMove> out;
+  {
+    absl::ReaderMutexLock fence(&migrate_mu_);
+    out = outgoing_;
+  }
+  if (out == nullptr || out->move_id != req.move_id()) {
+    return absl::NotFoundError(
+        absl::StrCat("move ", req.move_id(), " is not in progress on this pod"));
+  }
+  absl::MutexLock lock(&out->export_mu);
+  if (req.cursor() == 0) {
+    if (req.phase() == MigrateExportRequest::FINAL) {
+      {
+        absl::WriterMutexLock fence(&migrate_mu_);
+        if (outgoing_ != out) return absl::AbortedError("the move ended while fencing");
+        out->fenced = true;
+        out->fence_start = absl::Now();
+      }
+      // Every push applied to the vshards is durable before its rows leave: a client
+      // whose push was applied here retries it here, and finds it a duplicate.
+      if (storage_ != nullptr) RETURN_IF_ERROR(storage_->WaitApplied());
+    }
+    if (req.phase() != MigrateExportRequest::SNAPSHOT) {
+      absl::MutexLock t(&out->touched_mu);
+      out->rows.clear();
+      out->dense.clear();
+      for (auto& [ptr, entry] : out->touched) {
+        for (int64_t id : entry.second) out->rows.emplace_back(entry.first, id);
+      }
+      out->dense.assign(out->touched_dense.begin(), out->touched_dense.end());
+      out->touched.clear();
+      out->touched_dense.clear();
+    } else {
+      for (const auto& t : store_.Tables()) *resp->add_tables() = t->spec();
+      for (const auto& d : store_.DenseTensors()) *resp->add_dense() = d->spec();
+    }
+    out->phase = req.phase();
+  } else if (req.phase() != out->phase) {
+    return absl::FailedPreconditionError(absl::StrCat("move ", req.move_id(), ": export of phase ",
+                                                      req.phase(), " at cursor ", req.cursor(),
+                                                      " but the current phase is ", out->phase));
+  }
+  const uint64_t max_bytes = req.max_bytes() > 0 ? req.max_bytes() : uint64_t{4} << 20;
+  uint64_t bytes = 0;
+  size_t i = req.cursor();
+  absl::flat_hash_map<EmbeddingTable*, MigratedRows*> entry_of;
+  for (; i < out->rows.size() && bytes < max_bytes; ++i) {
+    const auto& [table, id] = out->rows[i];
+    MigratedRows*& entry = entry_of[table.get()];
+    if (entry == nullptr) {
+      entry = resp->add_rows();
+      entry->set_table(table->spec().name());
+    }
+    const uint32_t dim = table->dim(), slots = table->slot_floats();
+    table->Inspect(id, [&](const RowView& r) {
+      entry->mutable_ids()->append(reinterpret_cast<const char*>(&r.id), sizeof(r.id));
+      entry->mutable_steps()->append(reinterpret_cast<const char*>(&r.step), sizeof(r.step));
+      entry->mutable_values()->append(reinterpret_cast<const char*>(r.weights),
+                                      dim * sizeof(float));
+      entry->mutable_values()->append(reinterpret_cast<const char*>(r.slots),
+                                      slots * sizeof(float));
+      bytes += 16 + (dim + slots) * sizeof(float);
+    });
+  }
+  if (req.cursor() == 0) {
+    std::vector<float> values;
+    for (const std::string& name : out->dense) {
+      auto d = store_.FindDense(name);
+      uint64_t step;
+      if (d == nullptr || !d->Snapshot(/*always=*/true, &values, &step)) continue;
+      MigratedDense* md = resp->add_dense_values();
+      md->set_name(name);
+      md->set_step(step);
+      md->set_values(Pack<float>(values));
+    }
+  }
+  resp->set_next_cursor(i);
+  resp->set_done(i >= out->rows.size());
+  resp->set_phase_rows(out->rows.size());
+  return absl::OkStatus();
+}
+
+absl::Status PsCore::BeginImport(uint64_t move_id, absl::Span<const uint32_t> vshards) {
+  if (options_.table.evictable) {
+    return absl::FailedPreconditionError(
+        "this pod runs with --memory_budget_mb: moving vshards onto it is not supported yet");
+  }
+  absl::WriterMutexLock fence(&migrate_mu_);
+  const uint32_t n = ownership()->num_vshards();
+  if (incoming_.size() != n) incoming_.assign(n, false);
+  if (held_.size() != n) held_.assign(n, true);
+  for (uint32_t v : vshards) {
+    if (v >= n) return absl::InvalidArgumentError(absl::StrCat("vshard ", v, " out of range"));
+    incoming_[v] = true;
+    held_[v] = true;
+  }
+  LOG(INFO) << "move " << move_id << ": receiving vshards "
+            << VShardList(std::vector<uint32_t>(vshards.begin(), vshards.end()));
+  return absl::OkStatus();
+}
+
+absl::Status PsCore::ImportChunk(const MigrateExportResponse& chunk, uint64_t* rows,
+                                 uint64_t* bytes) {
+  for (const TableSpec& spec : chunk.tables()) {
+    CreateTableRequest req;
+    *req.mutable_spec() = spec;
+    CreateTableResponse ignored;
+    RETURN_IF_ERROR(CreateTable(req, &ignored));
+  }
+  for (const DenseSpec& spec : chunk.dense()) {
+    CreateDenseRequest req;
+    *req.mutable_spec() = spec;
+    CreateDenseResponse ignored;
+    RETURN_IF_ERROR(CreateDense(req, &ignored));
+  }
+  std::vector<int64_t> id_scratch;
+  std::vector<uint64_t> step_scratch;
+  std::vector<float> value_scratch;
+  for (const MigratedRows& e : chunk.rows()) {
+    auto table = store_.FindTable(e.table());
+    if (table == nullptr) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("imported rows of table '", e.table(), "', which the source did not send"));
+    }
+    ASSIGN_OR_RETURN(auto ids, PackedView<int64_t>(e.ids(), &id_scratch, "ids of", e.table()));
+    ASSIGN_OR_RETURN(auto steps,
+                     PackedView<uint64_t>(e.steps(), &step_scratch, "steps of", e.table()));
+    ASSIGN_OR_RETURN(auto values,
+                     PackedView<float>(e.values(), &value_scratch, "values of", e.table()));
+    const uint32_t dim = table->dim(), row_floats = dim + table->slot_floats();
+    if (steps.size() != ids.size() || values.size() != ids.size() * row_floats) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("imported rows of '", e.table(), "' have mismatched sizes: ", ids.size(),
+                       " ids, ", steps.size(), " steps, ", values.size(), " floats"));
+    }
+    for (size_t i = 0; i < ids.size(); ++i) {
+      const float* row = values.data() + i * row_floats;
+      table->Restore(ids[i], row, row + dim, steps[i]);
+    }
+    if (storage_ != nullptr) {
+      RETURN_IF_ERROR(storage_->WriteImported(e.table(), ids, steps, values, dim));
+    }
+    *rows += ids.size();
+    *bytes += e.ids().size() + e.steps().size() + e.values().size();
+  }
+  for (const MigratedDense& e : chunk.dense_values()) {
+    auto d = store_.FindDense(e.name());
+    if (d == nullptr) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("imported dense tensor '", e.name(), "', which the source did not send"));
+    }
+    ASSIGN_OR_RETURN(auto values,
+                     PackedView<float>(e.values(), &value_scratch, "values of", e.name()));
+    RETURN_IF_ERROR(d->Restore(values, e.step()));
+    if (storage_ != nullptr)
+      RETURN_IF_ERROR(storage_->WriteImportedDense(e.name(), e.step(), values));
+    *bytes += e.values().size();
+  }
+  return absl::OkStatus();
+}
+
+absl::Status PsCore::FinishImport() {
+  if (storage_ != nullptr) return storage_->FlushImported();
+  return absl::OkStatus();
+}
+
+}  // namespace ps

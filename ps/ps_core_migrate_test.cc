@@ -1,0 +1,250 @@
+// Live migration on the pod side, in process: de-duplication before ownership, a move from
+// one PsCore to another (snapshot, catch-up, fence, commit, drop), durability of what the
+// destination received, and an aborted move.
+#include <stdlib.h>
+
+#include <cstring>
+#include <filesystem>
+
+#include "embedding/hash.h"
+#include "gtest/gtest.h"
+#include "ps/codec.h"
+#include "ps/ps_core.h"
+
+namespace ps {
+namespace {
+
+constexpr uint32_t kVShards = 16;
+
+PushRequest MakePush(const std::vector<int64_t>& ids, float g, uint64_t seq) {
+  PushRequest req;
+  TableGrads* t = req.add_tables();
+  t->set_table("emb");
+  t->set_ids(Pack<int64_t>(ids));
+  t->set_grads(Pack<float>(std::vector<float>(ids.size() * 2, g)));
+  req.mutable_key()->set_worker_id(7);
+  req.mutable_key()->set_incarnation(1);
+  req.mutable_key()->set_sequence(seq);
+  return req;
+}
+
+uint32_t VShardOfId(int64_t id) { return VShardOf(RouteHash(NameHash("emb"), id), kVShards); }
+
+Assignment Assign(uint64_t epoch, std::vector<uint32_t> owned, std::vector<uint32_t> in = {},
+                  std::vector<uint32_t> out = {}) {
+  Assignment a;
+  a.set_epoch(epoch);
+  a.set_num_vshards(kVShards);
+  for (uint32_t v : owned) a.add_owned(v);
+  for (uint32_t v : in) a.add_moving_in(v);
+  for (uint32_t v : out) a.add_moving_out(v);
+  return a;
+}
+
+std::vector<uint32_t> Range(uint32_t begin, uint32_t end) {
+  std::vector<uint32_t> v;
+  for (uint32_t i = begin; i < end; ++i) v.push_back(i);
+  return v;
+}
+
+class MigrateTest : public testing::Test {
+ protected:
+  void SetUp() override {
+    std::string templ = std::filesystem::temp_directory_path() / "ps_core_migrate_test.XXXXXX";
+    ASSERT_NE(mkdtemp(templ.data()), nullptr);
+    root_ = templ;
+  }
+  void TearDown() override { std::filesystem::remove_all(root_); }
+
+  std::unique_ptr<PsCore> Open(const std::string& name) {
+    PsCoreOptions options;
+    options.storage.db.dir = root_ + "/" + name;
+    options.storage.materialize_ms = 600000;
+    options.storage.materialize_on_close = false;  // as a kill -9 would leave it
+    auto core = PsCore::Open(options, *ShardOwnership::Create(kVShards, 0, {}));
+    EXPECT_TRUE(core.ok()) << core.status();
+    return core.ok() ? *std::move(core) : nullptr;
+  }
+
+  static void CreateTable(PsCore& core) {
+    CreateTableRequest req;
+    req.mutable_spec()->set_name("emb");
+    req.mutable_spec()->set_dim(2);
+    req.mutable_spec()->mutable_optimizer()->set_kind(OptimizerSpec::ADAGRAD);
+    req.mutable_spec()->mutable_optimizer()->set_learning_rate(0.5f);
+    CreateTableResponse resp;
+    ASSERT_TRUE(core.CreateTable(req, &resp).ok());
+  }
+
+  // Every export chunk of a phase from `a`, imported into `b`.
+  static void Copy(PsCore& a, PsCore& b, uint64_t move, MigrateExportRequest::Phase phase) {
+    MigrateExportRequest req;
+    req.set_move_id(move);
+    req.set_phase(phase);
+    req.set_max_bytes(64);  // a few rows per chunk: exercises the cursor
+    for (;;) {
+      MigrateExportResponse chunk;
+      ASSERT_TRUE(a.MigrateExport(req, &chunk).ok());
+      uint64_t rows = 0, bytes = 0;
+      ASSERT_TRUE(b.ImportChunk(chunk, &rows, &bytes).ok());
+      if (chunk.done()) return;
+      req.set_cursor(chunk.next_cursor());
+    }
+  }
+
+  // id -> (weights, slots, step) of every row in `vshards`.
+  static std::map<int64_t, std::vector<float>> Rows(PsCore& core, const std::vector<uint32_t>& vs) {
+    std::map<int64_t, std::vector<float>> rows;
+    auto t = core.store().FindTable("emb");
+    if (t == nullptr) return rows;
+    t->ForEachRow([&](const RowView& r) {
+      if (std::find(vs.begin(), vs.end(), VShardOfId(r.id)) == vs.end()) return;
+      std::vector<float> v(r.weights, r.weights + 2);
+      v.insert(v.end(), r.slots, r.slots + t->slot_floats());
+      v.push_back(static_cast<float>(r.step));
+      rows[r.id] = v;
+    });
+    return rows;
+  }
+
+  std::string root_;
+};
+
+TEST_F(MigrateTest, DuplicateIsAnsweredEvenAfterOwnershipMovedAway) {
+  PsCore core(PsCoreOptions(), ShardOwnership::All(kVShards));
+  CreateTable(core);
+  PushResponse resp;
+  ASSERT_TRUE(core.Push(MakePush({1, 2, 3}, 1, 5), &resp).ok());
+  EXPECT_FALSE(resp.duplicate());
+  core.SetOwnership(*ShardOwnership::Create(kVShards, 2, {}));
+  // The same key: applied here before, so a duplicate, not "wrong shard".
+  PushResponse again;
+  ASSERT_TRUE(core.Push(MakePush({1, 2, 3}, 1, 5), &again).ok());
+  EXPECT_TRUE(again.duplicate());
+  // A new key: nothing applied, FAILED_PRECONDITION (the client re-routes it).
+  PushResponse fresh;
+  absl::Status s = core.Push(MakePush({1, 2, 3}, 1, 6), &fresh);
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+  EXPECT_NE(s.message().find("does not own"), std::string::npos) << s;
+}
+
+TEST_F(MigrateTest, MoveCopiesExactlyAndSurvivesADestinationCrash) {
+  auto a = Open("a");
+  auto b = Open("b");
+  ASSERT_TRUE(a && b);
+  ApplyAssignmentResponse ar;
+  ASSERT_TRUE(a->ApplyAssignment(Assign(1, Range(0, kVShards)), &ar).ok());
+  ASSERT_TRUE(b->ApplyAssignment(Assign(1, {}), &ar).ok());
+  CreateTable(*a);
+  std::vector<int64_t> ids;
+  for (int64_t id = 0; id < 400; ++id) ids.push_back(id);
+  uint64_t seq = 1;
+  PushResponse resp;
+  ASSERT_TRUE(a->Push(MakePush(ids, 1, seq++), &resp).ok());
+
+  const std::vector<uint32_t> moving = {1, 5, 9};
+  ASSERT_TRUE(a->ApplyAssignment(Assign(2, Range(0, kVShards), {}, moving), &ar).ok());
+  ASSERT_TRUE(b->ApplyAssignment(Assign(2, {}, moving), &ar).ok());
+  MigrateBeginRequest begin;
+  begin.set_move_id(3);
+  for (uint32_t v : moving) begin.add_vshards(v);
+  MigrateBeginResponse begun;
+  ASSERT_TRUE(a->MigrateBegin(begin, &begun).ok());
+  EXPECT_GT(begun.rows(), 0u);
+  ASSERT_TRUE(b->BeginImport(3, moving).ok());
+  Copy(*a, *b, 3, MigrateExportRequest::SNAPSHOT);
+  // Pushes during the copy: caught up by the delta rounds.
+  ASSERT_TRUE(a->Push(MakePush({1, 2, 3, 4, 500}, 2, seq++), &resp).ok());
+  Copy(*a, *b, 3, MigrateExportRequest::DELTA);
+  const uint64_t last_applied = seq;
+  ASSERT_TRUE(a->Push(MakePush({5, 6, 7, 501}, 3, seq++), &resp).ok());
+  Copy(*a, *b, 3, MigrateExportRequest::FINAL);
+  // Fenced: a new push touching a moving vshard is refused as retryable and applies
+  // nothing; a retry of an applied key is a duplicate; other vshards still take pushes.
+  int64_t moving_id = -1, staying_id = -1;
+  for (int64_t id = 0; id < 400 && (moving_id < 0 || staying_id < 0); ++id) {
+    const bool m = std::count(moving.begin(), moving.end(), VShardOfId(id)) > 0;
+    (m ? moving_id : staying_id) = id;
+  }
+  EXPECT_EQ(a->Push(MakePush({staying_id, moving_id}, 9, seq++), &resp).code(),
+            absl::StatusCode::kUnavailable);
+  PushResponse dup;
+  ASSERT_TRUE(a->Push(MakePush({5, 6, 7, 501}, 3, last_applied), &dup).ok());
+  EXPECT_TRUE(dup.duplicate());
+  ASSERT_TRUE(a->Push(MakePush({staying_id}, 1, seq++), &resp).ok());
+  ASSERT_TRUE(b->FinishImport().ok());
+  const auto expected = Rows(*a, moving);
+  ASSERT_FALSE(expected.empty());
+  EXPECT_EQ(Rows(*b, moving), expected);
+
+  // B is killed right after it reported the copy durable: a restart still has the rows.
+  b.reset();
+  b = Open("b");
+  ASSERT_TRUE(b);
+  EXPECT_EQ(Rows(*b, moving), expected);
+
+  // Commit: B owns the vshards, A drops them (memory and disk).
+  std::vector<uint32_t> a_owned, b_owned = moving;
+  for (uint32_t v = 0; v < kVShards; ++v) {
+    if (std::count(moving.begin(), moving.end(), v) == 0) a_owned.push_back(v);
+  }
+  ASSERT_TRUE(b->ApplyAssignment(Assign(3, b_owned), &ar).ok());
+  ASSERT_TRUE(a->ApplyAssignment(Assign(3, a_owned), &ar).ok());
+  EXPECT_TRUE(Rows(*a, moving).empty());
+  EXPECT_EQ(Rows(*b, moving), expected);
+  // A retry of a key A applied before the move is still a duplicate there; a new push
+  // for a moved id is refused (the client sends it to B under a new key).
+  ASSERT_TRUE(a->Push(MakePush({5, 6, 7, 501}, 3, last_applied), &dup).ok());
+  EXPECT_TRUE(dup.duplicate());
+  EXPECT_EQ(a->Push(MakePush({moving_id}, 1, seq++), &resp).code(),
+            absl::StatusCode::kFailedPrecondition);
+  ASSERT_TRUE(b->Push(MakePush({moving_id}, 1, 1000), &resp).ok());
+  // A restart of A does not bring the dropped rows back.
+  a.reset();
+  a = Open("a");
+  ASSERT_TRUE(a);
+  EXPECT_TRUE(Rows(*a, moving).empty());
+}
+
+TEST_F(MigrateTest, AbortedMoveUnfencesTheSourceAndDropsTheCopy) {
+  auto a = Open("a");
+  auto b = Open("b");
+  ASSERT_TRUE(a && b);
+  ApplyAssignmentResponse ar;
+  ASSERT_TRUE(a->ApplyAssignment(Assign(1, Range(0, kVShards)), &ar).ok());
+  ASSERT_TRUE(b->ApplyAssignment(Assign(1, {}), &ar).ok());
+  CreateTable(*a);
+  std::vector<int64_t> ids;
+  for (int64_t id = 0; id < 100; ++id) ids.push_back(id);
+  PushResponse resp;
+  ASSERT_TRUE(a->Push(MakePush(ids, 1, 1), &resp).ok());
+  const std::vector<uint32_t> moving = {2, 3};
+  ASSERT_TRUE(a->ApplyAssignment(Assign(2, Range(0, kVShards), {}, moving), &ar).ok());
+  ASSERT_TRUE(b->ApplyAssignment(Assign(2, {}, moving), &ar).ok());
+  MigrateBeginRequest begin;
+  begin.set_move_id(4);
+  for (uint32_t v : moving) begin.add_vshards(v);
+  MigrateBeginResponse begun;
+  ASSERT_TRUE(a->MigrateBegin(begin, &begun).ok());
+  ASSERT_TRUE(b->BeginImport(4, moving).ok());
+  Copy(*a, *b, 4, MigrateExportRequest::SNAPSHOT);
+  Copy(*a, *b, 4, MigrateExportRequest::FINAL);
+  ASSERT_FALSE(Rows(*b, moving).empty());
+  EXPECT_EQ(a->Push(MakePush(ids, 1, 2), &resp).code(), absl::StatusCode::kUnavailable);
+  // Aborted (e.g. the master restarted): A keeps and serves the vshards, B drops its copy.
+  ASSERT_TRUE(a->ApplyAssignment(Assign(3, Range(0, kVShards)), &ar).ok());
+  ASSERT_TRUE(b->ApplyAssignment(Assign(3, {}), &ar).ok());
+  EXPECT_TRUE(a->Push(MakePush(ids, 1, 2), &resp).ok());
+  EXPECT_TRUE(Rows(*b, moving).empty());
+  // An older assignment arriving late (a slow heartbeat answer) changes nothing.
+  ASSERT_TRUE(a->ApplyAssignment(Assign(2, Range(0, kVShards), {}, moving), &ar).ok());
+  EXPECT_EQ(ar.epoch(), 3u);
+  EXPECT_TRUE(a->Push(MakePush(ids, 1, 3), &resp).ok());
+  // A pod told of a move it has no state for (it restarted mid-move) refuses pushes to
+  // those vshards until the move ends.
+  ASSERT_TRUE(a->ApplyAssignment(Assign(4, Range(0, kVShards), {}, moving), &ar).ok());
+  EXPECT_EQ(a->Push(MakePush(ids, 1, 4), &resp).code(), absl::StatusCode::kUnavailable);
+}
+
+}  // namespace
+}  // namespace ps

@@ -1,0 +1,345 @@
+// Live vshard migration end to end: ps-master and durable ps-server pods as real processes
+// on loopback, several client threads pushing continuously through the C++ client
+// connected via the master. The cluster grows from 2 to 3 pods (rebalance) and shrinks back
+// (drain) while they push; then every row must equal exactly what the threads pushed
+// (nothing lost, nothing applied twice), and no error may have reached a caller; the new pod
+// is SIGKILLed right after the rebalance and restarted, so what it received must be durable.
+// Also: a pod SIGKILLed and restarted (same identity and data dir, a new port) while
+// clients push.
+#include <grpcpp/grpcpp.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstdio>
+#include <cstdlib>
+#include <map>
+#include <memory>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
+#include "client/ps_client.h"
+#include "gtest/gtest.h"
+#include "proto/master.grpc.pb.h"
+#include "tests/process.h"
+
+#if !defined(PS_MASTER_BINARY) || !defined(PS_SERVER_BINARY)
+#error "PS_MASTER_BINARY and PS_SERVER_BINARY must be defined"
+#endif
+
+namespace ps {
+namespace {
+
+using integration::ChildProcess;
+
+constexpr uint32_t kVShards = 64;
+constexpr int kIds = 3000;
+constexpr uint32_t kDim = 4;
+constexpr absl::Duration kStartTimeout = absl::Seconds(20);
+
+std::string Binary(const char* env, const char* built) {
+  const char* v = std::getenv(env);
+  return v != nullptr && *v != '\0' ? v : built;
+}
+
+// Threads that push known gradients (1.0 per element per occurrence, SGD with lr 1 from
+// zeros: a row ends at minus the number of times it was pushed) until stopped, counting
+// what they pushed and any error a call returned.
+class Pushers {
+ public:
+  Pushers(const std::string& master, int threads) {
+    for (int t = 0; t < threads; ++t) {
+      threads_.emplace_back([this, master, t] { Run(master, t); });
+    }
+  }
+  ~Pushers() { Stop(); }
+
+  void Stop() {
+    stop_ = true;
+    for (auto& t : threads_) {
+      if (t.joinable()) t.join();
+    }
+  }
+  uint64_t pushes() const { return pushes_.load(); }
+  std::vector<std::string> errors() {
+    absl::MutexLock lock(&mu_);
+    return errors_;
+  }
+  std::map<int64_t, int64_t> counts() {
+    absl::MutexLock lock(&mu_);
+    return counts_;
+  }
+
+ private:
+  void Run(const std::string& master, int t) {
+    ClientOptions options;
+    options.master = master;
+    auto client = PsClient::Connect(options);
+    if (!client.ok()) return Error(client.status().ToString());
+    std::mt19937_64 rng(1000 + t);
+    std::map<int64_t, int64_t> mine;
+    std::vector<float> rows;
+    while (!stop_) {
+      std::vector<int64_t> ids(64);
+      for (auto& id : ids) id = static_cast<int64_t>(rng() % kIds);
+      std::vector<float> grads(ids.size() * kDim, 1.0f);
+      absl::Status s = (*client)->Push({{"emb", ids, grads.data()}});
+      if (!s.ok()) {
+        Error(absl::StrCat("push: ", s.ToString()));
+        break;
+      }
+      for (int64_t id : ids) mine[id]++;
+      pushes_++;
+      if (pushes_ % 8 == 0) {  // pulls must not fail either
+        rows.resize(ids.size() * kDim);
+        absl::Status p = (*client)->Pull({{"emb", ids, rows.data()}});
+        if (!p.ok()) Error(absl::StrCat("pull: ", p.ToString()));
+      }
+    }
+    absl::MutexLock lock(&mu_);
+    for (auto [id, n] : mine) counts_[id] += n;
+  }
+
+  void Error(const std::string& e) {
+    absl::MutexLock lock(&mu_);
+    errors_.push_back(e);
+  }
+
+  std::atomic<bool> stop_{false};
+  std::atomic<uint64_t> pushes_{0};
+  absl::Mutex mu_;
+  std::vector<std::string> errors_ ABSL_GUARDED_BY(mu_);
+  std::map<int64_t, int64_t> counts_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::thread> threads_;
+};
+
+class MigrationTest : public testing::Test {
+ protected:
+  void SetUp() override { ASSERT_FALSE(tmp_.path().empty()) << "mkdtemp failed"; }
+
+  void TearDown() override {
+    for (auto& [name, child] : children_) {
+      if (child == nullptr) continue;
+      child->Stop(absl::Seconds(3));
+      if (HasFailure()) {
+        std::fprintf(stderr, "---- %s (%s):\n%s\n", name.c_str(), child->Describe().c_str(),
+                     integration::FileTail(child->log_path(), 6000).c_str());
+      }
+    }
+  }
+
+  std::string Path(const std::string& name) const { return absl::StrCat(tmp_.path(), "/", name); }
+
+  absl::StatusOr<int> StartServer(const std::string& name, std::vector<std::string> argv,
+                                  int port = 0) {
+    children_[name].reset();
+    const std::string port_file = Path(name + ".port");
+    unlink(port_file.c_str());
+    argv.push_back("--host=127.0.0.1");
+    argv.push_back(absl::StrCat("--port=", port));
+    argv.push_back("--port_file=" + port_file);
+    auto child = ChildProcess::Start(argv, Path(name + ".log"));
+    if (!child.ok()) return child.status();
+    children_[name] = *std::move(child);
+    return integration::WaitForPortFile(port_file, *children_[name], kStartTimeout);
+  }
+
+  void StartMaster(int lease_ms) {
+    auto port = StartServer(
+        "master",
+        {Binary("PS_MASTER_BINARY", PS_MASTER_BINARY), "--data_dir=" + Path("master-db"),
+         absl::StrCat("--num_vshards=", kVShards), "--num_ps=2",
+         absl::StrCat("--lease_ms=", lease_ms), "--vshards_per_move=4", "--shutdown_grace_ms=200"});
+    ASSERT_TRUE(port.ok()) << port.status();
+    master_address_ = absl::StrCat("127.0.0.1:", *port);
+    master_ =
+        Master::NewStub(grpc::CreateChannel(master_address_, grpc::InsecureChannelCredentials()));
+  }
+
+  std::vector<std::string> PodArgs(int i) {
+    return {Binary("PS_SERVER_BINARY", PS_SERVER_BINARY),
+            "--master=" + master_address_,
+            absl::StrCat("--pod_id=ps-", i),
+            absl::StrCat("--num_vshards=", kVShards),
+            "--data_dir=" + Path(absl::StrCat("ps-", i, "-data")),
+            "--durability=process",
+            "--materialize_ms=300",
+            "--shutdown_grace_ms=200"};
+  }
+
+  // Returns the pod's port.
+  int StartPod(int i, int port = 0) {
+    auto p = StartServer(absl::StrCat("ps-", i), PodArgs(i), port);
+    EXPECT_TRUE(p.ok()) << p.status();
+    return p.ok() ? *p : 0;
+  }
+
+  ShardMapResponse Map() {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(5)));
+    ShardMapResponse resp;
+    EXPECT_TRUE(master_->GetShardMap(&ctx, GetShardMapRequest(), &resp).ok());
+    return resp;
+  }
+
+  std::map<std::string, int> Owned() {
+    ShardMapResponse m = Map();
+    std::map<std::string, int> owned;
+    for (uint32_t o : m.owner()) owned[m.pods(o).pod_id()]++;
+    return owned;
+  }
+
+  PodInfo::State StateOf(const std::string& pod) {
+    const ShardMapResponse map = Map();
+    for (const PodInfo& p : map.pods()) {
+      if (p.pod_id() == pod) return p.state();
+    }
+    return PodInfo::UNKNOWN;
+  }
+
+  void WaitLive(const std::string& pod) {
+    const absl::Time deadline = absl::Now() + kStartTimeout;
+    while (StateOf(pod) != PodInfo::LIVE && absl::Now() < deadline) {
+      absl::SleepFor(absl::Milliseconds(50));
+    }
+    ASSERT_EQ(StateOf(pod), PodInfo::LIVE);
+  }
+
+  std::unique_ptr<PsClient> Client() {
+    ClientOptions options;
+    options.master = master_address_;
+    auto client = PsClient::Connect(options);
+    EXPECT_TRUE(client.ok()) << client.status();
+    return client.ok() ? *std::move(client) : nullptr;
+  }
+
+  void CreateTable(PsClient& client) {
+    TableSpec spec;
+    spec.set_name("emb");
+    spec.set_dim(kDim);
+    spec.mutable_optimizer()->set_kind(OptimizerSpec::SGD);
+    spec.mutable_optimizer()->set_learning_rate(1);
+    ASSERT_TRUE(client.CreateTable(spec).ok());
+  }
+
+  // Every row equals minus its push count, in every element.
+  void ExpectRows(PsClient& client, const std::map<int64_t, int64_t>& counts) {
+    std::vector<int64_t> ids(kIds);
+    for (int i = 0; i < kIds; ++i) ids[i] = i;
+    std::vector<float> rows(ids.size() * kDim);
+    ASSERT_TRUE(client.Pull({{"emb", ids, rows.data()}}).ok());
+    int wrong = 0;
+    for (int i = 0; i < kIds; ++i) {
+      auto it = counts.find(i);
+      const float expected = it == counts.end() ? 0.0f : -static_cast<float>(it->second);
+      for (uint32_t j = 0; j < kDim; ++j) {
+        if (rows[i * kDim + j] != expected && wrong++ < 10) {
+          ADD_FAILURE() << "row " << i << " element " << j << " is " << rows[i * kDim + j]
+                        << ", expected " << expected;
+        }
+      }
+    }
+    EXPECT_EQ(wrong, 0);
+  }
+
+  integration::TempDir tmp_{"migration_test"};
+  std::map<std::string, std::unique_ptr<ChildProcess>> children_;
+  std::string master_address_;
+  std::unique_ptr<Master::Stub> master_;
+};
+
+TEST_F(MigrationTest, ScaleOutThenDrainWhileClientsPushIsExact) {
+  StartMaster(/*lease_ms=*/3000);
+  StartPod(0);
+  StartPod(1);
+  auto client = Client();
+  ASSERT_NE(client, nullptr);
+  CreateTable(*client);
+  Pushers pushers(master_address_, 4);
+  absl::SleepFor(absl::Milliseconds(800));
+
+  // Scale out: ps-2 joins (the map had 2 pods) and rebalance moves vshards onto it.
+  const int port2 = StartPod(2);
+  WaitLive("ps-2");
+  {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(40)));
+    RebalanceResponse resp;
+    grpc::Status s = master_->Rebalance(&ctx, RebalanceRequest(), &resp);
+    ASSERT_TRUE(s.ok()) << s.error_message();
+    EXPECT_EQ(resp.moved_vshards(), 21u);  // 64 over 3: 22, 21, 21
+  }
+  auto owned = Owned();
+  EXPECT_EQ(owned["ps-2"], 21);
+  // What ps-2 received is durable: SIGKILLed at once and restarted (same identity, data
+  // dir and address), it serves the moved rows again.
+  children_["ps-2"]->Kill();
+  ASSERT_EQ(StartPod(2, port2), port2);
+  const uint64_t before_drain = pushers.pushes();
+  absl::SleepFor(absl::Milliseconds(800));
+  EXPECT_GT(pushers.pushes(), before_drain);  // pushing on across the new map
+
+  // Scale in: drain ps-2; it then owns nothing and shows DRAINED.
+  {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(40)));
+    DrainRequest req;
+    req.set_pod_id("ps-2");
+    DrainResponse resp;
+    grpc::Status s = master_->Drain(&ctx, req, &resp);
+    ASSERT_TRUE(s.ok()) << s.error_message();
+    EXPECT_EQ(resp.moved_vshards(), 21u);
+  }
+  owned = Owned();
+  EXPECT_EQ(owned.count("ps-2"), 0u);
+  EXPECT_EQ(owned["ps-0"] + owned["ps-1"], static_cast<int>(kVShards));
+  EXPECT_EQ(StateOf("ps-2"), PodInfo::DRAINED);
+  absl::SleepFor(absl::Milliseconds(300));
+  pushers.Stop();
+  EXPECT_TRUE(pushers.errors().empty()) << pushers.errors().front();
+  EXPECT_GT(pushers.pushes(), 50u);
+  ExpectRows(*client, pushers.counts());
+
+  // Fence times and copy rates, for the record.
+  grpc::ClientContext ctx;
+  StatusResponse status;
+  ASSERT_TRUE(master_->Status(&ctx, StatusRequest(), &status).ok());
+  double max_fence = 0;
+  for (const MoveInfo& m : status.moves()) {
+    EXPECT_EQ(m.state(), MoveInfo::COMMITTED) << m.error();
+    max_fence = std::max(max_fence, m.fence_ms());
+  }
+  std::printf("%d moves; longest fence %.1f ms; %lu pushes\n", status.moves_size(), max_fence,
+              static_cast<unsigned long>(pushers.pushes()));
+}
+
+TEST_F(MigrationTest, PodKilledAndRestartedWhileClientsPush) {
+  StartMaster(/*lease_ms=*/1500);
+  StartPod(0);
+  StartPod(1);
+  auto client = Client();
+  ASSERT_NE(client, nullptr);
+  CreateTable(*client);
+  Pushers pushers(master_address_, 3);
+  absl::SleepFor(absl::Milliseconds(500));
+  // SIGKILL ps-1 and start it again on its data dir, at a new port: the master takes the
+  // new address once the old lease expires, and the clients find it through the map.
+  children_["ps-1"]->Kill();
+  StartPod(1);
+  const absl::Time deadline = absl::Now() + absl::Seconds(15);
+  const uint64_t at_restart = pushers.pushes();
+  while (pushers.pushes() < at_restart + 50 && absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(50));
+  }
+  pushers.Stop();
+  EXPECT_TRUE(pushers.errors().empty()) << pushers.errors().front();
+  EXPECT_GE(pushers.pushes(), at_restart + 50);
+  ExpectRows(*client, pushers.counts());
+}
+
+}  // namespace
+}  // namespace ps
