@@ -5,7 +5,7 @@ single-process torch.nn.EmbeddingBag baseline (examples/baseline.py) on the same
 - Without failures: the job succeeds, every training record of the epoch is trained
   exactly once (the accepted task reports tile every file; the master's records_done is
   the epoch's size), and the held-out AUC is within 0.015 of the baseline's
-  (asynchrony costs 0.005-0.008 here; see docs/training.md).
+  (asynchrony costs 0.005-0.012 here; see docs/training.md).
 - A worker SIGKILLed mid-task: its task is handed out again after its lease expires, the
   job still succeeds, and every record is trained at least once (exactly once in the
   master's accounting, which counts accepted reports only). Another worker gets SIGTERM:
@@ -160,7 +160,7 @@ def test_two_workers_train_every_record_once_and_match_the_baseline(cluster, dat
     print(f"AUC: PS {auc_ps:.4f}, baseline {baseline['auc']:.4f} (seeds: "
           f"{', '.join(f'{a:.4f}' for a in baseline['aucs'])})")
     assert baseline["auc"] > 0.65  # the model learns
-    # Asynchrony costs this model 0.005-0.008 AUC here (docs/training.md, "Training
+    # Asynchrony costs this model 0.005-0.012 AUC here (docs/training.md, "Training
     # figures"): the bound leaves room for CPU contention, which makes rows staler.
     assert abs(auc_ps - baseline["auc"]) < AUC_TOLERANCE, (auc_ps, baseline["auc"])
 
