@@ -1,41 +1,136 @@
 #!/usr/bin/env bash
-# The main job, locally: installs what is missing, builds, starts a PS cluster of two
-# durable ps-server pods on loopback (static map: --shard=0/2 and 1/2, each with its own
-# --data_dir), runs a pull/push workload against it through the C++ client, kills one pod
-# with SIGKILL and restarts it on its data dir (it recovers its rows), prints what
-# happened, and stops what it started.
+# The main job, locally: installs what is missing, builds, generates Criteo-format data from
+# a hidden model, starts a local cluster (ps-master + two durable ps-server pods, supervised
+# by scripts/local-cluster.sh like a StatefulSet), and trains a DeepFM for one epoch with two
+# Python workers (asynchronous PS updates), showing progress. While it trains: one worker is
+# SIGKILLed and another joins; one PS pod is SIGKILLed and restarted on its data dir. Ends
+# with the held-out AUC, the same model trained in one process with torch.nn.EmbeddingBag,
+# `ps-admin status`, and as the last line:
+#   RESULT auc_ps=<f> auc_baseline=<f> records_trained=<n> records_in_epoch=<n>
+#          tasks_failed=<n> seconds=<f>
+# (seconds: wall time of the whole demo, install and build included). Stops everything it
+# started. Sizes: DEMO_RECORDS (default 400000, ~125 MB), DEMO_HOLDOUT (40000),
+# DEMO_RECORDS_PER_TASK (10000). DEMO_FAULTS=0 skips the kills (to measure throughput).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+ROOT="$(pwd)"
+T0="$(date +%s.%N)"
+
 scripts/install_deps.sh
+echo "== building (scripts/build.sh)"
 scripts/build.sh >/dev/null
-BIN="${PS_BUILD_DIR:-build}/bin"
-source scripts/lib.sh
+BUILD="${PS_BUILD_DIR:-build}"
+[[ "$BUILD" = /* ]] || BUILD="$ROOT/$BUILD"
+BIN="$BUILD/bin"
+PY=/usr/bin/python3
+export PYTHONPATH="$ROOT/client/python:$BUILD/python${PYTHONPATH:+:$PYTHONPATH}"
+export PS_BUILD_DIR="$BUILD"
+EX="$ROOT/client/python/examples"
 
-NUM_PS=2
-ADDRS=()
-start_pod() {
-  ps_start_server "ps-$1" "$BIN/ps-server" --shard="$1/$NUM_PS" --num_vshards=256 --threads=2 \
-    --data_dir="$PS_RUN_DIR/data/ps-$1" --durability=process
-  ADDRS[$1]="$PS_ADDR"
-  SERVERS="$(IFS=,; echo "${ADDRS[*]}")"
+RECORDS="${DEMO_RECORDS:-400000}"
+HOLDOUT="${DEMO_HOLDOUT:-40000}"
+PER_TASK="${DEMO_RECORDS_PER_TASK:-10000}"
+FAULTS="${DEMO_FAULTS:-1}"
+JOB=deepfm-demo
+RUN="$(mktemp -d /tmp/ps-demo.XXXXXX)"
+CLUSTER="$RUN/cluster"
+WORKER_PIDS=()
+declare -A WPID  # worker name -> pid
+MONITOR_PID=""
+
+cleanup() {
+  set +e
+  [ -n "$MONITOR_PID" ] && kill "$MONITOR_PID" 2>/dev/null
+  for pid in "${WORKER_PIDS[@]}"; do kill -TERM "$pid" 2>/dev/null; done
+  for pid in "${WORKER_PIDS[@]}"; do wait "$pid" 2>/dev/null; done
+  [ -d "$CLUSTER" ] && scripts/local-cluster.sh stop --dir="$CLUSTER" >/dev/null 2>&1
+  rm -rf "$RUN"
 }
-for i in $(seq 0 $((NUM_PS - 1))); do start_pod "$i"; done
-echo "== started $NUM_PS durable ps-server pods: $SERVERS (data in $PS_RUN_DIR/data)"
+trap cleanup EXIT
 
-run() {
-  echo "== ps-bench $*"
-  "$BIN/ps-bench" --target=grpc --servers="$SERVERS" --rows=200000 --dim=64 --batch=1024 \
-    --inflight=8 --seconds=4 "$@" | grep -v '^{'
+elapsed() { $PY -c "import time; print(f'{time.time() - $T0:.1f}')"; }
+
+echo "== generating data: $RECORDS training records in 4 files + $HOLDOUT held out"
+$PY -m elastic_ps.synth --out "$RUN/data" --records "$RECORDS" --files 4 --seed 1 \
+  --holdout "$HOLDOUT"
+MANIFEST="$RUN/data/manifest.json"
+
+echo "== starting the cluster: ps-master + 2 durable ps-server pods (scripts/local-cluster.sh)"
+# A short worker lease, so that a SIGKILLed worker's task is handed out again quickly.
+scripts/local-cluster.sh start --ps=2 --dir="$CLUSTER" --lease_ms=3000 | tee "$RUN/cluster.out"
+MASTER="$(sed -n 's/^master=//p' "$RUN/cluster.out")"
+
+# start_worker NAME: a training worker in the background (it creates the job, idempotently).
+start_worker() {
+  $PY "$EX/train_worker.py" --master="$MASTER" --job="$JOB" --manifest="$MANIFEST" \
+    --records_per_task="$PER_TASK" --epochs=1 --eval_dir="$RUN/eval" --name="$1" \
+    --trace="$RUN/trace.jsonl" --log_every_s=5 >"$RUN/$1.log" 2>&1 &
+  WORKER_PIDS+=($!)
+  WPID[$1]=$!
+  echo "   started $1 (pid $!)"
 }
-run --op=push --optimizer=adagrad
-run --op=pull --optimizer=adagrad
-run --op=mixed --optimizer=adagrad --dist=zipf:1.1 --show_stats
 
-echo "== SIGKILL ps-0 and restart it on its data dir"
-kill -9 "${PS_PIDS[0]}"
-wait "${PS_PIDS[0]}" 2>/dev/null || true
-rm -f "$PS_RUN_DIR/ps-0.port"
-start_pod 0
-grep -h "recovered" "$PS_RUN_DIR/ps-0.log" | sed 's/^.*\] /   /' || true
-run --op=pull --optimizer=adagrad --show_stats
-echo "== stopping the pods"
+echo "== training one epoch with two workers (DeepFM, async PS updates, server-side Adagrad)"
+start_worker worker-a
+start_worker worker-b
+$PY "$EX/monitor.py" --master="$MASTER" --job="$JOB" --logs="$RUN/worker-*.log" \
+  --state="$RUN/state" --every_s=2 --until_done --timeout_s=900 &
+MONITOR_PID=$!
+
+RECORDS_DONE=0 RECORDS_TOTAL=0 TASKS_FAILED=0
+killed_worker=0 killed_pod=0
+[ "$FAULTS" = 1 ] || killed_worker=1 killed_pod=1
+while kill -0 "$MONITOR_PID" 2>/dev/null; do
+  sleep 1
+  # shellcheck disable=SC1091
+  [ -s "$RUN/state" ] && source "$RUN/state"
+  [ "$RECORDS_TOTAL" -gt 0 ] || continue
+  if [ "$killed_worker" = 0 ] && [ $((RECORDS_DONE * 4)) -ge "$RECORDS_TOTAL" ]; then
+    killed_worker=1
+    echo "== elasticity: SIGKILL worker-a (pid ${WPID[worker-a]}); its task returns to the queue" \
+      "when its lease expires; worker-c joins"
+    { kill -KILL "${WPID[worker-a]}" && wait "${WPID[worker-a]}"; } 2>/dev/null || true
+    start_worker worker-c
+  fi
+  if [ "$killed_pod" = 0 ] && [ $((RECORDS_DONE * 2)) -ge "$RECORDS_TOTAL" ]; then
+    killed_pod=1
+    read -r pod_pid _ <"$CLUSTER/ps-1.pid"
+    echo "== elasticity: SIGKILL PS pod ps-1 (pid $pod_pid); the supervisor restarts it on the" \
+      "same port and data dir, clients retry"
+    kill -KILL "$pod_pid"
+  fi
+done
+wait "$MONITOR_PID" && rc=0 || rc=$?
+MONITOR_PID=""
+[ "$rc" = 0 ] || [ "$rc" = 3 ] || { echo "demo: the job did not finish (monitor exit $rc)"; exit 1; }
+# shellcheck disable=SC1091
+source "$RUN/state"
+for pid in "${WORKER_PIDS[@]}"; do wait "$pid" 2>/dev/null || true; done
+WORKER_PIDS=()
+
+echo "== what happened"
+grep -h "died; restarting" "$CLUSTER/supervisor.log" | sed 's/^/   supervisor: /' || true
+if [ "$FAULTS" = 1 ]; then
+  grep -h "recovered" "$CLUSTER/ps-1.log" | tail -1 | sed 's/^.*\] /   ps-1 after its restart: /' || true
+fi
+for w in worker-a worker-b worker-c; do
+  [ -f "$RUN/$w.log" ] || continue
+  echo "   $w: $(grep -c 'train task .* done' "$RUN/$w.log" || true) training tasks," \
+    "$(grep -c 'eval task .* done' "$RUN/$w.log" || true) eval tasks;" \
+    "$(tail -1 "$RUN/$w.log")"
+done
+echo "   task reports accepted: $(grep -c '"kind": "train"' "$RUN/trace.jsonl") training," \
+  "$(grep -c '"kind": "eval"' "$RUN/trace.jsonl") eval"
+
+echo "== held-out AUC of the PS-trained model (from the workers' eval tasks)"
+$PY "$EX/evaluate.py" --eval_dir="$RUN/eval" --json="$RUN/auc_ps.json"
+echo "== baseline: the same DeepFM in one process with torch.nn.EmbeddingBag + torch Adagrad"
+$PY "$EX/baseline.py" --manifest="$MANIFEST" --json="$RUN/auc_baseline.json"
+
+echo "== ps-admin status"
+"$BIN/ps-admin" --master="$MASTER" status
+
+AUC_PS="$($PY -c "import json; print(f\"{json.load(open('$RUN/auc_ps.json'))['auc']:.4f}\")")"
+AUC_BASE="$($PY -c "import json; print(f\"{json.load(open('$RUN/auc_baseline.json'))['auc']:.4f}\")")"
+echo "RESULT auc_ps=$AUC_PS auc_baseline=$AUC_BASE records_trained=$RECORDS_DONE" \
+  "records_in_epoch=$RECORDS_TOTAL tasks_failed=$TASKS_FAILED seconds=$(elapsed)"

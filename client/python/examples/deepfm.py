@@ -1,0 +1,106 @@
+"""DeepFM (Guo et al. 2017) for Criteo-format data, with its embeddings on the PS or local.
+
+Inputs come from elastic_ps.criteo batches: ``dense`` (B, 13) float32 and ``cat`` (B, 26)
+int64 ids whose field is encoded in the id (``id = field << 33 | value``). Because fields
+never collide, **one** table holds every field's rows; each row has ``1 + k`` floats:
+column 0 is the feature's first-order (linear) weight, columns 1..k its factor vector.
+One table means one pull and one push per step for all 26 fields.
+
+    logit = sum_f w_f                                   (first order)
+          + 1/2 (|sum_f v_f|^2 - sum_f |v_f|^2)          (FM, pairwise interactions)
+          + MLP([v_1 .. v_26, dense])                    (deep part)
+          + <a, dense>                                   (linear in the dense features)
+
+The embedding is any module mapping a (N, 1) id tensor to (N, 1 + k): ``PsEmbeddingBag``
+(rows on the PS) or ``torch.nn.EmbeddingBag`` (the single-process baseline, over compact
+indices). The dense part (``model.dense_net``: MLP and linear term) is a plain torch
+module; a PS worker binds it to PS dense tensors with ``elastic_ps.torch_modules.PsDense``.
+
+Optimizer, on both sides: Adagrad with the same learning rates and initial accumulator
+(server-side for PS parameters, ``torch.optim.Adagrad`` in the baseline).
+"""
+
+import torch
+from torch import nn
+
+from elastic_ps import criteo
+
+# Hyperparameters shared by the PS workers and the baseline (so their AUCs compare).
+K = 8
+HIDDEN = (64, 32)
+BATCH = 256
+SPARSE_LR = 0.4
+DENSE_LR = 0.1
+INITIAL_ACCUMULATOR = 0.1
+EMB_STDDEV = 0.01
+TABLE = "deepfm.emb"
+DENSE_PREFIX = "deepfm.dense/"
+
+
+class DeepFM(nn.Module):
+    def __init__(self, embedding, k=K, hidden=HIDDEN):
+        super().__init__()
+        self.k = k
+        self.embedding = embedding
+        layers = []
+        width = criteo.NUM_CAT * k + criteo.NUM_DENSE
+        for h in hidden:
+            layers += [nn.Linear(width, h), nn.ReLU()]
+            width = h
+        layers.append(nn.Linear(width, 1))
+        self.dense_net = nn.ModuleDict({
+            "mlp": nn.Sequential(*layers),
+            "linear": nn.Linear(criteo.NUM_DENSE, 1),
+        })
+
+    def forward(self, dense, cat):
+        """Logits (B,) for dense (B, 13) float32 and cat (B, 26) int64."""
+        b, f = cat.shape
+        e = self.embedding(cat.reshape(-1, 1)).view(b, f, 1 + self.k)
+        w, v = e[..., 0], e[..., 1:]
+        first = w.sum(1)
+        s = v.sum(1)
+        fm = 0.5 * ((s * s).sum(1) - (v * v).sum((1, 2)))
+        deep = self.dense_net["mlp"](torch.cat([v.reshape(b, -1), dense], 1)).squeeze(1)
+        return first + fm + deep + self.dense_net["linear"](dense).squeeze(1)
+
+
+def ps_model(client, pull_every=1, create=True):
+    """A DeepFM whose embedding rows and dense parameters live on the PS. Returns
+    (model, PsOptimizer). Creating the table and tensors is idempotent."""
+    from elastic_ps.torch_modules import PsDense, PsEmbeddingBag, PsOptimizer
+
+    emb = PsEmbeddingBag(client, TABLE, 1 + K, mode="sum", create=create,
+                         optimizer="adagrad", learning_rate=SPARSE_LR,
+                         initial_accumulator=INITIAL_ACCUMULATOR, initializer="normal",
+                         stddev=EMB_STDDEV)
+    model = DeepFM(emb)
+    dense = PsDense(client, model.dense_net, DENSE_PREFIX, pull_every=pull_every,
+                    create=create, optimizer="adagrad", learning_rate=DENSE_LR,
+                    initial_accumulator=INITIAL_ACCUMULATOR)
+    return model, PsOptimizer(model, dense=[dense])
+
+
+def local_model(num_rows, seed=0):
+    """The baseline: the same DeepFM over ``torch.nn.EmbeddingBag(num_rows, 1 + K)`` (ids
+    must be compact indices), with its torch Adagrad optimizers (sparse rows, dense)."""
+    torch.manual_seed(seed)
+    emb = nn.EmbeddingBag(num_rows, 1 + K, mode="sum", sparse=True)
+    nn.init.normal_(emb.weight, std=EMB_STDDEV)
+    model = DeepFM(emb)
+    opts = [
+        torch.optim.Adagrad(emb.parameters(), lr=SPARSE_LR,
+                            initial_accumulator_value=INITIAL_ACCUMULATOR, eps=1e-10),
+        torch.optim.Adagrad(model.dense_net.parameters(), lr=DENSE_LR,
+                            initial_accumulator_value=INITIAL_ACCUMULATOR, eps=1e-10),
+    ]
+    return model, opts
+
+
+def loss_fn(logits, labels):
+    return nn.functional.binary_cross_entropy_with_logits(logits, labels)
+
+
+def to_tensors(batch):
+    return (torch.from_numpy(batch.dense), torch.from_numpy(batch.cat),
+            torch.from_numpy(batch.labels))

@@ -1,0 +1,186 @@
+"""A training worker: DeepFM on Criteo-format data against the parameter server.
+
+    /usr/bin/python3 examples/train_worker.py --master HOST:PORT --job NAME \\
+        [--manifest DIR/manifest.json --records_per_task N --epochs E]  (creates the job)
+        [--batch 256] [--eval_dir DIR] [--trace FILE] [--pull_every 1]
+
+Registers with the master, creates the job from the manifest (idempotent: every worker
+may pass the same definition), then takes tasks until the job is done:
+
+- train task: records [first, end) of its file in minibatches; each step pulls the batch's
+  unique rows, computes the loss, and pushes the row and dense gradients (asynchronous
+  SGD: other workers push concurrently, the servers' Adagrad applies each push). The task
+  is reported with its record count and pushes per table.
+- eval task (after each epoch's training): predictions with read-only pulls, written to
+  ``--eval_dir/epoch<E>-task<ID>.npz`` (labels, probabilities); examples/evaluate.py
+  computes the AUC over them.
+
+``--trace FILE`` appends one JSON line per task accepted by the master (task id, file,
+range, records, kind, attempt, worker) for exactly-once accounting. Progress goes to
+stdout every ``--log_every_s``. SIGTERM: finish the current task, report it, leave.
+SIGKILL: the master re-queues the held task when the lease expires.
+"""
+
+import argparse
+import json
+import logging
+import os
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, ".."))
+sys.path.insert(0, HERE)
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+
+from elastic_ps import criteo  # noqa: E402
+from elastic_ps.client import PsError  # noqa: E402
+from elastic_ps.worker import Worker  # noqa: E402
+
+import deepfm  # noqa: E402
+
+
+class Progress:
+    """Prints a progress line every `every_s` seconds."""
+
+    def __init__(self, name, every_s):
+        self.name = name
+        self.every_s = every_s
+        self.last = time.time()
+        self.records = 0
+        self.losses = []
+        self.total_records = 0
+
+    def step(self, n, loss, task):
+        self.records += n
+        self.total_records += n
+        self.losses.append(loss)
+        now = time.time()
+        if now - self.last >= self.every_s:
+            print(f"{self.name}: task {task.task_id} (epoch {task.epoch}) "
+                  f"{self.records / (now - self.last):.0f} records/s, "
+                  f"loss {np.mean(self.losses):.4f}, {self.total_records} records trained",
+                  flush=True)
+            self.last, self.records, self.losses = now, 0, []
+
+
+def train_task(task, model, ps_opt, batch, progress):
+    """Trains on the task's range; returns (records, {table: pushes}, mean loss)."""
+    model.train()
+    ps_opt.take_pushes()
+    records, losses = 0, []
+    for b in criteo.read_range(task.file, task.first_record, task.end_record, batch):
+        dense, cat, labels = deepfm.to_tensors(b)
+        loss = deepfm.loss_fn(model(dense, cat), labels)
+        loss.backward()
+        ps_opt.step()
+        ps_opt.zero_grad()
+        records += len(b)
+        losses.append(float(loss))
+        progress.step(len(b), losses[-1], task)
+    return records, ps_opt.take_pushes(), float(np.mean(losses)) if losses else 0.0
+
+
+def eval_task(task, model, eval_dir, dense_binder):
+    """Predicts the task's range with read-only pulls; writes labels and probabilities."""
+    dense_binder.pull()  # the newest dense parameters
+    model.eval()
+    labels, probs = [], []
+    with torch.no_grad():
+        for b in criteo.read_range(task.file, task.first_record, task.end_record, 4096):
+            dense, cat, y = deepfm.to_tensors(b)
+            probs.append(torch.sigmoid(model(dense, cat)).numpy())
+            labels.append(b.labels)
+    labels = np.concatenate(labels) if labels else np.zeros(0, np.float32)
+    probs = np.concatenate(probs) if probs else np.zeros(0, np.float32)
+    if eval_dir:
+        os.makedirs(eval_dir, exist_ok=True)
+        path = os.path.join(eval_dir, f"epoch{task.epoch}-task{task.task_id}.npz")
+        tmp = f"{path}.{os.getpid()}.tmp.npz"
+        np.savez(tmp, labels=labels, probs=probs, path=task.file,
+                 first=task.first_record, end=task.end_record)
+        os.replace(tmp, path)
+    return len(labels)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--master", default=os.environ.get("PS_MASTER"),
+                    help="master host:port (default: $PS_MASTER)")
+    ap.add_argument("--job", required=True, help="job name")
+    ap.add_argument("--manifest", help="create the job from this manifest.json (idempotent)")
+    ap.add_argument("--records_per_task", type=int, default=10000, help="with --manifest")
+    ap.add_argument("--epochs", type=int, default=1, help="with --manifest")
+    ap.add_argument("--no_eval", action="store_true", help="with --manifest: no eval files")
+    ap.add_argument("--batch", type=int, default=deepfm.BATCH, help="minibatch size")
+    ap.add_argument("--pull_every", type=int, default=1,
+                    help="pull the dense parameters every this many steps")
+    ap.add_argument("--eval_dir", help="where eval tasks write their predictions")
+    ap.add_argument("--trace", help="append one JSON line per accepted task here")
+    ap.add_argument("--threads", type=int, default=1, help="torch threads")
+    ap.add_argument("--log_every_s", type=float, default=5.0, help="progress line interval")
+    ap.add_argument("--name", default=None, help="name in progress lines")
+    args = ap.parse_args()
+    if not args.master:
+        ap.error("--master (or $PS_MASTER) is required")
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    torch.set_num_threads(args.threads)
+
+    worker = Worker(args.master, args.job)
+    worker.install_sigterm_handler()
+    name = args.name or f"worker {worker.worker_id}"
+    if args.manifest:
+        with open(args.manifest) as f:
+            m = json.load(f)
+        files = [(e["path"], e["records"]) for e in m["files"]]
+        evals = [] if args.no_eval else [(m["holdout"]["path"], m["holdout"]["records"])]
+        n = worker.create_job(files=files, epochs=args.epochs,
+                              records_per_task=args.records_per_task, eval_files=evals)
+        print(f"{name}: job {args.job}: {n} tasks", flush=True)
+    client = worker.client
+    model, ps_opt = deepfm.ps_model(client, pull_every=args.pull_every)
+    dense_binder = ps_opt.dense[0]
+    progress = Progress(name, args.log_every_s)
+    done = {"train": 0, "eval": 0}
+    t0 = time.time()
+    for task in worker.tasks():
+        try:
+            if task.kind == "train":
+                n, pushes, loss = train_task(task, model, ps_opt, args.batch, progress)
+            else:
+                n, pushes, loss = eval_task(task, model, args.eval_dir, dense_binder), {}, 0.0
+        except Exception as e:  # noqa: BLE001 (reported; the master retries the task)
+            print(f"{name}: task {task.task_id} failed: {e}", flush=True)
+            ps_opt.zero_grad()
+            try:
+                worker.report(task, ok=False, error=str(e))
+            except PsError as re:
+                print(f"{name}: reporting the failure: {re}", flush=True)
+            continue
+        try:
+            worker.report(task, ok=True, records=n, table_pushes=pushes)
+        except PsError as e:  # TaskLostError: the task was given to another worker
+            print(f"{name}: task {task.task_id} not accepted: {e}", flush=True)
+            continue
+        done[task.kind] += 1
+        if args.trace:
+            with open(args.trace, "a") as f:
+                f.write(json.dumps({"task_id": task.task_id, "file": task.file,
+                                    "first": task.first_record, "end": task.end_record,
+                                    "records": n, "kind": task.kind, "epoch": task.epoch,
+                                    "attempt": task.attempt, "worker": worker.worker_id,
+                                    "pid": os.getpid()}) + "\n")
+        print(f"{name}: {task.kind} task {task.task_id} done: [{task.first_record}, "
+              f"{task.end_record}) of {os.path.basename(task.file)}, {n} records"
+              + (f", loss {loss:.4f}" if task.kind == "train" else ""), flush=True)
+    stopping = worker.stopping
+    worker.leave()
+    print(f"{name}: {'stopped (SIGTERM)' if stopping else 'job done'}; {done['train']} train "
+          f"and {done['eval']} eval tasks in {time.time() - t0:.1f} s", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
