@@ -171,6 +171,10 @@ void Invoke(Pod& pod, RawMethod method, grpc::ClientContext* ctx, const grpc::By
 struct Routing {
   ShardMap map;
   std::vector<std::shared_ptr<Pod>> pods;  // index = the map's pod index
+  // Per pod: reachable as far as the master knows (LIVE or DRAINED; always with a static
+  // map). Calls to every pod (create, stats, the catalog at Connect) skip the others: a
+  // drained pod that was removed stays in the master's list as LOST.
+  std::vector<bool> up;
 };
 
 class PsClientImpl final : public PsClient {
@@ -235,6 +239,8 @@ class PsClientImpl final : public PsClient {
       }
       if (pod == nullptr) pod = NewPod(options, info.pod_id(), info.address());
       routing->pods.push_back(std::move(pod));
+      routing->up.push_back(!info.address().empty() &&
+                            (info.state() == PodInfo::LIVE || info.state() == PodInfo::DRAINED));
     }
     for (uint32_t pod : owner) {
       if (pod >= routing->pods.size() || routing->pods[pod]->address.empty()) {
@@ -253,9 +259,9 @@ class PsClientImpl final : public PsClient {
   absl::Status Init() {
     auto r = routing();
     std::vector<std::unique_ptr<Rpc<DescribeRequest, DescribeResponse>>> rpcs;
-    for (const auto& pod : r->pods) {
-      if (!options_.master.empty() && pod->address.empty()) continue;
-      rpcs.push_back(MakeRpc<DescribeRequest, DescribeResponse>(pod, r->map.epoch()));
+    for (size_t p = 0; p < r->pods.size(); ++p) {
+      if (!r->up[p]) continue;
+      rpcs.push_back(MakeRpc<DescribeRequest, DescribeResponse>(r->pods[p], r->map.epoch()));
     }
     RETURN_IF_ERROR(RunAll(&AsyncIface::Describe, &rpcs));
     for (size_t i = 0; i < rpcs.size(); ++i) {
@@ -326,9 +332,9 @@ class PsClientImpl final : public PsClient {
   absl::StatusOr<std::vector<StatsResponse>> Stats() override {
     auto r = routing();
     std::vector<std::unique_ptr<Rpc<StatsRequest, StatsResponse>>> rpcs;
-    for (const auto& pod : r->pods) {
-      if (pod->address.empty()) continue;
-      rpcs.push_back(MakeRpc<StatsRequest, StatsResponse>(pod, r->map.epoch()));
+    for (size_t p = 0; p < r->pods.size(); ++p) {
+      if (!r->up[p]) continue;
+      rpcs.push_back(MakeRpc<StatsRequest, StatsResponse>(r->pods[p], r->map.epoch()));
     }
     RETURN_IF_ERROR(RunAll(&AsyncIface::Stats, &rpcs));
     std::vector<StatsResponse> out;
@@ -528,9 +534,9 @@ class PsClientImpl final : public PsClient {
   absl::Status CreateOnEveryPod(AsyncMethod<Req, Resp> method, const Spec& spec) {
     auto r = routing();
     std::vector<std::unique_ptr<Rpc<Req, Resp>>> rpcs;
-    for (const auto& pod : r->pods) {
-      if (pod->address.empty()) continue;
-      rpcs.push_back(MakeRpc<Req, Resp>(pod, r->map.epoch()));
+    for (size_t p = 0; p < r->pods.size(); ++p) {
+      if (!r->up[p]) continue;
+      rpcs.push_back(MakeRpc<Req, Resp>(r->pods[p], r->map.epoch()));
       *rpcs.back()->req.mutable_spec() = spec;
     }
     RETURN_IF_ERROR(RunAll(method, &rpcs));
@@ -1061,6 +1067,7 @@ absl::StatusOr<std::unique_ptr<PsClient>> PsClient::Connect(const ClientOptions&
     for (size_t i = 0; i < options.servers.size(); ++i) {
       routing->pods.push_back(
           PsClientImpl::NewPod(options, absl::StrCat("pod ", i), options.servers[i]));
+      routing->up.push_back(true);
     }
     auto client = std::make_unique<PsClientImpl>(options, std::move(routing));
     RETURN_IF_ERROR(client->Init());

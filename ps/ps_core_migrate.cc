@@ -352,6 +352,16 @@ absl::Status PsCore::BeginImport(uint64_t move_id, absl::Span<const uint32_t> vs
   return absl::OkStatus();
 }
 
+absl::Status PsCore::CheckImporting(absl::Span<const uint32_t> vshards) {
+  absl::ReaderMutexLock fence(&migrate_mu_);
+  for (uint32_t v : vshards) {
+    if (v >= incoming_.size() || !incoming_[v]) {
+      return absl::AbortedError(absl::StrCat("vshard ", v, " is no longer moving to this pod"));
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::Status PsCore::ImportChunk(const MigrateExportResponse& chunk, uint64_t* rows,
                                  uint64_t* bytes) {
   for (const TableSpec& spec : chunk.tables()) {
