@@ -196,6 +196,10 @@ absl::Status MasterCore::Load(const ClusterConfig& config) {
                    << " left by the previous master; epoch " << map_.epoch();
     }
   }
+  RETURN_IF_ERROR(
+      store_->Scan(keys::kCheckpointPrefix, [&](absl::string_view k, absl::string_view val) {
+        return ParseRecord(k, val, &last_checkpoint_);  // key order: the last is the newest
+      }));
   // Derived state: queues, phase counts, holders.
   for (auto& [name, job] : jobs_) {
     const uint32_t phases = 2 * job.record.spec().epochs();
@@ -577,6 +581,7 @@ absl::Status MasterCore::Status(const StatusRequest&, StatusResponse* resp) {
   }
   for (auto it = recent_moves_.rbegin(); it != recent_moves_.rend(); ++it) *resp->add_moves() = *it;
   if (operation_.operation_id() != 0) *resp->mutable_operation() = operation_;
+  if (last_checkpoint_.checkpoint_id() != 0) *resp->mutable_last_checkpoint() = last_checkpoint_;
   for (const std::string& name : tables) {
     TableProgress* p = resp->add_tables();
     p->set_name(name);
@@ -584,12 +589,6 @@ absl::Status MasterCore::Status(const StatusRequest&, StatusResponse* resp) {
     p->set_version(v == counters_.table_versions().end() ? 0 : v->second);
   }
   return absl::OkStatus();
-}
-
-absl::Status MasterCore::Checkpoint(const CheckpointRequest&, CheckpointResponse*) {
-  return absl::UnimplementedError(
-      "checkpoint needs consistent per-shard snapshots on the PS pods (durable storage, "
-      "issue 3): not implemented yet");
 }
 
 }  // namespace ps

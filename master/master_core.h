@@ -64,6 +64,9 @@ struct MasterOptions {
   uint32_t vshards_per_move = 4;
   // A move's catch-up rounds stop (and its fence starts) at this many changed rows.
   uint32_t fence_rows = 2000;
+  // Where cluster checkpoints go (ckpt-<id> below it, on each pod's filesystem and the
+  // master's); empty: Checkpoint is refused.
+  std::string checkpoint_dir;
 };
 
 class MasterCore {
@@ -178,6 +181,7 @@ class MasterCore {
   std::vector<MoveInfo> recent_moves_ ABSL_GUARDED_BY(mu_);
   OperationInfo operation_ ABSL_GUARDED_BY(mu_);
   uint64_t next_operation_ ABSL_GUARDED_BY(mu_) = 0;
+  CheckpointInfo last_checkpoint_ ABSL_GUARDED_BY(mu_);
   absl::Mutex operation_mu_;  // held by the running Drain / Rebalance
 };
 

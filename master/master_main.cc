@@ -35,6 +35,9 @@ DEFINE_uint32(max_task_failures, 3,
 DEFINE_int32(threads, 4, "Threads that run master requests.");
 DEFINE_uint32(vshards_per_move, 4,
               "Vshards copied (and fenced) together by one live move of drain/rebalance.");
+DEFINE_string(checkpoint_dir, "",
+              "Directory for cluster checkpoints (ps-admin checkpoint): ckpt-<id>/<pod id> on "
+              "each pod's filesystem, ckpt-<id>/master here. Empty: checkpoints are refused.");
 DEFINE_uint32(fence_rows, 2000,
               "A move's catch-up rounds stop, and its brief fence starts, once a round has "
               "at most this many changed rows.");
@@ -59,6 +62,7 @@ int Main() {
   options.core.max_task_failures = FLAGS_max_task_failures;
   options.core.vshards_per_move = FLAGS_vshards_per_move;
   options.core.fence_rows = FLAGS_fence_rows;
+  options.core.checkpoint_dir = FLAGS_checkpoint_dir;
 
   // SIGTERM/SIGINT are taken by a thread that runs the graceful shutdown.
   ps::ShutdownSignal shutdown_signal;

@@ -36,6 +36,13 @@ class GrpcPodControl final : public PodControl {
     return FromGrpcStatus(StubFor(address)->MigrateImport(&ctx, req, resp));
   }
 
+  absl::Status Checkpoint(const std::string& address, const PodCheckpointRequest& req,
+                          PodCheckpointResponse* resp) override {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(absl::ToChronoTime(absl::Now() + options_.import_timeout));
+    return FromGrpcStatus(StubFor(address)->Checkpoint(&ctx, req, resp));
+  }
+
  private:
   ParameterServer::Stub* StubFor(const std::string& address) {
     absl::MutexLock lock(&mu_);

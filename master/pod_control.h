@@ -22,6 +22,9 @@ class PodControl {
   // Returns once the destination holds the vshards durably (or failed).
   virtual absl::Status MigrateImport(const std::string& address, const MigrateImportRequest& req,
                                      MigrateImportResponse* resp) = 0;
+  // The pod's PodCheckpoint (a cluster checkpoint).
+  virtual absl::Status Checkpoint(const std::string& address, const PodCheckpointRequest& req,
+                                  PodCheckpointResponse* resp) = 0;
 };
 
 struct GrpcPodControlOptions {

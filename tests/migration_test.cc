@@ -150,10 +150,10 @@ class MigrationTest : public testing::Test {
 
   void StartMaster(int lease_ms) {
     auto port = StartServer(
-        "master",
-        {Binary("PS_MASTER_BINARY", PS_MASTER_BINARY), "--data_dir=" + Path("master-db"),
-         absl::StrCat("--num_vshards=", kVShards), "--num_ps=2",
-         absl::StrCat("--lease_ms=", lease_ms), "--vshards_per_move=4", "--shutdown_grace_ms=200"});
+        "master", {Binary("PS_MASTER_BINARY", PS_MASTER_BINARY), "--data_dir=" + Path("master-db"),
+                   absl::StrCat("--num_vshards=", kVShards), "--num_ps=2",
+                   absl::StrCat("--lease_ms=", lease_ms), "--vshards_per_move=4",
+                   "--checkpoint_dir=" + Path("checkpoints"), "--shutdown_grace_ms=200"});
     ASSERT_TRUE(port.ok()) << port.status();
     master_address_ = absl::StrCat("127.0.0.1:", *port);
     master_ =
@@ -315,6 +315,18 @@ TEST_F(MigrationTest, ScaleOutThenDrainWhileClientsPushIsExact) {
   }
   std::printf("%d moves; longest fence %.1f ms; %lu pushes\n", status.moves_size(), max_fence,
               static_cast<unsigned long>(pushers.pushes()));
+
+  // A cluster checkpoint: each owner's copy and the master's, each a database to start from.
+  grpc::ClientContext cp_ctx;
+  cp_ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(30)));
+  CheckpointResponse cp;
+  grpc::Status s = master_->Checkpoint(&cp_ctx, CheckpointRequest(), &cp);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  EXPECT_EQ(cp.checkpoint().pods_size(), 2);  // ps-2 owns nothing
+  for (const char* part : {"ps-0", "ps-1", "master"}) {
+    EXPECT_EQ(access(absl::StrCat(cp.checkpoint().dir(), "/", part, "/CURRENT").c_str(), F_OK), 0)
+        << part;
+  }
 }
 
 TEST_F(MigrationTest, PodKilledAndRestartedWhileClientsPush) {
