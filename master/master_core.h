@@ -26,6 +26,7 @@
 #include <memory>
 #include <set>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -64,6 +65,9 @@ struct MasterOptions {
   uint32_t vshards_per_move = 4;
   // A move's catch-up rounds stop (and its fence starts) at this many changed rows.
   uint32_t fence_rows = 2000;
+  // Rebalance by itself (on a background thread) when a new pod registers: a pod id not
+  // seen before, or a drained one back at a new address.
+  bool auto_rebalance = false;
   // Where cluster checkpoints go (ckpt-<id> below it, on each pod's filesystem and the
   // master's); empty: Checkpoint is refused.
   std::string checkpoint_dir;
@@ -75,6 +79,8 @@ class MasterCore {
   // options (e.g. num_vshards not a power of two), FAILED_PRECONDITION when the data dir
   // was created with another num_vshards/num_ps, store errors as they come.
   static absl::StatusOr<std::unique_ptr<MasterCore>> Open(const MasterOptions& options);
+  // Stops the auto-rebalance thread (waiting for a rebalance it runs).
+  ~MasterCore();
 
   // The RPCs of proto/master.proto. Each returns OK or the most specific error (see the
   // proto's header comment); on error nothing changed. Thread-safe.
@@ -183,6 +189,11 @@ class MasterCore {
   uint64_t next_operation_ ABSL_GUARDED_BY(mu_) = 0;
   CheckpointInfo last_checkpoint_ ABSL_GUARDED_BY(mu_);
   absl::Mutex operation_mu_;  // held by the running Drain / Rebalance
+  // --auto_rebalance: a registration sets rebalance_wanted_; the thread runs Rebalance.
+  void RunAutoRebalance();
+  bool rebalance_wanted_ ABSL_GUARDED_BY(mu_) = false;
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  std::thread auto_rebalance_;
 };
 
 }  // namespace ps

@@ -628,5 +628,20 @@ TEST_F(MasterCoreTest, ClusterCheckpointCopiesEveryOwnerAndTheMaster) {
   EXPECT_EQ(cp.checkpoint().checkpoint_id(), id + 1);
 }
 
+TEST_F(MasterCoreTest, AutoRebalanceSpreadsVShardsOntoANewPod) {
+  core_.reset();
+  MasterOptions o = Options();
+  o.auto_rebalance = true;
+  auto core = MasterCore::Open(o);
+  ASSERT_TRUE(core.ok()) << core.status();
+  core_ = *std::move(core);
+  AddPod("ps-0");
+  AddPod("ps-1");  // the initial pods own their ranges: nothing to do
+  AddPod("ps-2");
+  const absl::Time deadline = absl::Now() + absl::Seconds(10);
+  while (Counts()["ps-2"] != 5 && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(10));
+  EXPECT_EQ(Counts()["ps-2"], 5);
+}
+
 }  // namespace
 }  // namespace ps
