@@ -225,14 +225,19 @@ absl::Status PsCore::MigrateBegin(const MigrateBeginRequest& req, MigrateBeginRe
   move->move_id = req.move_id();
   move->list.assign(req.vshards().begin(), req.vshards().end());
   move->vshards = BitsOf(move->list, n);
+  std::shared_ptr<OutgoingMove> retried;
   {
     absl::WriterMutexLock fence(&migrate_mu_);
-    if (outgoing_ != nullptr && outgoing_->move_id == req.move_id()) {
-      absl::MutexLock lock(&outgoing_->export_mu);
-      resp->set_rows(outgoing_->rows.size());
-      return absl::OkStatus();  // a retried begin
-    }
-    if (outgoing_ != nullptr) {
+    if (outgoing_ != nullptr && outgoing_->move_id == req.move_id()) retried = outgoing_;
+  }
+  if (retried != nullptr) {  // export_mu is never taken under migrate_mu_
+    absl::MutexLock lock(&retried->export_mu);
+    resp->set_rows(retried->rows.size());
+    return absl::OkStatus();
+  }
+  {
+    absl::WriterMutexLock fence(&migrate_mu_);
+    if (outgoing_ != nullptr && outgoing_->move_id != 0) {  // 0: the fence before a begin
       LOG(WARNING) << "move " << outgoing_->move_id << " replaced by move " << req.move_id();
     }
     outgoing_ = move;  // tracking starts before the snapshot below
