@@ -385,11 +385,12 @@ TEST_F(MigrationTest, DestinationKilledMidRebalance) {
   std::thread rebalance = RebalanceAsync(&first);
   absl::SleepFor(absl::Milliseconds(150));
   children_["ps-2"]->Kill();
+  // Back at once (a supervisor's restart), while the rebalance notices and aborts.
+  ASSERT_EQ(StartPod(2, port2), port2);
   rebalance.join();
   const int moved_before = Owned()["ps-2"];
   std::printf("rebalance with ps-2 killed: %s; ps-2 owned %d vshards\n", first.ToString().c_str(),
               moved_before);
-  ASSERT_EQ(StartPod(2, port2), port2);
   WaitLive("ps-2");
   absl::Status second = Rebalance();
   ASSERT_TRUE(second.ok()) << second;
