@@ -14,6 +14,7 @@
 
 #include "client/admin_format.h"
 #include "embedding/binary_init.h"
+#include "embedding/transport_security.h"
 #include "proto/master.grpc.pb.h"
 #include "proto/ps.grpc.pb.h"
 
@@ -26,6 +27,14 @@ DEFINE_int32(timeout_ms, 3000,
 DEFINE_int32(move_timeout_ms, 1800000,
              "Deadline of drain and rebalance, which return once their vshard moves are done "
              "(progress shows in `status` meanwhile).");
+DEFINE_string(tls_ca, "",
+              "PEM CA bundle: talk TLS to the master and the pods, verifying them against it.");
+DEFINE_string(tls_cert, "", "PEM client certificate, for a cluster that requires mutual TLS.");
+DEFINE_string(tls_key, "", "PEM private key of --tls_cert.");
+DEFINE_string(tls_server_name, "",
+              "Name to check the servers' certificates for instead of the host dialed.");
+DEFINE_string(auth_token_file, "",
+              "File holding the cluster's shared token, sent as `authorization: Bearer`.");
 
 namespace {
 
@@ -53,11 +62,8 @@ int Usage(const std::string& why) {
 // One master connection; calls are synchronous, each with --timeout_ms.
 class Admin {
  public:
-  explicit Admin(const std::string& address)
-      : address_(address),
-        stub_(
-            ps::Master::NewStub(grpc::CreateChannel(address, grpc::InsecureChannelCredentials()))) {
-  }
+  Admin(const std::string& address, const ps::ChannelMaker& channels)
+      : address_(address), stub_(ps::Master::NewStub(channels.Make(address))) {}
 
   // Calls `rpc`; on failure prints why (naming the master) and returns false.
   template <typename Req, typename Resp>
@@ -110,12 +116,11 @@ class Admin {
 // Each live pod's own Stats (rows, memory, request counts), asked of the pod directly, one
 // call per pod with the usual deadline. A pod that does not answer is left out: its row
 // shows only what the master knows.
-ps::PodStats CollectPodStats(const ps::StatusResponse& s) {
+ps::PodStats CollectPodStats(const ps::StatusResponse& s, const ps::ChannelMaker& channels) {
   ps::PodStats stats;
   for (const ps::PodInfo& p : s.pods()) {
     if (p.state() != ps::PodInfo::LIVE || p.address().empty()) continue;
-    auto stub = ps::ParameterServer::NewStub(
-        grpc::CreateChannel(p.address(), grpc::InsecureChannelCredentials()));
+    auto stub = ps::ParameterServer::NewStub(channels.Make(p.address()));
     grpc::ClientContext ctx;
     ctx.set_deadline(std::chrono::system_clock::now() +
                      std::chrono::milliseconds(FLAGS_timeout_ms));
@@ -156,13 +161,23 @@ int Main(const std::vector<std::string>& args) {
     return Usage(cmd == "drain" ? "drain takes one pod id, e.g. `drain ps-2`"
                                 : "'" + cmd + "' takes no arguments");
   }
-  Admin admin(FLAGS_master);
+  ps::ChannelSecurity security;
+  security.ca_file = FLAGS_tls_ca;
+  security.cert_file = FLAGS_tls_cert;
+  security.key_file = FLAGS_tls_key;
+  security.server_name = FLAGS_tls_server_name;
+  absl::StatusOr<std::string> token = ps::ReadAuthTokenFile(FLAGS_auth_token_file);
+  if (!token.ok()) return Usage(std::string(token.status().message()));
+  security.auth_token = *token;
+  absl::StatusOr<ps::ChannelMaker> channels = ps::ChannelMaker::Create(security);
+  if (!channels.ok()) return Usage(std::string(channels.status().message()));
+  Admin admin(FLAGS_master, *channels);
   using ps::Master;
   if (cmd == "status" || cmd == "workers" || cmd == "tasks") {
     ps::StatusResponse s;
     if (!admin.Call("status", &Master::Stub::Status, ps::StatusRequest(), &s)) return 1;
     return Print(s, [&] {
-      return cmd == "status"    ? ps::FormatStatus(s, CollectPodStats(s))
+      return cmd == "status"    ? ps::FormatStatus(s, CollectPodStats(s, *channels))
              : cmd == "workers" ? ps::FormatWorkers(s)
                                 : ps::FormatTasks(s);
     });

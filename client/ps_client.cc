@@ -167,6 +167,13 @@ void Invoke(Pod& pod, RawMethod method, grpc::ClientContext* ctx, const grpc::By
                                               std::move(done));
 }
 
+// The channels of `options.security`; its files were read once already by Connect, so a
+// failure here (a file removed since) leaves plain text without a token, which a secured
+// server refuses.
+ChannelMaker Channels(const ClientOptions& options) {
+  return ChannelMaker::Create(options.security).value_or(ChannelMaker());
+}
+
 // The pods and the vshard map one call routes with.
 struct Routing {
   ShardMap map;
@@ -186,8 +193,7 @@ class PsClientImpl final : public PsClient {
       while (worker_id_ == 0) worker_id_ = (uint64_t{rd()} << 32) | rd();
     }
     if (!options_.master.empty()) {
-      master_ =
-          Master::NewStub(grpc::CreateChannel(options_.master, grpc::InsecureChannelCredentials()));
+      master_ = Master::NewStub(Channels(options_).Make(options_.master));
     }
   }
 
@@ -204,6 +210,7 @@ class PsClientImpl final : public PsClient {
     pod->id = id;
     pod->address = address;
     if (address.empty()) return pod;  // never registered: owns nothing, gets no calls
+    const ChannelMaker channels = Channels(options);
     for (int c = 0; c < std::max(1, options.channels_per_server); ++c) {
       grpc::ChannelArguments args;
       args.SetMaxReceiveMessageSize(options.max_message_bytes);
@@ -216,7 +223,7 @@ class PsClientImpl final : public PsClient {
       args.SetInt("ps.channel_index", c);
       args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, options.initial_backoff_ms);
       args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, options.max_backoff_ms);
-      auto channel = grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);
+      auto channel = channels.Make(address, args);
       pod->stubs.push_back(ParameterServer::NewStub(channel));
       pod->raw_stubs.push_back(std::make_unique<grpc::GenericStub>(channel));
     }
@@ -1054,6 +1061,7 @@ absl::StatusOr<std::unique_ptr<PsClient>> PsClient::Connect(const ClientOptions&
   if (options.servers.empty() && options.master.empty()) {
     return absl::InvalidArgumentError("no PS servers and no master given");
   }
+  RETURN_IF_ERROR(ChannelMaker::Create(options.security).status());
   if (options.deadline_ms <= 0 || options.max_attempts < 1 || options.initial_backoff_ms < 1 ||
       options.max_backoff_ms < options.initial_backoff_ms) {
     return absl::InvalidArgumentError(
@@ -1074,8 +1082,7 @@ absl::StatusOr<std::unique_ptr<PsClient>> PsClient::Connect(const ClientOptions&
     return std::unique_ptr<PsClient>(std::move(client));
   }
   // From the master: retry while pods start or have not applied the map yet.
-  auto stub =
-      Master::NewStub(grpc::CreateChannel(options.master, grpc::InsecureChannelCredentials()));
+  auto stub = Master::NewStub(Channels(options).Make(options.master));
   const absl::Time deadline = absl::Now() + absl::Milliseconds(options.connect_timeout_ms);
   absl::Duration backoff = absl::Milliseconds(options.initial_backoff_ms);
   for (;;) {

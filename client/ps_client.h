@@ -15,6 +15,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
+#include "embedding/transport_security.h"
 #include "proto/ps.pb.h"
 
 namespace ps {
@@ -51,6 +52,9 @@ struct ClientOptions {
   // Push identity. worker_id 0: a random id is drawn (a master assigns ids in production).
   uint64_t worker_id = 0;
   uint64_t incarnation = 1;
+  // TLS (CA, client certificate for mutual TLS) and the bearer token, towards the pods and
+  // the master. Default: plain text, no token. Connect fails on unreadable files.
+  ChannelSecurity security;
 };
 
 // Rows to pull from one table: ids[i]'s row goes to out[i*dim, (i+1)*dim). `ids` and

@@ -21,7 +21,10 @@ class ShutdownSignal {
     pthread_sigmask(SIG_BLOCK, &signals_, nullptr);
   }
   // Joins the waiting thread: call it once the server has stopped because of a signal.
-  ~ShutdownSignal() {
+  ~ShutdownSignal() { Join(); }
+  // Waits for on_signal to return (once the server has stopped because of a signal), so
+  // that what it used can be destroyed.
+  void Join() {
     if (waiter_.joinable()) waiter_.join();
   }
   ShutdownSignal(const ShutdownSignal&) = delete;

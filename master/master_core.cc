@@ -347,6 +347,24 @@ absl::Status MasterCore::PodHeartbeat(const PodHeartbeatRequest& req, PodHeartbe
   return absl::OkStatus();
 }
 
+absl::Status MasterCore::LeavePod(const LeavePodRequest& req, LeavePodResponse*) {
+  absl::MutexLock lock(&mu_);
+  auto it = pods_.find(req.pod_id());
+  if (it == pods_.end()) {
+    return absl::NotFoundError(absl::StrCat("pod ", req.pod_id(), " is not registered"));
+  }
+  if (it->second.record.address() != req.address()) {
+    return absl::FailedPreconditionError(absl::StrCat("pod ", req.pod_id(), " is registered at ",
+                                                      it->second.record.address(), ", not ",
+                                                      req.address()));
+  }
+  it->second.lease_deadline = Now();
+  it->second.lost_logged = true;
+  LOG(INFO) << "pod " << req.pod_id() << " at " << req.address()
+            << " left (shutting down); its vshards stay assigned to it, epoch " << map_.epoch();
+  return absl::OkStatus();
+}
+
 std::vector<std::string> MasterCore::KnownPodIds() const {
   std::set<std::string> ids(map_.owner().begin(), map_.owner().end());
   for (const auto& [id, pod] : pods_) ids.insert(id);
@@ -514,6 +532,9 @@ absl::Status MasterCore::RegisterWorker(const RegisterWorkerRequest& req,
   resp->set_worker_id(id);
   resp->set_incarnation(record.incarnation());
   resp->set_lease_ms(absl::ToInt64Milliseconds(options_.lease));
+  LOG(INFO) << "worker " << id << " registered, incarnation " << record.incarnation()
+            << (requeued.empty() ? std::string()
+                                 : absl::StrCat("; ", requeued.size(), " tasks re-queued"));
   return absl::OkStatus();
 }
 
@@ -538,6 +559,8 @@ absl::Status MasterCore::LeaveWorker(const LeaveWorkerRequest& req, LeaveWorkerR
   w->record = std::move(record);
   for (const Task& t : requeued) ApplyTask(t);
   resp->set_requeued_tasks(static_cast<uint32_t>(requeued.size()));
+  LOG(INFO) << "worker " << req.worker_id() << " incarnation " << req.incarnation() << " left; "
+            << requeued.size() << " tasks re-queued";
   return absl::OkStatus();
 }
 
@@ -547,6 +570,7 @@ absl::Status MasterCore::ExpireLeases() {
   for (auto& [id, pod] : pods_) {
     if (pod.lease_deadline <= now && !pod.lost_logged) {
       pod.lost_logged = true;
+      pod_lease_losses_.fetch_add(1);
       LOG(WARNING) << "pod " << id << " at " << pod.record.address() << " LOST: no heartbeat for "
                    << absl::FormatDuration(options_.lease + (now - pod.lease_deadline));
     }
@@ -565,6 +589,7 @@ absl::Status MasterCore::ExpireLeases() {
     RETURN_IF_ERROR(store_->Write(batch));
     w.record = std::move(record);
     for (const Task& t : requeued) ApplyTask(t);
+    worker_lease_losses_.fetch_add(1);
     LOG(WARNING) << "worker " << id << " LOST; " << requeued.size() << " tasks re-queued";
   }
   return absl::OkStatus();

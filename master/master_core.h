@@ -20,6 +20,7 @@
 //   A worker that leaves (LeaveWorker) re-queues its tasks without a failure.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -86,6 +87,7 @@ class MasterCore {
   // proto's header comment); on error nothing changed. Thread-safe.
   absl::Status RegisterPod(const RegisterPodRequest& req, RegisterPodResponse* resp);
   absl::Status PodHeartbeat(const PodHeartbeatRequest& req, PodHeartbeatResponse* resp);
+  absl::Status LeavePod(const LeavePodRequest& req, LeavePodResponse* resp);
   absl::Status GetShardMap(const GetShardMapRequest& req, ShardMapResponse* resp);
   absl::Status CreateTable(const CreateTableRequest& req, CreateTableResponse* resp);
   absl::Status CreateDense(const CreateDenseRequest& req, CreateDenseResponse* resp);
@@ -112,6 +114,9 @@ class MasterCore {
   // for tests. ABORTED while another move runs; the error of the failed step otherwise.
   absl::StatusOr<MoveInfo> MoveVShards(const std::string& source, const std::string& destination,
                                        const std::vector<uint32_t>& vshards);
+  // Leases that ran out since Open (pods, workers); for metrics. Thread-safe.
+  uint64_t pod_lease_losses() const { return pod_lease_losses_.load(); }
+  uint64_t worker_lease_losses() const { return worker_lease_losses_.load(); }
 
  private:
   struct Pod {
@@ -189,11 +194,12 @@ class MasterCore {
   uint64_t next_operation_ ABSL_GUARDED_BY(mu_) = 0;
   CheckpointInfo last_checkpoint_ ABSL_GUARDED_BY(mu_);
   absl::Mutex operation_mu_;  // held by the running Drain / Rebalance
+  std::atomic<uint64_t> pod_lease_losses_{0}, worker_lease_losses_{0};
   // --auto_rebalance: a registration sets rebalance_wanted_; the thread runs Rebalance.
   void RunAutoRebalance();
   bool rebalance_wanted_ ABSL_GUARDED_BY(mu_) = false;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
-  std::thread auto_rebalance_;
+  std::thread auto_rebalance_;  // last: started after everything above exists
 };
 
 }  // namespace ps

@@ -643,5 +643,40 @@ TEST_F(MasterCoreTest, AutoRebalanceSpreadsVShardsOntoANewPod) {
   EXPECT_EQ(Counts()["ps-2"], 5);
 }
 
+TEST_F(MasterCoreTest, LeavingPodIsLostAtOnceAndItsSuccessorWelcome) {
+  RegisterPodRequest req;
+  req.set_pod_id("ps-0");
+  req.set_address("h:1");
+  RegisterPodResponse resp;
+  ASSERT_TRUE(core_->RegisterPod(req, &resp).ok());
+  LeavePodRequest leave;
+  leave.set_pod_id("ps-0");
+  leave.set_address("h:9");
+  LeavePodResponse left;
+  EXPECT_EQ(core_->LeavePod(leave, &left).code(), absl::StatusCode::kFailedPrecondition);
+  leave.set_pod_id("ps-7");
+  EXPECT_EQ(core_->LeavePod(leave, &left).code(), absl::StatusCode::kNotFound);
+  leave.set_pod_id("ps-0");
+  leave.set_address("h:1");
+  ASSERT_TRUE(core_->LeavePod(leave, &left).ok());
+  // LOST at once, without waiting for the lease; not counted as a lease loss.
+  ASSERT_TRUE(core_->ExpireLeases().ok());
+  EXPECT_EQ(GetStatus().pods(0).state(), PodInfo::LOST);
+  EXPECT_EQ(core_->pod_lease_losses(), 0u);
+  // Its successor at another address is accepted at once and keeps the vshards.
+  req.set_address("h:2");
+  resp.Clear();
+  ASSERT_TRUE(core_->RegisterPod(req, &resp).ok());
+  EXPECT_EQ(resp.assignment().owned_vshards_size(), 8);
+  // A lease that runs out is a loss.
+  now_ += kLease + absl::Milliseconds(1);
+  ASSERT_TRUE(core_->ExpireLeases().ok());
+  EXPECT_EQ(core_->pod_lease_losses(), 1u);
+  RegisterWorkerResponse w = AddWorker();
+  now_ += kLease + absl::Milliseconds(1);
+  ASSERT_TRUE(core_->ExpireLeases().ok());
+  EXPECT_EQ(core_->worker_lease_losses(), 1u);
+}
+
 }  // namespace
 }  // namespace ps

@@ -3,6 +3,7 @@
 #include <glog/logging.h>
 #include <signal.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <thread>
 
@@ -46,6 +47,26 @@ DEFINE_uint32(fence_rows, 2000,
               "at most this many changed rows.");
 DEFINE_int32(shutdown_grace_ms, 2000,
              "On SIGTERM/SIGINT: stop accepting, let calls in flight finish for this long.");
+DEFINE_int32(metrics_port, -1,
+             "Prometheus metrics over HTTP (GET /metrics, /healthz) on this port of --host; "
+             "0 picks a free one (see --metrics_port_file); -1: off.");
+DEFINE_string(metrics_port_file, "", "If set, the bound metrics port is written there.");
+DEFINE_string(tls_cert, "", "PEM certificate chain: serve TLS (with --tls_key).");
+DEFINE_string(tls_key, "", "PEM private key of --tls_cert.");
+DEFINE_string(tls_ca, "",
+              "PEM CA bundle. Set: clients (pods, workers, ps-admin) must present a certificate "
+              "it signed (mutual TLS).");
+DEFINE_string(pod_tls_ca, "",
+              "PEM CA bundle to verify the pods' certificates when the master calls them "
+              "(vshard moves; default: --tls_ca). Set either to reach TLS pods; the master then "
+              "presents --tls_cert to pods that require mutual TLS.");
+DEFINE_string(auth_token_file, "",
+              "File holding a shared token (surrounding whitespace trimmed). Set: every master "
+              "RPC must carry `authorization: Bearer <token>` (else UNAUTHENTICATED; health "
+              "stays open).");
+DEFINE_bool(check_flags, false,
+            "Parse and validate the flags, print the resulting configuration and exit 0 (2 on "
+            "a bad flag) without opening the data dir, files or ports.");
 
 namespace {
 
@@ -54,7 +75,46 @@ int Main() {
     LOG(ERROR) << "--data_dir is required, --lease_ms and --threads must be >= 1";
     return 2;
   }
+  if (FLAGS_metrics_port < -1 || FLAGS_metrics_port > 65535 || FLAGS_port < 0 ||
+      FLAGS_port > 65535) {
+    LOG(ERROR) << "--port must be in [0, 65535] and --metrics_port in [-1, 65535]";
+    return 2;
+  }
+  if (FLAGS_tls_cert.empty() != FLAGS_tls_key.empty() ||
+      (!FLAGS_tls_ca.empty() && FLAGS_tls_cert.empty())) {
+    LOG(ERROR) << "--tls_cert and --tls_key go together, and --tls_ca needs them";
+    return 2;
+  }
+  if (FLAGS_check_flags) {
+    // The rest is checked by MasterCore::Open, which a check does not run.
+    if (FLAGS_num_vshards == 0 || (FLAGS_num_vshards & (FLAGS_num_vshards - 1)) != 0 ||
+        FLAGS_num_vshards > 65536 || FLAGS_num_ps < 1) {
+      LOG(ERROR) << "num_vshards = " << FLAGS_num_vshards
+                 << " must be a power of two in [1, 65536] and num_ps = " << FLAGS_num_ps
+                 << " at least 1";
+      return 2;
+    }
+    std::printf(
+        "ps-master flags ok: port %d, metrics port %d, data in %s, %u vshards, %u pods, "
+        "tls %s%s, token %s\n",
+        FLAGS_port, FLAGS_metrics_port, FLAGS_data_dir.c_str(), FLAGS_num_vshards, FLAGS_num_ps,
+        FLAGS_tls_cert.empty() ? "off" : "on", FLAGS_tls_ca.empty() ? "" : " (mutual)",
+        FLAGS_auth_token_file.empty() ? "off" : "on");
+    return 0;
+  }
+  absl::StatusOr<std::string> token = ps::ReadAuthTokenFile(FLAGS_auth_token_file);
+  if (!token.ok()) {
+    LOG(ERROR) << "bad --auth_token_file: " << token.status();
+    return 2;
+  }
   ps::MasterServerOptions options;
+  options.security.cert_file = FLAGS_tls_cert;
+  options.security.key_file = FLAGS_tls_key;
+  options.security.ca_file = FLAGS_tls_ca;
+  options.security.auth_token = *token;
+  options.metrics_enabled = FLAGS_metrics_port >= 0;
+  options.metrics.host = FLAGS_host;
+  options.metrics.port = std::max(0, FLAGS_metrics_port);
   options.host = FLAGS_host;
   options.port = FLAGS_port;
   options.threads = FLAGS_threads;
@@ -67,9 +127,24 @@ int Main() {
   options.core.fence_rows = FLAGS_fence_rows;
   options.core.checkpoint_dir = FLAGS_checkpoint_dir;
   options.core.auto_rebalance = FLAGS_auto_rebalance;
-
   // SIGTERM/SIGINT are taken by a thread that runs the graceful shutdown.
   ps::ShutdownSignal shutdown_signal;
+  // After ShutdownSignal: loading credentials starts gRPC's threads.
+  ps::GrpcPodControlOptions pod_control;
+  ps::ChannelSecurity to_pods;
+  to_pods.ca_file = FLAGS_pod_tls_ca.empty() ? FLAGS_tls_ca : FLAGS_pod_tls_ca;
+  if (!to_pods.ca_file.empty()) {
+    to_pods.cert_file = FLAGS_tls_cert;
+    to_pods.key_file = FLAGS_tls_key;
+  }
+  to_pods.auth_token = *token;
+  absl::StatusOr<ps::ChannelMaker> channels = ps::ChannelMaker::Create(to_pods);
+  if (!channels.ok()) {
+    LOG(ERROR) << "bad TLS files for calls to pods: " << channels.status();
+    return 2;
+  }
+  pod_control.channels = *std::move(channels);
+  options.core.pod_control = ps::NewGrpcPodControl(pod_control);
 
   auto server = ps::MasterServer::Start(options);
   if (!server.ok()) {
@@ -82,9 +157,15 @@ int Main() {
   }
   LOG(INFO) << "ps-master serving on " << FLAGS_host << ":" << (*server)->port() << ", data dir "
             << FLAGS_data_dir << ", lease " << FLAGS_lease_ms << " ms";
+  if ((*server)->metrics_port() > 0) {
+    LOG(INFO) << "metrics on http://" << FLAGS_host << ":" << (*server)->metrics_port()
+              << "/metrics";
+    ps::WritePortFile(FLAGS_metrics_port_file, (*server)->metrics_port());
+  }
   ps::WritePortFile(FLAGS_port_file, (*server)->port());
   shutdown_signal.OnSignal([&](int) { (*server)->Shutdown(FLAGS_shutdown_grace_ms); });
   (*server)->Wait();
+  shutdown_signal.Join();
   LOG(INFO) << "ps-master stopped";
   return 0;
 }

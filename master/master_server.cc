@@ -9,6 +9,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
+#include "embedding/rpc_metrics.h"
+#include "master/master_metrics.h"
 #include "master/master_service.h"
 #include "ps/work_pool.h"
 
@@ -20,19 +22,36 @@ class MasterServerImpl final : public MasterServer {
   MasterServerImpl(const MasterServerOptions& options, std::unique_ptr<MasterCore> core)
       : core_(std::move(core)),
         pool_(WorkPoolOptions{options.threads, 4096}),
-        service_(core_.get(), &pool_) {}
+        auth_(options.security.auth_token),
+        service_(core_.get(), &pool_, &auth_) {}
 
   absl::Status Start(const MasterServerOptions& options) {
+    auto credentials = MakeServerCredentials(options.security);
+    if (!credentials.ok()) return credentials.status();
     grpc::EnableDefaultHealthCheckService(true);
     grpc::reflection::InitProtoReflectionServerBuilderPlugin();
     grpc::ServerBuilder builder;
-    builder.AddListeningPort(absl::StrCat(options.host, ":", options.port),
-                             grpc::InsecureServerCredentials(), &port_);
+    builder.AddListeningPort(absl::StrCat(options.host, ":", options.port), *credentials, &port_);
     builder.RegisterService(&service_);
+    if (options.metrics_enabled) {
+      rpc_metrics_ =
+          std::make_unique<RpcMetrics>(&registry_, std::vector<std::string>{"ps.Master"});
+      AddMasterMetrics(core_.get(), &registry_);
+      std::vector<std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>> icpt;
+      icpt.push_back(rpc_metrics_->InterceptorFactory());
+      builder.experimental().SetInterceptorCreators(std::move(icpt));
+    }
     server_ = builder.BuildAndStart();
     if (server_ == nullptr || port_ == 0) {
       return absl::UnavailableError(
           absl::StrCat("cannot listen on ", options.host, ":", options.port));
+    }
+    if (options.metrics_enabled) {
+      MetricsHttpHandlers handlers;
+      handlers.metrics = [this] { return registry_.Render(); };
+      auto http = MetricsHttpServer::Start(options.metrics, std::move(handlers));
+      if (!http.ok()) return http.status();
+      http_ = *std::move(http);
     }
     // Leases are checked a few times per lease so that expiry is noticed promptly.
     const absl::Duration period = std::max(absl::Milliseconds(10), core_->options().lease / 8);
@@ -48,6 +67,7 @@ class MasterServerImpl final : public MasterServer {
 
   int port() const override { return port_; }
   MasterCore& core() override { return *core_; }
+  int metrics_port() const override { return http_ == nullptr ? 0 : http_->port(); }
 
   void Shutdown(int grace_ms) override {
     if (!stop_.HasBeenNotified()) stop_.Notify();
@@ -58,6 +78,7 @@ class MasterServerImpl final : public MasterServer {
   void Wait() override { server_->Wait(); }
 
   ~MasterServerImpl() override {
+    http_.reset();  // first: its scrapes read the core
     if (server_ != nullptr) {
       Shutdown(0);
       server_->Wait();
@@ -68,8 +89,12 @@ class MasterServerImpl final : public MasterServer {
  private:
   std::unique_ptr<MasterCore> core_;
   WorkPool pool_;
+  const TokenAuthenticator auth_;
   MasterService service_;
+  MetricsRegistry registry_;
+  std::unique_ptr<RpcMetrics> rpc_metrics_;  // outlives server_ (its interceptors)
   std::unique_ptr<grpc::Server> server_;
+  std::unique_ptr<MetricsHttpServer> http_;
   int port_ = 0;
   absl::Notification stop_;
   std::thread lease_thread_;

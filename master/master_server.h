@@ -6,6 +6,8 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "embedding/metrics_http.h"
+#include "embedding/transport_security.h"
 #include "master/master_core.h"
 
 namespace ps {
@@ -17,6 +19,11 @@ struct MasterServerOptions {
   // threads let independent callers overlap their waits.
   int threads = 4;
   MasterOptions core;
+  // TLS and the bearer token every Master RPC must carry (health stays open).
+  ServerSecurity security;
+  // Prometheus metrics over HTTP (GET /metrics, /healthz) on metrics.port; off by default.
+  bool metrics_enabled = false;
+  MetricsHttpOptions metrics;
 };
 
 class MasterServer {
@@ -27,6 +34,8 @@ class MasterServer {
 
   virtual int port() const = 0;
   virtual MasterCore& core() = 0;
+  // The metrics HTTP port, 0 when metrics are off.
+  virtual int metrics_port() const = 0;
   // Stops accepting, waits up to `grace_ms` for calls in flight, then cancels the rest.
   virtual void Shutdown(int grace_ms) = 0;
   // Blocks until Shutdown.

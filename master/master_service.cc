@@ -12,6 +12,14 @@ grpc::ServerUnaryReactor* MasterService::Run(grpc::CallbackServerContext* ctx, c
                                              absl::Status (MasterCore::*method)(const Req&,
                                                                                 Resp*)) {
   grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+  if (auth_ != nullptr) {
+    if (absl::Status s = auth_->Check(*ctx); !s.ok()) {
+      LOG_EVERY_N(WARNING, 100) << "refused a call from " << ctx->peer() << ": " << s
+                                << " (every 100th refusal is logged)";
+      reactor->Finish(ToGrpcStatus(s));
+      return reactor;
+    }
+  }
   MasterCore* core = core_;
   bool queued = pool_->TrySubmit([core, ctx, req, resp, reactor, method] {
     absl::Status s = (core->*method)(*req, resp);
@@ -33,6 +41,7 @@ grpc::ServerUnaryReactor* MasterService::Run(grpc::CallbackServerContext* ctx, c
 
 PS_MASTER_RPC(RegisterPod, RegisterPodRequest, RegisterPodResponse)
 PS_MASTER_RPC(PodHeartbeat, PodHeartbeatRequest, PodHeartbeatResponse)
+PS_MASTER_RPC(LeavePod, LeavePodRequest, LeavePodResponse)
 PS_MASTER_RPC(GetShardMap, GetShardMapRequest, ShardMapResponse)
 PS_MASTER_RPC(CreateTable, CreateTableRequest, CreateTableResponse)
 PS_MASTER_RPC(CreateDense, CreateDenseRequest, CreateDenseResponse)

@@ -2,6 +2,7 @@
 // synced RocksDB write) and finishes its reactor from there, so gRPC threads never block.
 #pragma once
 
+#include "embedding/transport_security.h"
 #include "master/master_core.h"
 #include "proto/master.grpc.pb.h"
 #include "ps/work_pool.h"
@@ -10,14 +11,17 @@ namespace ps {
 
 class MasterService final : public Master::CallbackService {
  public:
-  // `core` and `pool` must outlive the service.
-  MasterService(MasterCore* core, WorkPool* pool) : core_(core), pool_(pool) {}
+  // `core` and `pool` (and `auth`, if given) must outlive the service. With `auth`, every
+  // RPC is checked first and refused with UNAUTHENTICATED.
+  MasterService(MasterCore* core, WorkPool* pool, const TokenAuthenticator* auth = nullptr)
+      : core_(core), pool_(pool), auth_(auth) {}
 
 #define PS_MASTER_RPC(Name, Req, Resp)                                                         \
   grpc::ServerUnaryReactor* Name(grpc::CallbackServerContext* ctx, const Req* req, Resp* resp) \
       override;
   PS_MASTER_RPC(RegisterPod, RegisterPodRequest, RegisterPodResponse)
   PS_MASTER_RPC(PodHeartbeat, PodHeartbeatRequest, PodHeartbeatResponse)
+  PS_MASTER_RPC(LeavePod, LeavePodRequest, LeavePodResponse)
   PS_MASTER_RPC(GetShardMap, GetShardMapRequest, ShardMapResponse)
   PS_MASTER_RPC(CreateTable, CreateTableRequest, CreateTableResponse)
   PS_MASTER_RPC(CreateDense, CreateDenseRequest, CreateDenseResponse)
@@ -41,6 +45,7 @@ class MasterService final : public Master::CallbackService {
 
   MasterCore* const core_;
   WorkPool* const pool_;
+  const TokenAuthenticator* const auth_;  // null: no token required
 };
 
 }  // namespace ps

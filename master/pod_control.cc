@@ -68,7 +68,7 @@ class GrpcPodControl final : public PodControl {
         args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 50);
         args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 50);
         args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 500);
-        e.channel = grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);
+        e.channel = options_.channels.Make(address, args);
         e.stub = ParameterServer::NewStub(e.channel);
       }
       channel = e.channel;

@@ -8,6 +8,7 @@
 
 #include "absl/status/status.h"
 #include "absl/time/time.h"
+#include "embedding/transport_security.h"
 #include "proto/ps.pb.h"
 
 namespace ps {
@@ -38,6 +39,8 @@ struct GrpcPodControlOptions {
   // A whole copy; a dead pod fails it at once (the connection breaks), so this only
   // bounds a hung one.
   absl::Duration import_timeout = absl::Minutes(30);
+  // Credentials and token of the calls to pods (default: plain text).
+  ChannelMaker channels;
 };
 
 // PodControl over gRPC, with one channel per pod address (kept).

@@ -17,19 +17,35 @@ namespace {
 
 class MasterAgentImpl final : public MasterAgent {
  public:
-  MasterAgentImpl(const MasterAgentOptions& options, PsCore* core)
+  MasterAgentImpl(const MasterAgentOptions& options, PsCore* core, const ChannelMaker& channels)
       : options_(options),
         core_(core),
-        stub_(Master::NewStub(
-            grpc::CreateChannel(options.master, grpc::InsecureChannelCredentials()))),
+        stub_(Master::NewStub(channels.Make(options.master))),
         thread_([this] { Run(); }) {}
 
-  ~MasterAgentImpl() override {
-    stop_.Notify();
-    thread_.join();
-  }
+  ~MasterAgentImpl() override { Stop(); }
 
   bool registered() const override { return registered_.load(); }
+
+  absl::Status Leave() override {
+    Stop();
+    if (!registered_) return absl::OkStatus();
+    LeavePodRequest req;
+    req.set_pod_id(options_.pod_id);
+    req.set_address(options_.address);
+    LeavePodResponse resp;
+    grpc::ClientContext ctx;
+    SetDeadline(&ctx);
+    absl::Status s = FromGrpcStatus(stub_->LeavePod(&ctx, req, &resp));
+    registered_ = false;
+    if (s.ok()) {
+      LOG(INFO) << "pod " << options_.pod_id << " deregistered from master " << options_.master;
+    } else {
+      LOG(WARNING) << "pod " << options_.pod_id << " could not deregister from master "
+                   << options_.master << " (its lease will expire instead): " << s;
+    }
+    return s;
+  }
 
  private:
   void Run() {
@@ -50,12 +66,19 @@ class MasterAgentImpl final : public MasterAgent {
       }
       if (registered_ && (s.code() == absl::StatusCode::kNotFound ||
                           s.code() == absl::StatusCode::kFailedPrecondition)) {
+        LOG(WARNING) << "pod " << options_.pod_id << " lost its registration with master "
+                     << options_.master << " (" << s << "); registering again";
         registered_ = false;  // the master forgot or re-assigned us: register again at once
         wait = absl::ZeroDuration();
         continue;
       }
       wait = registered_ ? heartbeat_interval_ : options_.retry_interval;
     }
+  }
+
+  void Stop() {
+    if (!stop_.HasBeenNotified()) stop_.Notify();
+    if (thread_.joinable()) thread_.join();
   }
 
   void SetDeadline(grpc::ClientContext* ctx) const {
@@ -155,7 +178,9 @@ absl::StatusOr<std::unique_ptr<MasterAgent>> MasterAgent::Start(const MasterAgen
         "the master agent needs a master address, a pod id and the pod's address; got master '",
         options.master, "', pod id '", options.pod_id, "', address '", options.address, "'"));
   }
-  return std::unique_ptr<MasterAgent>(std::make_unique<MasterAgentImpl>(options, core));
+  absl::StatusOr<ChannelMaker> channels = ChannelMaker::Create(options.security);
+  if (!channels.ok()) return channels.status();
+  return std::unique_ptr<MasterAgent>(std::make_unique<MasterAgentImpl>(options, core, *channels));
 }
 
 std::string DefaultAdvertiseAddress(const std::string& host, int port) {

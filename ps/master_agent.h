@@ -14,6 +14,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "embedding/transport_security.h"
 #include "ps/ps_core.h"
 
 namespace ps {
@@ -28,12 +29,14 @@ struct MasterAgentOptions {
   absl::Duration rpc_timeout = absl::Seconds(2);
   // Wait between failed registration attempts (master down, identity still leased).
   absl::Duration retry_interval = absl::Milliseconds(200);
+  // TLS and token towards the master. Default: plain text, no token.
+  ChannelSecurity security;
 };
 
 class MasterAgent {
  public:
   // Starts the background thread. `core` must outlive the agent. INVALID_ARGUMENT when a
-  // required option is missing.
+  // required option is missing; security file errors (ChannelMaker::Create).
   static absl::StatusOr<std::unique_ptr<MasterAgent>> Start(const MasterAgentOptions& options,
                                                             PsCore* core);
   // Stops the thread (waits for a call in flight, at most rpc_timeout).
@@ -41,6 +44,10 @@ class MasterAgent {
 
   // Whether the master has accepted this pod and its lease is being renewed. Thread-safe.
   virtual bool registered() const = 0;
+  // Graceful shutdown: stops the heartbeats (the core is not touched afterwards) and, if
+  // registered, deregisters the pod (Master.LeavePod) so the master sees it leave at once
+  // instead of after its lease. Returns the master's answer. Call once.
+  virtual absl::Status Leave() = 0;
 };
 
 // The address a pod advertises when none is given: `host:port`, with the machine's host

@@ -53,8 +53,7 @@ absl::Status RunMigrateImport(PsCore* core, const MigrateImportRequest& req,
   RETURN_IF_ERROR(core->BeginImport(req.move_id(), vshards));
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(static_cast<int>(options.chunk_bytes * 2 + (16 << 20)));
-  auto stub = ParameterServer::NewStub(
-      grpc::CreateCustomChannel(req.source(), grpc::InsecureChannelCredentials(), args));
+  auto stub = ParameterServer::NewStub(options.channels.Make(req.source(), args));
   const absl::Time start = absl::Now();
   ASSIGN_OR_RETURN(uint64_t rows,
                    CopyPhase(stub.get(), core, req, MigrateExportRequest::SNAPSHOT, options, resp));

@@ -4,6 +4,7 @@
 #pragma once
 
 #include "absl/status/status.h"
+#include "embedding/transport_security.h"
 #include "proto/ps.pb.h"
 #include "ps/ps_core.h"
 
@@ -15,6 +16,8 @@ struct MigrateImportOptions {
   // Deadline of each export call. A chunk is a few MB; the FINAL call also waits for the
   // source's log to be written.
   absl::Duration rpc_timeout = absl::Seconds(30);
+  // Credentials and token for the call to the source pod (default: plain text).
+  ChannelMaker channels;
 };
 
 // Runs the whole import of `req` into `core`; OK once every row is durable here. Any

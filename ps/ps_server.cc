@@ -6,7 +6,14 @@
 #include <grpcpp/health_check_service_interface.h>
 #include <grpcpp/resource_quota.h>
 
+#include <atomic>
+
+#include "absl/base/thread_annotations.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "embedding/rpc_metrics.h"
+#include "embedding/status_macros.h"
+#include "ps/ps_metrics.h"
 #include "ps/ps_service.h"
 #include "ps/work_pool.h"
 
@@ -15,17 +22,34 @@ namespace {
 
 class PsServerImpl final : public PsServer {
  public:
-  PsServerImpl(const PsServerOptions& options, std::unique_ptr<PsCore> core)
+  PsServerImpl(const PsServerOptions& options, std::unique_ptr<PsCore> core,
+               MigrateImportOptions migrate)
       : core_(std::move(core)),
         pool_(WorkPoolOptions{options.threads, 1024}),
-        service_(core_.get(), &pool_, options.inline_request_bytes) {}
+        auth_(options.security.auth_token),
+        service_(core_.get(), &pool_, options.inline_request_bytes, &auth_, std::move(migrate)),
+        ready_(options.start_ready) {}
 
   absl::Status Start(const PsServerOptions& options) {
+    auto credentials = MakeServerCredentials(options.security);
+    if (!credentials.ok()) return credentials.status();
     grpc::EnableDefaultHealthCheckService(true);
     grpc::reflection::InitProtoReflectionServerBuilderPlugin();
     grpc::ServerBuilder builder;
-    builder.AddListeningPort(absl::StrCat(options.host, ":", options.port),
-                             grpc::InsecureServerCredentials(), &port_);
+    builder.AddListeningPort(absl::StrCat(options.host, ":", options.port), *credentials, &port_);
+    if (options.metrics_enabled) {
+      rpc_metrics_ =
+          std::make_unique<RpcMetrics>(&registry_, std::vector<std::string>{"ps.ParameterServer"});
+      AddPsCoreMetrics(core_.get(), &registry_);
+      registry_.AddCollector([this](MetricsWriter* w) {
+        w->Family("ps_ready", "1 when the pod serves its vshards (readiness), else 0.",
+                  MetricType::kGauge);
+        w->Sample({}, ready_.load() ? 1 : 0);
+      });
+      std::vector<std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>> icpt;
+      icpt.push_back(rpc_metrics_->InterceptorFactory());
+      builder.experimental().SetInterceptorCreators(std::move(icpt));
+    }
     builder.SetMaxReceiveMessageSize(options.max_message_bytes);
     builder.SetMaxSendMessageSize(options.max_message_bytes);
     grpc::ResourceQuota quota("ps-server");
@@ -37,13 +61,35 @@ class PsServerImpl final : public PsServer {
       return absl::UnavailableError(
           absl::StrCat("cannot listen on ", options.host, ":", options.port));
     }
+    server_->GetHealthCheckService()->SetServingStatus(kReadinessService, ready_.load());
+    if (options.metrics_enabled) {
+      MetricsHttpHandlers handlers;
+      handlers.metrics = [this] { return registry_.Render(); };
+      handlers.healthy = [this] { return ready_.load(); };
+      auto http = MetricsHttpServer::Start(options.metrics, std::move(handlers));
+      if (!http.ok()) return http.status();
+      http_ = *std::move(http);
+    }
     return absl::OkStatus();
   }
 
   int port() const override { return port_; }
   PsCore& core() override { return *core_; }
+  int metrics_port() const override { return http_ == nullptr ? 0 : http_->port(); }
+
+  void SetReady(bool ready) override {
+    absl::MutexLock lock(&health_mu_);
+    if (shut_down_) return;
+    ready_ = ready;
+    server_->GetHealthCheckService()->SetServingStatus(kReadinessService, ready);
+  }
 
   void Shutdown(int grace_ms) override {
+    {
+      absl::MutexLock lock(&health_mu_);
+      shut_down_ = true;
+      ready_ = false;
+    }
     server_->GetHealthCheckService()->SetServingStatus(false);
     server_->Shutdown(std::chrono::system_clock::now() + std::chrono::milliseconds(grace_ms));
   }
@@ -51,16 +97,26 @@ class PsServerImpl final : public PsServer {
   void Wait() override { server_->Wait(); }
 
   ~PsServerImpl() override {
-    Shutdown(0);
-    server_->Wait();
+    http_.reset();  // first: its scrapes read the core
+    if (server_ != nullptr) {
+      Shutdown(0);
+      server_->Wait();
+    }
   }
 
  private:
   std::unique_ptr<PsCore> core_;  // destroyed last: the storage flushes on destruction
   WorkPool pool_;
+  const TokenAuthenticator auth_;
   PsService service_;
+  MetricsRegistry registry_;
+  std::unique_ptr<RpcMetrics> rpc_metrics_;  // outlives server_ (its interceptors)
   std::unique_ptr<grpc::Server> server_;
+  std::unique_ptr<MetricsHttpServer> http_;
   int port_ = 0;
+  std::atomic<bool> ready_;
+  absl::Mutex health_mu_;
+  bool shut_down_ ABSL_GUARDED_BY(health_mu_) = false;
 };
 
 }  // namespace
@@ -69,9 +125,11 @@ absl::StatusOr<std::unique_ptr<PsServer>> PsServer::Start(const PsServerOptions&
                                                           ShardOwnership ownership) {
   // Recovery (with a data dir) completes before the port opens: a pod that answers
   // serves its recovered state.
+  MigrateImportOptions migrate;
+  ASSIGN_OR_RETURN(migrate.channels, ChannelMaker::Create(options.peer_security));
   auto core = PsCore::Open(options.core, std::move(ownership));
   if (!core.ok()) return core.status();
-  auto server = std::make_unique<PsServerImpl>(options, *std::move(core));
+  auto server = std::make_unique<PsServerImpl>(options, *std::move(core), std::move(migrate));
   if (auto s = server->Start(options); !s.ok()) return s;
   return std::unique_ptr<PsServer>(std::move(server));
 }

@@ -5,6 +5,8 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "embedding/metrics_http.h"
+#include "embedding/transport_security.h"
 #include "ps/ps_core.h"
 
 namespace ps {
@@ -25,7 +27,23 @@ struct PsServerOptions {
   // that costs ~50 us of latency on a VM. 0: everything goes to the pool.
   size_t inline_request_bytes = 1024;
   PsCoreOptions core;
+  // TLS and the bearer token every PS RPC must carry (health stays open). Default: none.
+  ServerSecurity security;
+  // TLS and token of this pod's own calls to other pods (a move's destination pulls the
+  // rows from its source). Default: plain text, no token.
+  ChannelSecurity peer_security;
+  // Prometheus metrics over HTTP (GET /metrics, /healthz) on metrics.port; off by default.
+  bool metrics_enabled = false;
+  MetricsHttpOptions metrics;
+  // Readiness at start. A pod under a master starts not ready and is made ready once
+  // registered (SetReady).
+  bool start_ready = true;
 };
+
+// The gRPC health service name whose status is the pod's readiness (grpc.health.v1 with
+// this service): SERVING once the pod serves its vshards (see PsServer::SetReady). The
+// empty service name is SERVING from start to shutdown (liveness).
+inline constexpr char kReadinessService[] = "ps.ParameterServer";
 
 class PsServer {
  public:
@@ -36,6 +54,11 @@ class PsServer {
 
   virtual int port() const = 0;
   virtual PsCore& core() = 0;
+  // The metrics HTTP port, 0 when metrics are off.
+  virtual int metrics_port() const = 0;
+  // Readiness (health service kReadinessService and /healthz); see start_ready. Recovery
+  // is done before the port opens. Thread-safe.
+  virtual void SetReady(bool ready) = 0;
   // Stops accepting, waits up to `grace_ms` for calls in flight, then cancels the rest.
   virtual void Shutdown(int grace_ms) = 0;
   // Blocks until Shutdown.

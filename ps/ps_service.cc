@@ -41,6 +41,14 @@ grpc::ServerUnaryReactor* PsService::Submit(grpc::CallbackServerContext* ctx,
                                             std::function<void(PsCore::Done)> work,
                                             size_t request_bytes) {
   grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+  if (auth_ != nullptr) {
+    if (absl::Status s = auth_->Check(*ctx); !s.ok()) {
+      LOG_EVERY_N(WARNING, 100) << "refused a call from " << ctx->peer() << ": " << s
+                                << " (every 100th refusal is logged)";
+      reactor->Finish(ToGrpcStatus(s));
+      return reactor;
+    }
+  }
   PsCore* core = core_;
   PsCore::Done finish = [core, ctx, reactor](absl::Status s) {
     if (!s.ok()) {
@@ -152,8 +160,8 @@ grpc::ServerUnaryReactor* PsService::MigrateImport(grpc::CallbackServerContext* 
                                                    MigrateImportResponse* resp) {
   grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
   PsCore* core = core_;
-  if (!migrate_pool_.TrySubmit([core, req, resp, reactor] {
-        reactor->Finish(ToGrpcStatus(RunMigrateImport(core, *req, resp)));
+  if (!migrate_pool_.TrySubmit([this, core, req, resp, reactor] {
+        reactor->Finish(ToGrpcStatus(RunMigrateImport(core, *req, resp, migrate_options_)));
       })) {
     reactor->Finish(grpc::Status(grpc::StatusCode::UNAVAILABLE, "too many imports queued"));
   }

@@ -12,7 +12,9 @@
 
 #include <functional>
 
+#include "embedding/transport_security.h"
 #include "proto/ps.grpc.pb.h"
+#include "ps/migrate_import.h"
 #include "ps/ps_core.h"
 #include "ps/work_pool.h"
 
@@ -22,12 +24,17 @@ class PsService final
     : public ParameterServer::WithRawCallbackMethod_Pull<
           ParameterServer::WithRawCallbackMethod_Push<ParameterServer::CallbackService>> {
  public:
-  // `core` and `pool` must outlive the service. Pulls and pushes whose request is at most
-  // `inline_request_bytes` run on gRPC's thread instead of the pool.
-  PsService(PsCore* core, WorkPool* pool, size_t inline_request_bytes = 0)
+  // `core` and `pool` (and `auth`, if given) must outlive the service. Pulls and pushes
+  // whose request is at most `inline_request_bytes` run on gRPC's thread instead of the
+  // pool. With `auth`, every RPC is checked first and refused with UNAUTHENTICATED.
+  // `migrate` configures the imports this pod runs as a move's destination.
+  PsService(PsCore* core, WorkPool* pool, size_t inline_request_bytes = 0,
+            const TokenAuthenticator* auth = nullptr, MigrateImportOptions migrate = {})
       : core_(core),
         pool_(pool),
         inline_request_bytes_(inline_request_bytes),
+        auth_(auth),
+        migrate_options_(std::move(migrate)),
         migrate_pool_(WorkPoolOptions{1, 4}) {}
 
   grpc::ServerUnaryReactor* CreateTable(grpc::CallbackServerContext* ctx,
@@ -77,6 +84,8 @@ class PsService final
   PsCore* const core_;
   WorkPool* const pool_;
   const size_t inline_request_bytes_;
+  const TokenAuthenticator* const auth_;  // null: no token required
+  const MigrateImportOptions migrate_options_;
   WorkPool migrate_pool_;  // one import at a time
 };
 

@@ -3,8 +3,11 @@
 #include <glog/logging.h>
 #include <signal.h>
 
+#include <algorithm>
+#include <cstdio>
 #include <thread>
 
+#include "absl/synchronization/notification.h"
 #include "embedding/binary_init.h"
 #include "embedding/shutdown_signal.h"
 #include "ps/master_agent.h"
@@ -59,6 +62,27 @@ DEFINE_string(advertise_address, "",
               "host name in place of 0.0.0.0.");
 DEFINE_int32(shutdown_grace_ms, 5000,
              "On SIGTERM/SIGINT: stop accepting, let calls in flight finish for this long.");
+DEFINE_int32(metrics_port, -1,
+             "Prometheus metrics over HTTP (GET /metrics, /healthz) on this port of --host; "
+             "0 picks a free one (see --metrics_port_file); -1: off.");
+DEFINE_string(metrics_port_file, "", "If set, the bound metrics port is written there.");
+DEFINE_string(tls_cert, "",
+              "PEM certificate chain: serve TLS (with --tls_key). Also the pod's client "
+              "certificate towards a master that requires one.");
+DEFINE_string(tls_key, "", "PEM private key of --tls_cert.");
+DEFINE_string(tls_ca, "",
+              "PEM CA bundle. Set: clients must present a certificate it signed (mutual TLS), "
+              "and the master's certificate is verified against it.");
+DEFINE_string(master_tls_ca, "",
+              "PEM CA bundle to verify the master's certificate, and other pods' during a "
+              "vshard move (default: --tls_ca). Set either to reach them over TLS.");
+DEFINE_string(auth_token_file, "",
+              "File holding a shared token (surrounding whitespace trimmed). Set: every PS "
+              "RPC must carry `authorization: Bearer <token>` (else UNAUTHENTICATED; health "
+              "stays open), and the pod sends it to the master.");
+DEFINE_bool(check_flags, false,
+            "Parse and validate the flags, print the resulting configuration and exit 0 (2 on "
+            "a bad flag) without opening the data dir, files or ports.");
 
 namespace {
 
@@ -106,6 +130,50 @@ int Main() {
     *ownership = ps::ShardOwnership::All(FLAGS_num_vshards);
   }
 
+  if (FLAGS_metrics_port < -1 || FLAGS_metrics_port > 65535 || FLAGS_port < 0 ||
+      FLAGS_port > 65535) {
+    LOG(ERROR) << "--port must be in [0, 65535] and --metrics_port in [-1, 65535]";
+    return 2;
+  }
+  if (FLAGS_tls_cert.empty() != FLAGS_tls_key.empty() ||
+      (!FLAGS_tls_ca.empty() && FLAGS_tls_cert.empty())) {
+    LOG(ERROR) << "--tls_cert and --tls_key go together, and --tls_ca needs them";
+    return 2;
+  }
+  if (FLAGS_check_flags) {
+    std::printf("ps-server flags ok: port %d, metrics port %d, %s, %s, tls %s%s, token %s\n",
+                FLAGS_port, FLAGS_metrics_port,
+                FLAGS_master.empty() ? "standalone" : ("master " + FLAGS_master).c_str(),
+                FLAGS_data_dir.empty() ? "in memory" : ("data in " + FLAGS_data_dir).c_str(),
+                FLAGS_tls_cert.empty() ? "off" : "on", FLAGS_tls_ca.empty() ? "" : " (mutual)",
+                FLAGS_auth_token_file.empty() ? "off" : "on");
+    return 0;
+  }
+  absl::StatusOr<std::string> token = ps::ReadAuthTokenFile(FLAGS_auth_token_file);
+  if (!token.ok()) {
+    LOG(ERROR) << "bad --auth_token_file: " << token.status();
+    return 2;
+  }
+  options.security.cert_file = FLAGS_tls_cert;
+  options.security.key_file = FLAGS_tls_key;
+  options.security.ca_file = FLAGS_tls_ca;
+  options.security.auth_token = *token;
+  // Calls this pod makes (to the master, and to other pods during a move): verified
+  // against --master_tls_ca or --tls_ca, with this pod's certificate for mutual TLS.
+  ps::ChannelSecurity outgoing;
+  outgoing.ca_file = FLAGS_master_tls_ca.empty() ? FLAGS_tls_ca : FLAGS_master_tls_ca;
+  if (!outgoing.ca_file.empty()) {
+    outgoing.cert_file = FLAGS_tls_cert;
+    outgoing.key_file = FLAGS_tls_key;
+  }
+  outgoing.auth_token = *token;
+  options.peer_security = outgoing;
+  options.metrics_enabled = FLAGS_metrics_port >= 0;
+  options.metrics.host = FLAGS_host;
+  options.metrics.port = std::max(0, FLAGS_metrics_port);
+  // Under a master the pod is ready once registered (its vshards assigned).
+  options.start_ready = FLAGS_master.empty();
+
   // SIGTERM/SIGINT are taken by a thread that runs the graceful shutdown.
   ps::ShutdownSignal shutdown_signal;
 
@@ -129,6 +197,7 @@ int Main() {
                                 ? ps::DefaultAdvertiseAddress(FLAGS_host, (*server)->port())
                                 : FLAGS_advertise_address;
     agent_options.num_vshards = FLAGS_num_vshards;
+    agent_options.security = outgoing;
     auto started = ps::MasterAgent::Start(agent_options, &(*server)->core());
     if (!started.ok()) {
       LOG(ERROR) << "cannot start the master agent: " << started.status();
@@ -136,11 +205,42 @@ int Main() {
     }
     agent = *std::move(started);
   }
+  if ((*server)->metrics_port() > 0) {
+    LOG(INFO) << "metrics on http://" << FLAGS_host << ":" << (*server)->metrics_port()
+              << "/metrics";
+    ps::WritePortFile(FLAGS_metrics_port_file, (*server)->metrics_port());
+  }
   ps::WritePortFile(FLAGS_port_file, (*server)->port());
 
-  shutdown_signal.OnSignal([&](int) { (*server)->Shutdown(FLAGS_shutdown_grace_ms); });
+  // Readiness follows the registration with the master.
+  absl::Notification stopping;
+  std::thread readiness;
+  if (agent != nullptr) {
+    readiness = std::thread([&] {
+      bool ready = false;
+      do {
+        if (agent->registered() != ready) {
+          ready = !ready;
+          (*server)->SetReady(ready);
+          LOG(INFO) << "pod " << FLAGS_pod_id << (ready ? " ready" : " not ready");
+        }
+      } while (!stopping.WaitForNotificationWithTimeout(absl::Milliseconds(100)));
+    });
+  }
+
+  // SIGTERM: not ready, stop accepting (calls in flight finish, so every acknowledged push
+  // is in the log), deregister from the master, then flush the rows (destruction) and exit.
+  shutdown_signal.OnSignal([&](int) {
+    stopping.Notify();
+    (*server)->Shutdown(FLAGS_shutdown_grace_ms);
+  });
   (*server)->Wait();
+  shutdown_signal.Join();  // the signal's callback has returned
+  if (!stopping.HasBeenNotified()) stopping.Notify();
+  if (readiness.joinable()) readiness.join();
+  if (agent != nullptr) (void)agent->Leave();
   agent.reset();
+  server->reset();
   LOG(INFO) << "ps-server stopped";
   return 0;
 }

@@ -17,6 +17,11 @@ PACKAGES=(
   libhiredis-dev redis-server
   # process tools used by the launcher and the integration tests
   procps
+  # the Python worker SDK (client/python) and its tests; torch for the PyTorch module
+  python3 python3-grpcio python3-numpy python3-protobuf python3-pytest python3-torch
+  # observability and deployment tests: a real Prometheus scraping a local cluster,
+  # certificates for the TLS tests, YAML for the Kubernetes manifest test
+  prometheus openssl python3-yaml
 )
 
 missing=()

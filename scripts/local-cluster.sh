@@ -3,7 +3,7 @@
 # with their own data dirs under DIR, supervised like a StatefulSet controller would (a pod
 # or the master that dies is restarted with the same identity, port and data dir).
 #
-#   scripts/local-cluster.sh start --ps=N --dir=DIR [--num_vshards=256] [--lease_ms=10000]
+#   scripts/local-cluster.sh start --ps=N --dir=DIR [--num_vshards=V] [--lease_ms=MS]
 #                                  [--workers=K --worker_cmd='CMD ARGS']
 #   scripts/local-cluster.sh status --dir=DIR
 #   scripts/local-cluster.sh stop --dir=DIR
@@ -32,7 +32,13 @@ die() {
 CMD="${1:-}"
 [ -n "$CMD" ] || usage
 shift
-NUM_PS="" DIR="" NUM_VSHARDS=256 LEASE_MS=10000 WORKERS=0 WORKER_CMD=""
+# The cluster's names and flags, shared with the Kubernetes manifests (one source of
+# truth): NUM_VSHARDS, LEASE_MS, DURABILITY, MATERIALIZE_MS, PS_THREADS, MASTER_THREADS,
+# *_SHUTDOWN_GRACE_MS, PS_POD_PREFIX. Ports are not taken from it: local processes share
+# one host, so each binds port 0 and reports it through a port file.
+# shellcheck disable=SC1091
+source "$ROOT/docker/k8s/base/cluster.env"
+NUM_PS="" DIR="" WORKERS=0 WORKER_CMD=""
 for arg in "$@"; do
   case "$arg" in
     --ps=*) NUM_PS="${arg#*=}" ;;
@@ -89,19 +95,26 @@ wait_port() {
 start_master() {
   local port="$1"
   rm -f "$DIR/master.port"
+  # The flags of docker/k8s/base/master.yaml, with local ports and directories.
   "$BIN/ps-master" --host=127.0.0.1 --port="$port" --port_file="$DIR/master.port" \
+    --metrics_port=0 --metrics_port_file="$DIR/master.metrics_port" \
     --data_dir="$DIR/master" --num_ps="$NUM_PS" --num_vshards="$NUM_VSHARDS" \
-    --lease_ms="$LEASE_MS" >>"$DIR/master.log" 2>&1 &
+    --lease_ms="$LEASE_MS" --threads="$MASTER_THREADS" \
+    --shutdown_grace_ms="$MASTER_SHUTDOWN_GRACE_MS" >>"$DIR/master.log" 2>&1 &
   record master $!
 }
 
 start_pod() {
   local i="$1" port="$2" extra=()
   # shellcheck disable=SC2153  # POD_DATA_DIR comes from cluster.conf
-  [ "$POD_DATA_DIR" = 1 ] && extra+=(--data_dir="$DIR/ps-$i")
+  [ "$POD_DATA_DIR" = 1 ] && extra+=(--data_dir="$DIR/ps-$i" --durability="$DURABILITY"
+    --materialize_ms="$MATERIALIZE_MS")
   rm -f "$DIR/ps-$i.port"
+  # The flags of docker/k8s/base/ps.yaml, with local ports and directories.
   "$BIN/ps-server" --host=127.0.0.1 --port="$port" --port_file="$DIR/ps-$i.port" \
-    --master="$MASTER" --pod_id="ps-$i" --num_vshards="$NUM_VSHARDS" "${extra[@]}" \
+    --metrics_port=0 --metrics_port_file="$DIR/ps-$i.metrics_port" \
+    --master="$MASTER" --pod_id="$PS_POD_PREFIX-$i" --num_vshards="$NUM_VSHARDS" \
+    --threads="$PS_THREADS" --shutdown_grace_ms="$PS_SHUTDOWN_GRACE_MS" "${extra[@]}" \
     >>"$DIR/ps-$i.log" 2>&1 &
   record "ps-$i" $!
 }
@@ -219,6 +232,8 @@ cmd_status() {
       running=1
       local port=""
       [ -s "$DIR/$name.port" ] && port=" 127.0.0.1:$(cat "$DIR/$name.port")"
+      [ -s "$DIR/$name.metrics_port" ] &&
+        port+=", metrics http://127.0.0.1:$(cat "$DIR/$name.metrics_port")/metrics"
       echo "$name: running, pid $(cut -d' ' -f1 "$f")$port"
     else
       echo "$name: not running"

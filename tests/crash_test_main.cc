@@ -74,7 +74,9 @@ std::string PackIds(const std::vector<int64_t>& ids) {
 struct Acked {
   int64_t marker;
   std::vector<int64_t> shared;
-  absl::Time acked_at;
+  // The pod acknowledged the push at some time in [sent_at, acked_at] (its acknowledged
+  // attempt's send and receipt); see AckedNoEarlierThan.
+  absl::Time sent_at, acked_at;
 };
 
 class Server {
@@ -114,15 +116,30 @@ std::unique_ptr<ps::ParameterServer::Stub> Connect(int port) {
       absl::StrCat("127.0.0.1:", port), grpc::InsecureChannelCredentials(), args));
 }
 
-// Sends `req` until it is acknowledged (the same key every time); returns the ack time.
-absl::Time PushUntilAcked(ps::ParameterServer::Stub& stub, const ps::PushRequest& req) {
+// The earliest moment the pod can have acknowledged `a`: after the send, and at most
+// kDelivery before the client got the answer. The answer to a push acknowledged just
+// before a kill can reach the client after it; without the allowance such a push (lost
+// within the bound) would be charged to the next kill, seconds later.
+constexpr absl::Duration kDelivery = absl::Milliseconds(50);
+absl::Time AckedNoEarlierThan(const Acked& a) {
+  return std::max(a.sent_at, a.acked_at - kDelivery);
+}
+
+// Sends `req` until it is acknowledged (the same key every time); sets the send time of
+// the acknowledged attempt and the time its answer arrived.
+void PushUntilAcked(ps::ParameterServer::Stub& stub, const ps::PushRequest& req, Acked* a) {
   for (;;) {
     grpc::ClientContext ctx;
     ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(2));
     ctx.set_wait_for_ready(true);  // wait out a restart rather than fail fast
     ps::PushResponse resp;
+    const absl::Time sent = absl::Now();
     grpc::Status s = stub.Push(&ctx, req, &resp);
-    if (s.ok()) return absl::Now();
+    if (s.ok()) {
+      a->sent_at = sent;
+      a->acked_at = absl::Now();
+      return;
+    }
     if (s.error_code() != grpc::StatusCode::UNAVAILABLE &&
         s.error_code() != grpc::StatusCode::ABORTED &&
         s.error_code() != grpc::StatusCode::DEADLINE_EXCEEDED &&
@@ -199,7 +216,7 @@ int Main() {
         t->set_ids(PackIds(ids));
         t->set_grads(std::string(reinterpret_cast<const char*>(minus_one.data()),
                                  minus_one.size() * sizeof(float)));
-        a.acked_at = PushUntilAcked(*stub, req);
+        PushUntilAcked(*stub, req, &a);
         absl::MutexLock lock(&mu);
         acked.push_back(std::move(a));
       }
@@ -215,8 +232,8 @@ int Main() {
   std::vector<absl::Time> kills;
   double max_restart_ms = 0;
   auto kill_and_restart = [&]() -> bool {
+    kills.push_back(absl::Now());  // before the signal: pushes sent before it may be lost
     server.Kill();
-    kills.push_back(absl::Now());
     absl::Status s = server.Start();
     max_restart_ms =
         std::max(max_restart_ms, absl::ToDoubleMilliseconds(absl::Now() - kills.back()));
@@ -274,9 +291,10 @@ int Main() {
     if (x == 0) {
       ++lost;
       // The loss is measured to the first kill after the acknowledgement.
-      auto k = std::upper_bound(kills.begin(), kills.end(), acked[i].acked_at);
+      const absl::Time acked_from = AckedNoEarlierThan(acked[i]);
+      auto k = std::upper_bound(kills.begin(), kills.end(), acked_from);
       if (k != kills.end()) {
-        max_loss_ms = std::max(max_loss_ms, absl::ToDoubleMilliseconds(*k - acked[i].acked_at));
+        max_loss_ms = std::max(max_loss_ms, absl::ToDoubleMilliseconds(*k - acked_from));
       }
     } else if (x >= 2) {
       ++duplicated;

@@ -1,0 +1,188 @@
+#include "embedding/transport_security.h"
+
+#include <gmock/gmock.h>
+#include <grpcpp/generic/async_generic_service.h>
+#include <grpcpp/generic/generic_stub.h>
+#include <grpcpp/health_check_service_interface.h>
+#include <gtest/gtest.h>
+
+#include <fstream>
+
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
+#include "embedding/test_certs.h"
+
+namespace ps {
+namespace {
+
+// Answers every call of an unknown method with UNIMPLEMENTED: a callback service, so that
+// the server (whose only real service is grpc.health.v1) runs on callbacks.
+class NothingElse final : public grpc::CallbackGenericService {
+  grpc::ServerGenericBidiReactor* CreateReactor(grpc::GenericCallbackServerContext*) override {
+    class Reactor final : public grpc::ServerGenericBidiReactor {
+     public:
+      Reactor() { Finish(grpc::Status(grpc::StatusCode::UNIMPLEMENTED, "")); }
+      void OnDone() override { delete this; }
+    };
+    return new Reactor;
+  }
+};
+
+// A server with the default health service, under the given credentials.
+class HealthServer {
+ public:
+  explicit HealthServer(const ServerSecurity& security) {
+    auto creds = MakeServerCredentials(security);
+    EXPECT_TRUE(creds.ok()) << creds.status();
+    if (!creds.ok()) return;
+    grpc::EnableDefaultHealthCheckService(true);
+    grpc::ServerBuilder builder;
+    builder.AddListeningPort("127.0.0.1:0", *creds, &port_);
+    builder.RegisterCallbackGenericService(&nothing_else_);
+    server_ = builder.BuildAndStart();
+    EXPECT_GT(port_, 0) << "the test server did not start";
+  }
+  ~HealthServer() {
+    if (server_) server_->Shutdown();
+  }
+  std::string address() const { return absl::StrCat("127.0.0.1:", port_); }
+
+ private:
+  int port_ = 0;
+  NothingElse nothing_else_;
+  std::unique_ptr<grpc::Server> server_;
+};
+
+// grpc.health.v1.Health/Check over a channel made by `maker` (an empty request).
+grpc::Status Check(const ChannelMaker& maker, const std::string& address) {
+  grpc::GenericStub stub(maker.Make(address));
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(3));
+  grpc::Slice empty("");  // an empty HealthCheckRequest
+  grpc::ByteBuffer req(&empty, 1), resp;
+  grpc::Status result;
+  absl::Notification done;
+  stub.UnaryCall(&ctx, "/grpc.health.v1.Health/Check", grpc::StubOptions(), &req, &resp,
+                 [&](grpc::Status s) {
+                   result = s;
+                   done.Notify();
+                 });
+  done.WaitForNotification();
+  return result;
+}
+
+ChannelMaker Maker(const ChannelSecurity& s) {
+  auto m = ChannelMaker::Create(s);
+  EXPECT_TRUE(m.ok()) << m.status();
+  return m.ok() ? *m : ChannelMaker();
+}
+
+class TlsTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!certs_.ok()) GTEST_SKIP() << "openssl is missing: cannot make test certificates";
+  }
+  ServerSecurity Server(bool mutual) const {
+    ServerSecurity s;
+    s.cert_file = certs_.file("server.crt");
+    s.key_file = certs_.file("server.key");
+    if (mutual) s.ca_file = certs_.file("ca.crt");
+    return s;
+  }
+  ChannelSecurity Client(bool with_cert) const {
+    ChannelSecurity s;
+    s.ca_file = certs_.file("ca.crt");
+    if (with_cert) {
+      s.cert_file = certs_.file("client.crt");
+      s.key_file = certs_.file("client.key");
+    }
+    return s;
+  }
+  TestCerts certs_;
+};
+
+TEST_F(TlsTest, PlainTextClientIsRefusedByATlsServer) {
+  HealthServer server(Server(false));
+  EXPECT_EQ(Check(ChannelMaker(), server.address()).error_code(), grpc::StatusCode::UNAVAILABLE);
+  // The same server answers a TLS client (so the refusal above was the TLS handshake).
+  EXPECT_TRUE(Check(Maker(Client(false)), server.address()).ok());
+}
+
+TEST_F(TlsTest, TlsClientIsAccepted) {
+  HealthServer server(Server(false));
+  grpc::Status s = Check(Maker(Client(false)), server.address());
+  EXPECT_TRUE(s.ok()) << s.error_message();
+  // By name too (the certificate names localhost).
+  s = Check(Maker(Client(false)), server.address().replace(0, 9, "localhost"));
+  EXPECT_TRUE(s.ok()) << s.error_message();
+}
+
+TEST_F(TlsTest, ServerOfAnotherCaIsRefused) {
+  HealthServer server(Server(false));
+  ChannelSecurity c;
+  c.ca_file = certs_.file("other/ca.crt");
+  EXPECT_EQ(Check(Maker(c), server.address()).error_code(), grpc::StatusCode::UNAVAILABLE);
+}
+
+TEST_F(TlsTest, ServerNameMustMatchTheCertificate) {
+  HealthServer server(Server(false));
+  ChannelSecurity c = Client(false);
+  c.server_name = "not-the-server.example";
+  EXPECT_EQ(Check(Maker(c), server.address()).error_code(), grpc::StatusCode::UNAVAILABLE);
+}
+
+TEST_F(TlsTest, MutualTlsRequiresAClientCertificateOfTheCa) {
+  HealthServer server(Server(true));
+  EXPECT_EQ(Check(Maker(Client(false)), server.address()).error_code(),
+            grpc::StatusCode::UNAVAILABLE);
+  ChannelSecurity rogue = Client(false);
+  rogue.cert_file = certs_.file("other/client.crt");
+  rogue.key_file = certs_.file("other/client.key");
+  EXPECT_EQ(Check(Maker(rogue), server.address()).error_code(), grpc::StatusCode::UNAVAILABLE);
+  grpc::Status s = Check(Maker(Client(true)), server.address());
+  EXPECT_TRUE(s.ok()) << s.error_message();
+}
+
+TEST(TransportSecurityTest, InconsistentOptionsAreRefused) {
+  ServerSecurity s;
+  s.key_file = "/x.key";
+  EXPECT_EQ(MakeServerCredentials(s).status().code(), absl::StatusCode::kInvalidArgument);
+  s = ServerSecurity();
+  s.ca_file = "/ca.crt";
+  EXPECT_EQ(MakeServerCredentials(s).status().code(), absl::StatusCode::kInvalidArgument);
+  s = ServerSecurity();
+  s.cert_file = "/nonexistent/server.crt";
+  s.key_file = "/nonexistent/server.key";
+  auto missing = MakeServerCredentials(s);
+  EXPECT_EQ(missing.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(std::string(missing.status().message()), ::testing::HasSubstr("server.crt"));
+  ChannelSecurity c;
+  c.cert_file = "/client.crt";
+  c.key_file = "/client.key";
+  EXPECT_EQ(ChannelMaker::Create(c).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(MakeServerCredentials(ServerSecurity()).ok());
+  EXPECT_FALSE(ChannelMaker::Create(ChannelSecurity())->tls());
+}
+
+TEST(TransportSecurityTest, ReadsAndTrimsTokenFiles) {
+  const std::string path = ::testing::TempDir() + "/token";
+  std::ofstream(path) << "  s3cr3t-token\n";
+  EXPECT_EQ(*ReadAuthTokenFile(path), "s3cr3t-token");
+  std::ofstream(path) << " \n";
+  EXPECT_EQ(ReadAuthTokenFile(path).status().code(), absl::StatusCode::kInvalidArgument);
+  std::ofstream(path) << "two words";
+  EXPECT_EQ(ReadAuthTokenFile(path).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(ReadAuthTokenFile(path + ".missing").status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(*ReadAuthTokenFile(""), "");
+}
+
+TEST(TransportSecurityTest, ConstantTimeEquals) {
+  EXPECT_TRUE(ConstantTimeEquals("Bearer abc", "Bearer abc"));
+  EXPECT_FALSE(ConstantTimeEquals("Bearer abc", "Bearer abd"));
+  EXPECT_FALSE(ConstantTimeEquals("Bearer abc", "Bearer ab"));
+  EXPECT_FALSE(ConstantTimeEquals("", "x"));
+  EXPECT_TRUE(ConstantTimeEquals("", ""));
+}
+
+}  // namespace
+}  // namespace ps

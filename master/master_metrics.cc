@@ -1,0 +1,73 @@
+#include "master/master_metrics.h"
+
+#include <map>
+#include <string>
+
+#include "absl/strings/ascii.h"
+
+namespace ps {
+namespace {
+
+std::string Lower(const std::string& s) { return absl::AsciiStrToLower(s); }
+
+}  // namespace
+
+void AddMasterMetrics(MasterCore* core, MetricsRegistry* registry) {
+  registry->AddCollector([core](MetricsWriter* w) {
+    StatusResponse s;
+    if (!core->Status(StatusRequest(), &s).ok()) return;
+    constexpr MetricType C = MetricType::kCounter, G = MetricType::kGauge;
+
+    w->Family("ps_master_shard_map_epoch", "Epoch of the vshard -> pod map.", G);
+    w->Sample({}, s.epoch());
+    w->Family("ps_master_vshards", "Virtual shards in the cluster.", G);
+    w->Sample({}, s.num_vshards());
+    w->Family("ps_master_uptime_seconds", "Seconds since the master started.", G);
+    w->Sample({}, s.uptime_seconds());
+
+    // Every state is exported (0 included), so a state's series exists before it happens.
+    std::map<std::string, int> pods;
+    for (int v = PodInfo::State_MIN; v <= PodInfo::State_MAX; ++v) {
+      if (v != PodInfo::UNKNOWN) pods[Lower(PodInfo::State_Name(v))] = 0;
+    }
+    for (const PodInfo& p : s.pods()) ++pods[Lower(PodInfo::State_Name(p.state()))];
+    w->Family("ps_master_pods", "PS pods known to the master, by state.", G);
+    for (const auto& [state, n] : pods) w->Sample({{"state", state}}, n);
+    w->Family("ps_master_pod_vshards", "Virtual shards assigned to each pod.", G);
+    for (const PodInfo& p : s.pods()) w->Sample({{"pod", p.pod_id()}}, p.vshards());
+
+    std::map<std::string, int> workers;
+    for (int v = WorkerInfo::State_MIN; v <= WorkerInfo::State_MAX; ++v) {
+      if (v != WorkerInfo::UNKNOWN) workers[Lower(WorkerInfo::State_Name(v))] = 0;
+    }
+    for (const WorkerInfo& wi : s.workers()) ++workers[Lower(WorkerInfo::State_Name(wi.state()))];
+    w->Family("ps_master_workers", "Workers known to the master, by state.", G);
+    for (const auto& [state, n] : workers) w->Sample({{"state", state}}, n);
+
+    w->Family("ps_master_lease_losses_total", "Leases that ran out (no heartbeat), by kind.", C);
+    w->Sample({{"kind", "pod"}}, core->pod_lease_losses());
+    w->Sample({{"kind", "worker"}}, core->worker_lease_losses());
+
+    w->Family("ps_master_tasks", "Tasks per job and state.", G);
+    for (const JobInfo& j : s.jobs()) {
+      w->Sample({{"job", j.name()}, {"state", "todo"}}, j.tasks_todo());
+      w->Sample({{"job", j.name()}, {"state", "doing"}}, j.tasks_doing());
+      w->Sample({{"job", j.name()}, {"state", "done"}}, j.tasks_done());
+      w->Sample({{"job", j.name()}, {"state", "failed"}}, j.tasks_failed());
+    }
+    w->Family("ps_master_job_records_trained", "Training records done per job.", G);
+    for (const JobInfo& j : s.jobs()) w->Sample({{"job", j.name()}}, j.train_records_done());
+    w->Family("ps_master_job_running", "1 while a job has unfinished tasks.", G);
+    for (const JobInfo& j : s.jobs()) {
+      w->Sample({{"job", j.name()}}, j.state() == JobInfo::RUNNING ? 1 : 0);
+    }
+    w->Family("ps_master_records_trained_total", "Training records done, all jobs.", C);
+    w->Sample({}, s.records_trained());
+    w->Family("ps_master_tasks_done_total", "Tasks done, all jobs (the global step).", C);
+    w->Sample({}, s.tasks_done());
+    w->Family("ps_master_table_version", "Pushes reported by finished tasks, per table.", C);
+    for (const TableProgress& t : s.tables()) w->Sample({{"table", t.name()}}, t.version());
+  });
+}
+
+}  // namespace ps

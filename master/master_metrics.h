@@ -1,0 +1,14 @@
+// The master's Prometheus series, read at scrape time from MasterCore::Status and its
+// lease-loss counters: nothing is counted twice.
+#pragma once
+
+#include "embedding/metrics.h"
+#include "master/master_core.h"
+
+namespace ps {
+
+// Adds a collector of `core`'s series to `registry`. `core` must outlive every Render.
+// The series are listed in docs/operations.md ("Metrics").
+void AddMasterMetrics(MasterCore* core, MetricsRegistry* registry);
+
+}  // namespace ps

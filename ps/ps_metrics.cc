@@ -1,0 +1,69 @@
+#include "ps/ps_metrics.h"
+
+#include <string>
+
+namespace ps {
+namespace {
+
+void One(MetricsWriter* w, const char* name, const char* help, MetricType type, double v) {
+  w->Family(name, help, type);
+  w->Sample({}, v);
+}
+
+}  // namespace
+
+void AddPsCoreMetrics(PsCore* core, MetricsRegistry* registry) {
+  registry->AddCollector([core](MetricsWriter* w) {
+    StatsResponse s;
+    if (!core->Stats(StatsRequest(), &s).ok()) return;
+    constexpr MetricType C = MetricType::kCounter, G = MetricType::kGauge;
+    One(w, "ps_pull_requests_total", "Pull requests served (including failed ones).", C,
+        s.pull_requests());
+    One(w, "ps_push_requests_total", "Push requests received.", C, s.push_requests());
+    One(w, "ps_pulled_rows_total", "Rows returned by pulls.", C, s.pulled_rows());
+    One(w, "ps_pushed_rows_total", "Gradient rows applied by pushes.", C, s.pushed_rows());
+    One(w, "ps_duplicate_pushes_total",
+        "Pushes recognised as retries of an applied push and not applied again.", C,
+        s.duplicate_pushes());
+    w->Family("ps_rejected_total", "Requests or ids refused, by reason.", C);
+    w->Sample({{"reason", "nonfinite_gradient"}}, s.rejected_nonfinite());
+    w->Sample({{"reason", "wrong_shard"}}, s.rejected_wrong_shard());
+    One(w, "ps_rows", "Embedding rows held in memory, all tables.", G, s.rows());
+    One(w, "ps_memory_bytes", "Bytes held by rows, optimizer state and dense tensors.", G,
+        s.memory_bytes());
+    One(w, "ps_uptime_seconds", "Seconds since the pod started.", G, s.uptime_seconds());
+
+    const auto tables = core->store().Tables();
+    w->Family("ps_table_rows", "Rows per embedding table.", G);
+    for (const auto& t : tables) w->Sample({{"table", t->spec().name()}}, t->rows());
+    w->Family("ps_table_memory_bytes", "Memory per embedding table.", G);
+    for (const auto& t : tables) w->Sample({{"table", t->spec().name()}}, t->memory_bytes());
+
+    const auto own = core->ownership();
+    One(w, "ps_shard_map_epoch", "Epoch of the shard map the pod serves.", G, own->epoch());
+    One(w, "ps_owned_vshards", "Virtual shards this pod owns.", G, own->owned_count());
+
+    if (core->storage() == nullptr) return;
+    One(w, "ps_log_records_total", "Push records written to the durable log.", C, s.log_records());
+    One(w, "ps_log_groups_total", "Group commits (writes) of the durable log.", C, s.log_groups());
+    One(w, "ps_log_bytes_total", "Bytes written to the durable log.", C, s.log_bytes());
+    One(w, "ps_log_pending_bytes", "Log bytes queued and not yet written (durability lag).", G,
+        s.log_pending_bytes());
+    One(w, "ps_log_max_lag_seconds", "Longest a log record waited for its write.", G,
+        s.log_max_lag_ms() / 1000.0);
+    One(w, "ps_materialize_rounds_total", "Rounds writing changed rows to the database.", C,
+        s.materialize_rounds());
+    One(w, "ps_materialized_rows_total", "Rows written to the database by those rounds.", C,
+        s.materialized_rows());
+    One(w, "ps_last_materialize_seconds", "Duration of the last materialization round.", G,
+        s.last_materialize_ms() / 1000.0);
+    One(w, "ps_disk_bytes", "Live SST bytes of the pod's database.", G, s.disk_bytes());
+    One(w, "ps_recovery_seconds", "How long the last start took to recover.", G,
+        s.recovery_seconds());
+    One(w, "ps_recovered_rows", "Rows loaded by the last recovery.", G, s.recovered_rows());
+    One(w, "ps_recovered_log_records", "Log records replayed by the last recovery.", G,
+        s.recovered_log_records());
+  });
+}
+
+}  // namespace ps

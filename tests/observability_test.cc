@@ -1,0 +1,332 @@
+// Integration tests of observability and transport security with real processes on
+// loopback: ps-master and a ps-server pod export Prometheus metrics whose series change
+// with traffic; a SIGTERMed pod deregisters and exits 0; a cluster under mutual TLS and a
+// shared token serves clients that have both and refuses those that do not; and (when
+// Debian's prometheus is installed) a real Prometheus scrapes the cluster.
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/time/clock.h"
+#include "client/ps_client.h"
+#include "embedding/test_certs.h"
+#include "gtest/gtest.h"
+#include "tests/http_get.h"
+#include "tests/process.h"
+
+namespace ps {
+namespace {
+
+using integration::ChildProcess;
+using integration::HttpGet;
+
+constexpr absl::Duration kStartTimeout = absl::Seconds(20);
+
+// The value of the sample whose text before the value is exactly `series`, or -1.
+double Sample(const std::string& exposition, const std::string& series) {
+  for (absl::string_view line : absl::StrSplit(exposition, '\n')) {
+    if (absl::StartsWith(line, series + " ")) {
+      double v;
+      if (absl::SimpleAtod(line.substr(series.size() + 1), &v)) return v;
+    }
+  }
+  return -1;
+}
+
+class ObservabilityTest : public testing::Test {
+ protected:
+  void SetUp() override { ASSERT_FALSE(tmp_.path().empty()) << "mkdtemp failed"; }
+  void TearDown() override {
+    for (auto& [name, child] : children_) {
+      if (child == nullptr) continue;
+      child->Stop(absl::Seconds(3));
+      if (HasFailure()) {
+        std::fprintf(stderr, "---- %s (%s):\n%s\n", name.c_str(), child->Describe().c_str(),
+                     integration::FileTail(child->log_path()).c_str());
+      }
+    }
+  }
+
+  std::string Path(const std::string& name) const { return absl::StrCat(tmp_.path(), "/", name); }
+
+  // Starts `argv` with --port=0 and --metrics_port=0; returns {grpc port, metrics port}.
+  std::pair<int, int> Start(const std::string& name, std::vector<std::string> argv) {
+    argv.insert(argv.end(), {"--host=127.0.0.1", "--port=0", "--port_file=" + Path(name + ".port"),
+                             "--metrics_port=0", "--metrics_port_file=" + Path(name + ".mport")});
+    auto child = ChildProcess::Start(argv, Path(name + ".log"));
+    EXPECT_TRUE(child.ok()) << child.status();
+    if (!child.ok()) return {0, 0};
+    children_[name] = *std::move(child);
+    auto port = integration::WaitForPortFile(Path(name + ".port"), *children_[name], kStartTimeout);
+    EXPECT_TRUE(port.ok()) << port.status();
+    auto mport =
+        integration::WaitForPortFile(Path(name + ".mport"), *children_[name], kStartTimeout);
+    EXPECT_TRUE(mport.ok()) << mport.status();
+    return {port.value_or(0), mport.value_or(0)};
+  }
+
+  // Polls the pod's /healthz until it answers 200 (registered with the master).
+  bool WaitReady(int metrics_port) {
+    const absl::Time deadline = absl::Now() + kStartTimeout;
+    while (absl::Now() < deadline) {
+      if (HttpGet(metrics_port, "/healthz").ok()) return true;
+      absl::SleepFor(absl::Milliseconds(50));
+    }
+    return false;
+  }
+
+  std::string Scrape(int port) {
+    auto body = HttpGet(port, "/metrics");
+    EXPECT_TRUE(body.ok()) << body.status();
+    return body.value_or("");
+  }
+
+  integration::TempDir tmp_{"observability_test."};
+  std::map<std::string, std::unique_ptr<ChildProcess>> children_;
+};
+
+TEST_F(ObservabilityTest, MetricsFollowTrafficAndAPodDeregistersOnSigterm) {
+  auto [master_port, master_metrics] =
+      Start("master", {PS_MASTER_BINARY, "--data_dir=" + Path("master-db"), "--num_ps=1",
+                       "--num_vshards=64", "--lease_ms=2000", "--shutdown_grace_ms=200"});
+  ASSERT_GT(master_metrics, 0);
+  const std::string master = absl::StrCat("127.0.0.1:", master_port);
+  auto [pod_port, pod_metrics] =
+      Start("ps-0", {PS_SERVER_BINARY, "--master=" + master, "--pod_id=ps-0", "--num_vshards=64",
+                     "--data_dir=" + Path("ps-0"), "--shutdown_grace_ms=500"});
+  ASSERT_GT(pod_metrics, 0);
+  ASSERT_TRUE(WaitReady(pod_metrics)) << "the pod never became ready";
+
+  std::string pod = Scrape(pod_metrics);
+  EXPECT_TRUE(absl::StrContains(pod, "# TYPE ps_pushed_rows_total counter\n")) << pod;
+  EXPECT_EQ(Sample(pod, "ps_ready"), 1);
+  EXPECT_EQ(Sample(pod, "ps_owned_vshards"), 64);
+  EXPECT_EQ(Sample(pod, "ps_pushed_rows_total"), 0);
+  EXPECT_GE(Sample(pod, "ps_recovery_seconds"), 0);
+  EXPECT_EQ(Sample(pod, "ps_log_pending_bytes"), 0);
+  const std::string push_ok =
+      "grpc_server_handled_total{grpc_service=\"ps.ParameterServer\",grpc_method=\"Push\","
+      "grpc_code=\"OK\"}";
+  EXPECT_EQ(Sample(pod, push_ok), 0);
+
+  ClientOptions options;
+  options.master = master;
+  auto client = PsClient::Connect(options);
+  ASSERT_TRUE(client.ok()) << client.status();
+  TableSpec spec;
+  spec.set_name("user");
+  spec.set_dim(4);
+  ASSERT_TRUE((*client)->CreateTable(spec).ok());
+  std::vector<int64_t> ids = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10};
+  std::vector<float> grads(ids.size() * 4, 0.5f), rows(ids.size() * 4);
+  ASSERT_TRUE((*client)->Push({{"user", ids, grads.data()}}).ok());
+  ASSERT_TRUE((*client)->Pull({{"user", ids, rows.data()}}).ok());
+
+  pod = Scrape(pod_metrics);
+  EXPECT_EQ(Sample(pod, "ps_pushed_rows_total"), 10);
+  EXPECT_EQ(Sample(pod, "ps_pulled_rows_total"), 10);
+  EXPECT_EQ(Sample(pod, "ps_table_rows{table=\"user\"}"), 10);
+  EXPECT_GT(Sample(pod, "ps_table_memory_bytes{table=\"user\"}"), 0);
+  EXPECT_GE(Sample(pod, push_ok), 1);
+  EXPECT_GE(Sample(pod,
+                   "grpc_server_handling_seconds_count{grpc_service=\"ps.ParameterServer\","
+                   "grpc_method=\"Pull\"}"),
+            1);
+  EXPECT_GE(Sample(pod, "ps_log_records_total"), 1);
+
+  std::string m = Scrape(master_metrics);
+  EXPECT_EQ(Sample(m, "ps_master_pods{state=\"live\"}"), 1) << m;
+  EXPECT_EQ(Sample(m, "ps_master_pods{state=\"lost\"}"), 0);
+  EXPECT_EQ(Sample(m, "ps_master_pod_vshards{pod=\"ps-0\"}"), 64);
+  EXPECT_GE(Sample(m, "ps_master_shard_map_epoch"), 1);
+  EXPECT_EQ(Sample(m, "ps_master_lease_losses_total{kind=\"pod\"}"), 0);
+  EXPECT_GE(Sample(m,
+                   "grpc_server_handled_total{grpc_service=\"ps.Master\","
+                   "grpc_method=\"RegisterPod\",grpc_code=\"OK\"}"),
+            1);
+  EXPECT_GE(Sample(m,
+                   "grpc_server_handled_total{grpc_service=\"ps.Master\","
+                   "grpc_method=\"GetShardMap\",grpc_code=\"OK\"}"),
+            1);
+
+  // SIGTERM: the pod stops, deregisters (the master shows it LOST at once, not after
+  // its lease) and exits 0.
+  client->reset();
+  children_["ps-0"]->Signal(SIGTERM);
+  ASSERT_TRUE(children_["ps-0"]->WaitExit(absl::Seconds(10)));
+  EXPECT_EQ(children_["ps-0"]->Describe().substr(children_["ps-0"]->Describe().find(' ', 4) + 1),
+            "exited with code 0");
+  EXPECT_TRUE(absl::StrContains(integration::FileTail(Path("ps-0.log")), "deregistered"));
+  EXPECT_TRUE(absl::StrContains(integration::FileTail(Path("master.log")), "pod ps-0 at"));
+  m = Scrape(master_metrics);
+  EXPECT_EQ(Sample(m, "ps_master_pods{state=\"lost\"}"), 1) << m;
+  // A deregistration is not a lease loss.
+  EXPECT_EQ(Sample(m, "ps_master_lease_losses_total{kind=\"pod\"}"), 0);
+}
+
+TEST_F(ObservabilityTest, MutualTlsAndTokenAcrossTheCluster) {
+  TestCerts certs;
+  if (!certs.ok()) GTEST_SKIP() << "openssl is missing";
+  std::ofstream(Path("token")) << "cluster-secret\n";
+  std::ofstream(Path("wrong")) << "not-the-secret\n";
+  const std::vector<std::string> tls = {
+      "--tls_cert=" + certs.file("server.crt"), "--tls_key=" + certs.file("server.key"),
+      "--tls_ca=" + certs.file("ca.crt"), "--auth_token_file=" + Path("token")};
+  std::vector<std::string> margv = {PS_MASTER_BINARY, "--data_dir=" + Path("master-db"),
+                                    "--num_ps=1", "--num_vshards=64"};
+  margv.insert(margv.end(), tls.begin(), tls.end());
+  auto [master_port, master_metrics] = Start("master", margv);
+  ASSERT_GT(master_metrics, 0);
+  // The certificate names 127.0.0.1 and localhost: the pod advertises 127.0.0.1:PORT.
+  const std::string master = absl::StrCat("localhost:", master_port);
+  std::vector<std::string> pargv = {PS_SERVER_BINARY, "--master=" + master, "--pod_id=ps-0",
+                                    "--num_vshards=64"};
+  pargv.insert(pargv.end(), tls.begin(), tls.end());
+  auto [pod_port, pod_metrics] = Start("ps-0", pargv);
+  ASSERT_GT(pod_metrics, 0);
+  ASSERT_TRUE(WaitReady(pod_metrics)) << "the pod never registered over mutual TLS";
+
+  ClientOptions options;
+  options.master = master;
+  options.connect_timeout_ms = 3000;
+  options.max_attempts = 2;
+  options.security.ca_file = certs.file("ca.crt");
+  options.security.cert_file = certs.file("client.crt");
+  options.security.key_file = certs.file("client.key");
+  options.security.auth_token = "cluster-secret";
+  {
+    auto client = PsClient::Connect(options);
+    ASSERT_TRUE(client.ok()) << client.status();
+    TableSpec spec;
+    spec.set_name("t");
+    spec.set_dim(2);
+    ASSERT_TRUE((*client)->CreateTable(spec).ok());
+    std::vector<int64_t> ids = {5, 6};
+    std::vector<float> grads(4, 1.0f);
+    EXPECT_TRUE((*client)->Push({{"t", ids, grads.data()}}).ok());
+  }
+  {
+    ClientOptions wrong = options;
+    wrong.security.auth_token = "not-the-secret";
+    auto client = PsClient::Connect(wrong);
+    EXPECT_EQ(client.status().code(), absl::StatusCode::kUnauthenticated) << client.status();
+  }
+  {
+    ClientOptions no_cert = options;
+    no_cert.security.cert_file.clear();
+    no_cert.security.key_file.clear();
+    auto client = PsClient::Connect(no_cert);
+    EXPECT_FALSE(client.ok());
+  }
+  // ps-admin with the same credentials, then without the token.
+  auto admin = [&](std::vector<std::string> extra) {
+    std::vector<std::string> argv = {
+        PS_ADMIN_BINARY, "--master=" + master, "--tls_ca=" + certs.file("ca.crt"),
+        "--tls_cert=" + certs.file("client.crt"), "--tls_key=" + certs.file("client.key")};
+    argv.insert(argv.end(), extra.begin(), extra.end());
+    argv.push_back("status");
+    static int runs = 0;
+    auto c = ChildProcess::Start(argv, Path(absl::StrCat("admin", runs++, ".out")));
+    if (!c.ok() || !(*c)->WaitExit(absl::Seconds(20))) return std::string("did not run");
+    const std::string d = (*c)->Describe();
+    return d.substr(d.find(' ', 4) + 1) + ": " + integration::FileTail((*c)->log_path());
+  };
+  std::string ok = admin({"--auth_token_file=" + Path("token")});
+  EXPECT_TRUE(absl::StartsWith(ok, "exited with code 0")) << ok;
+  EXPECT_TRUE(absl::StrContains(ok, "ps-0")) << ok;
+  std::string refused = admin({"--auth_token_file=" + Path("wrong")});
+  EXPECT_TRUE(absl::StartsWith(refused, "exited with code 1")) << refused;
+  EXPECT_TRUE(absl::StrContains(refused, "UNAUTHENTICATED")) << refused;
+}
+
+// A free loopback port (bound and released: Prometheus cannot take port 0).
+int FreePort() {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
+  socklen_t len = sizeof(addr);
+  getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
+  close(fd);
+  return ntohs(addr.sin_port);
+}
+
+TEST_F(ObservabilityTest, PrometheusScrapesTheCluster) {
+  const std::string prometheus = "/usr/bin/prometheus";
+  if (access(prometheus.c_str(), X_OK) != 0) {
+    GTEST_SKIP() << "Debian's prometheus is not installed (scripts/install_deps.sh installs it)";
+  }
+  auto [master_port, master_metrics] =
+      Start("master", {PS_MASTER_BINARY, "--data_dir=" + Path("master-db"), "--num_ps=1"});
+  const std::string master = absl::StrCat("127.0.0.1:", master_port);
+  auto [pod_port, pod_metrics] =
+      Start("ps-0", {PS_SERVER_BINARY, "--master=" + master, "--pod_id=ps-0"});
+  ASSERT_TRUE(WaitReady(pod_metrics));
+  ClientOptions options;
+  options.master = master;
+  auto client = PsClient::Connect(options);
+  ASSERT_TRUE(client.ok()) << client.status();
+  TableSpec spec;
+  spec.set_name("user");
+  spec.set_dim(4);
+  ASSERT_TRUE((*client)->CreateTable(spec).ok());
+  std::vector<int64_t> ids = {1, 2, 3};
+  std::vector<float> grads(12, 0.5f);
+  ASSERT_TRUE((*client)->Push({{"user", ids, grads.data()}}).ok());
+
+  const int web_port = FreePort();
+  std::ofstream(Path("prometheus.yml"))
+      << "global:\n  scrape_interval: 1s\n  scrape_timeout: 1s\n"
+      << "scrape_configs:\n"
+      << "  - job_name: ps-master\n    static_configs:\n      - targets: ['127.0.0.1:"
+      << master_metrics << "']\n"
+      << "  - job_name: ps\n    static_configs:\n      - targets: ['127.0.0.1:" << pod_metrics
+      << "']\n";
+  auto prom = ChildProcess::Start({prometheus, "--config.file=" + Path("prometheus.yml"),
+                                   "--storage.tsdb.path=" + Path("prom-data"),
+                                   absl::StrCat("--web.listen-address=127.0.0.1:", web_port)},
+                                  Path("prometheus.log"));
+  ASSERT_TRUE(prom.ok()) << prom.status();
+  children_["prometheus"] = *std::move(prom);
+
+  // Until both targets are up and the series carry the expected values.
+  const std::vector<std::pair<std::string, std::string>> queries = {
+      {"ps_pushed_rows_total", "\"3\"]"},
+      {"ps_table_rows", "\"table\":\"user\""},
+      {"ps_master_pods%7Bstate%3D%22live%22%7D", "\"1\"]"},
+      {"grpc_server_handled_total%7Bgrpc_method%3D%22Push%22%7D", "\"job\":\"ps\""},
+      {"up%7Bjob%3D%22ps-master%22%7D", "\"1\"]"},
+  };
+  std::map<std::string, std::string> last;
+  const absl::Time deadline = absl::Now() + absl::Seconds(40);
+  size_t found = 0;
+  while (found < queries.size() && absl::Now() < deadline && children_["prometheus"]->Running()) {
+    found = 0;
+    for (const auto& [q, want] : queries) {
+      auto body = HttpGet(web_port, "/api/v1/query?query=" + q);
+      last[q] = body.ok() ? *body : body.status().ToString();
+      if (body.ok() && absl::StrContains(*body, want)) ++found;
+    }
+    if (found < queries.size()) absl::SleepFor(absl::Milliseconds(500));
+  }
+  for (const auto& [q, want] : queries) {
+    EXPECT_TRUE(absl::StrContains(last[q], want)) << q << " -> " << last[q];
+  }
+}
+
+}  // namespace
+}  // namespace ps
