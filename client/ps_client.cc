@@ -389,34 +389,32 @@ class PsClientImpl final : public PsClient {
     timer_.After(wait, [this] { StartRefresh(); });
   }
 
+  // Runs on the timer thread: a blocking call (the master answers in a few ms, or fails at
+  // once when down; 2 s at most), so no call state outlives it.
   void StartRefresh() {
-    auto ctx = std::make_shared<grpc::ClientContext>();
-    ctx->set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(2));
-    auto req = std::make_shared<GetShardMapRequest>();
-    auto resp = std::make_shared<ShardMapResponse>();
-    master_->async()->GetShardMap(ctx.get(), req.get(), resp.get(),
-                                  [this, ctx, req, resp](grpc::Status s) {
-                                    if (s.ok()) {
-                                      auto current = routing();
-                                      if (resp->epoch() >= current->map.epoch()) {
-                                        auto next = RoutingFromMap(options_, *resp, current.get());
-                                        if (next.ok()) {
-                                          absl::MutexLock lock(&routing_mu_);
-                                          routing_ = *std::move(next);
-                                        }
-                                      }
-                                    }
-                                    std::vector<std::function<void()>> waiters;
-                                    {
-                                      absl::MutexLock lock(&refresh_mu_);
-                                      refresh_in_flight_ = false;
-                                      last_refresh_ = absl::Now();
-                                      waiters.swap(refresh_waiters_);
-                                    }
-                                    for (auto& w : waiters) w();
-                                    absl::MutexLock lock(&inflight_mu_);
-                                    --inflight_rpcs_;
-                                  });
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(2));
+    ShardMapResponse resp;
+    if (master_->GetShardMap(&ctx, GetShardMapRequest(), &resp).ok()) {
+      auto current = routing();
+      if (resp.epoch() >= current->map.epoch()) {
+        auto next = RoutingFromMap(options_, resp, current.get());
+        if (next.ok()) {
+          absl::MutexLock lock(&routing_mu_);
+          routing_ = *std::move(next);
+        }
+      }
+    }
+    std::vector<std::function<void()>> waiters;
+    {
+      absl::MutexLock lock(&refresh_mu_);
+      refresh_in_flight_ = false;
+      last_refresh_ = absl::Now();
+      waiters.swap(refresh_waiters_);
+    }
+    for (auto& w : waiters) w();
+    absl::MutexLock lock(&inflight_mu_);
+    --inflight_rpcs_;
   }
 
   // The pod with `id` in the current routing (its address may have changed), or `pod`.
