@@ -62,6 +62,20 @@ absl::Status DenseTensor::Restore(absl::Span<const float> values, uint64_t step)
   return absl::OkStatus();
 }
 
+absl::StatusOr<bool> DenseTensor::Install(absl::Span<const float> values, uint64_t step) {
+  absl::MutexLock lock(&mu_);
+  if (values.size() != values_.size()) {
+    return absl::InvalidArgumentError(absl::StrCat("dense tensor '", spec_.name(), "' holds ",
+                                                   values_.size(), " floats; install has ",
+                                                   values.size()));
+  }
+  if (step_ >= step) return false;
+  std::copy(values.begin(), values.end(), values_.begin());
+  step_ = step;
+  dirty_ = true;
+  return true;
+}
+
 bool DenseTensor::Snapshot(bool always, std::vector<float>* values, uint64_t* step) {
   absl::MutexLock lock(&mu_);
   if (!dirty_ && !always) return false;

@@ -41,6 +41,11 @@ class DenseTensor {
   // INVALID_ARGUMENT if `values` has the wrong size. Thread-safe.
   absl::Status Restore(absl::Span<const float> values, uint64_t step);
 
+  // Installs values (as Restore) and marks the tensor changed if it has had fewer than
+  // `step` updates; returns whether it did (see EmbeddingTable::Install). INVALID_ARGUMENT
+  // if `values` has the wrong size. Thread-safe.
+  absl::StatusOr<bool> Install(absl::Span<const float> values, uint64_t step);
+
   // If the tensor changed since the previous call (or `always`), copies weights and
   // optimizer state into *values and the count into *step and returns true. Only a call
   // without `always` clears the changed mark. Thread-safe.

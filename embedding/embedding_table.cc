@@ -1,12 +1,14 @@
 #include "embedding/embedding_table.h"
 
 #include <cstring>
+#include <memory>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/strings/str_cat.h"
 #include "embedding/block_arena.h"
 #include "embedding/hash.h"
 #include "embedding/row_index.h"
+#include "embedding/row_source.h"
 #include "embedding/spec.h"
 #include "embedding/spin_lock.h"
 #include "embedding/status_macros.h"
@@ -32,14 +34,26 @@ struct RowLayout {
 class alignas(64) Stripe {
  public:
   SpinLock mu;
-  RowIndex index ABSL_GUARDED_BY(mu);                // id -> slot; Prefetch needs no lock
-  std::vector<float*> blocks ABSL_GUARDED_BY(mu);    // owned by the table's arena
-  std::vector<int64_t> ids ABSL_GUARDED_BY(mu);      // slot -> id
-  std::vector<uint64_t> dirty ABSL_GUARDED_BY(mu);   // bit per slot (with track_dirty)
-  std::vector<uint64_t> vacant ABSL_GUARDED_BY(mu);  // bit per slot: erased, reusable
-  std::vector<uint32_t> free_slots ABSL_GUARDED_BY(mu);
+  RowIndex index ABSL_GUARDED_BY(mu);               // id -> slot; Prefetch needs no lock
+  std::vector<float*> blocks ABSL_GUARDED_BY(mu);   // owned by the table's arena
+  std::vector<int64_t> ids ABSL_GUARDED_BY(mu);     // slot -> id
+  std::vector<uint64_t> dirty ABSL_GUARDED_BY(mu);  // bit per slot (with track_dirty)
   uint32_t used_slots ABSL_GUARDED_BY(mu) = 0;
+  // A bit per slot holding a row, and the slots of evicted or erased rows for reuse.
+  std::vector<uint64_t> live ABSL_GUARDED_BY(mu);
+  std::vector<uint32_t> free_slots ABSL_GUARDED_BY(mu);
+  // With evictable: a reference bit per slot (CLOCK) and the clock hand.
+  std::vector<uint64_t> ref ABSL_GUARDED_BY(mu);
+  uint32_t hand ABSL_GUARDED_BY(mu) = 0;
 };
+
+inline bool TestBit(const std::vector<uint64_t>& v, uint32_t i) {
+  return (v[i >> 6] >> (i & 63)) & 1;
+}
+inline void SetBit(std::vector<uint64_t>& v, uint32_t i) { v[i >> 6] |= uint64_t{1} << (i & 63); }
+inline void ClearBit(std::vector<uint64_t>& v, uint32_t i) {
+  v[i >> 6] &= ~(uint64_t{1} << (i & 63));
+}
 
 class EmbeddingTableImpl final : public EmbeddingTable {
  public:
@@ -52,6 +66,7 @@ class EmbeddingTableImpl final : public EmbeddingTable {
         rows_per_block_(std::max<size_t>(1, kBlockBytes / (layout_.stride * sizeof(float)))),
         stripe_mask_(options.num_stripes - 1),
         track_dirty_(options.track_dirty),
+        evictable_(options.evictable),
         stripes_(options.num_stripes),
         index_bytes_(options.num_stripes * RowIndex::kMinCapacity * 16) {}
 
@@ -65,13 +80,45 @@ class EmbeddingTableImpl final : public EmbeddingTable {
   // all cache misses; issuing a group's misses together overlaps them instead of paying
   // them one after another. The second pass looks the id up again under the lock (an L1
   // hit by then), so nothing is trusted across the two locks.
-  void Pull(absl::Span<const int64_t> ids, float* out, bool read_only) override {
+  void Pull(absl::Span<const int64_t> ids, float* out, bool read_only,
+            absl::Status* error) override {
+    RowSource* source = source_.load(std::memory_order_acquire);
+    if (source == nullptr) {
+      // The in-memory path: its own instantiations, so a table that is not evictable
+      // runs exactly the code it ran before eviction existed.
+      if (evictable_) {
+        PullResident</*kTouch=*/true>(ids, out, read_only);
+      } else {
+        PullResident</*kTouch=*/false>(ids, out, read_only);
+      }
+      return;
+    }
+    const size_t row_bytes = layout_.dim * sizeof(float);
+    // Rows may have been evicted: copy the resident ones, then read the others back.
+    std::vector<uint32_t> missing;
+    ForEachGroup(ids, /*for_write=*/false, [&](size_t i, Stripe& s, uint64_t h) {
+      const uint32_t* slot = s.index.Find(ids[i], h);
+      if (slot == nullptr) {
+        missing.push_back(static_cast<uint32_t>(i));
+        return;
+      }
+      std::memcpy(out + i * layout_.dim, RowAt(s, *slot), row_bytes);
+      Touch(s, *slot);
+    });
+    if (missing.empty()) return;
+    absl::Status st = LoadMissing(source, ids, missing, out, read_only);
+    if (!st.ok() && error != nullptr) *error = st;
+  }
+
+  template <bool kTouch>
+  void PullResident(absl::Span<const int64_t> ids, float* out, bool read_only) {
     const size_t row_bytes = layout_.dim * sizeof(float);
     ForEachGroup(ids, /*for_write=*/false, [&](size_t i, Stripe& s, uint64_t h) {
       float* dst = out + i * layout_.dim;
       const uint32_t* slot = s.index.Find(ids[i], h);
       if (slot != nullptr) {
         std::memcpy(dst, RowAt(s, *slot), row_bytes);
+        if (kTouch) SetBit(s.ref, *slot);
       } else if (read_only) {
         initializer_.Fill(name_hash_, ids[i], dst, layout_.dim);
       } else {
@@ -80,9 +127,75 @@ class EmbeddingTableImpl final : public EmbeddingTable {
     });
   }
 
+  void SetRowSource(RowSource* source) override {
+    source_.store(source, std::memory_order_release);
+  }
+
+  absl::Status Load(absl::Span<const int64_t> ids) override {
+    RowSource* source = source_.load(std::memory_order_acquire);
+    if (source == nullptr) return absl::OkStatus();
+    std::vector<uint32_t> missing;
+    ForEachGroup(ids, /*for_write=*/false, [&](size_t i, Stripe& s, uint64_t h) {
+      if (s.index.Find(ids[i], h) == nullptr) missing.push_back(static_cast<uint32_t>(i));
+    });
+    if (missing.empty()) return absl::OkStatus();
+    return LoadMissing(source, ids, missing, /*out=*/nullptr, /*read_only=*/true);
+  }
+
+  size_t Erase(absl::Span<const int64_t> ids) override {
+    size_t erased = 0;
+    for (int64_t id : ids) {
+      const uint64_t h = RouteHash(name_hash_, id);
+      Stripe& s = StripeOf(h);
+      SpinLockHolder lock(&s.mu);
+      const uint32_t* found = s.index.Find(id, h);
+      if (found == nullptr) continue;
+      const uint32_t slot = *found;
+      s.index.Erase(id, h);
+      ClearBit(s.live, slot);
+      if (track_dirty_) ClearBit(s.dirty, slot);
+      s.free_slots.push_back(slot);
+      rows_.fetch_sub(1, std::memory_order_relaxed);
+      ++erased;
+    }
+    return erased;
+  }
+
+  size_t Evict(uint64_t target_rows) override {
+    if (!evictable_) return 0;
+    const uint64_t resident = rows_.load(std::memory_order_relaxed);
+    if (resident <= target_rows) return 0;
+    evict_epoch_.fetch_add(1, std::memory_order_acq_rel);
+    const uint64_t want = resident - target_rows;
+    const uint64_t per_stripe = want / stripes_.size() + 1;
+    size_t evicted = 0;
+    // A few passes: the first may only clear reference bits.
+    for (int pass = 0; pass < 3 && evicted < want; ++pass) {
+      for (Stripe& s : stripes_) {
+        if (evicted >= want) break;
+        SpinLockHolder lock(&s.mu);
+        evicted += EvictFromStripe(s, std::min<uint64_t>(per_stripe, want - evicted));
+      }
+    }
+    evict_epoch_.fetch_add(1, std::memory_order_acq_rel);
+    return evicted;
+  }
+
+  uint64_t row_bytes() const override { return layout_.stride * sizeof(float) + 24; }
+
   void Push(absl::Span<const int64_t> ids, const float* grads, float lr, uint64_t* steps) override {
+    if (evictable_) {
+      PushRows</*kTouch=*/true>(ids, grads, lr, steps);
+    } else {
+      PushRows</*kTouch=*/false>(ids, grads, lr, steps);
+    }
+  }
+
+  template <bool kTouch>
+  void PushRows(absl::Span<const int64_t> ids, const float* grads, float lr, uint64_t* steps) {
     ForEachGroup(ids, /*for_write=*/true, [&](size_t i, Stripe& s, uint64_t h) {
       uint32_t slot = FindOrCreate(s, ids[i], h);
+      if (kTouch) SetBit(s.ref, slot);
       float* row = RowAt(s, slot);
       uint64_t step = GetStep(row);
       optimizer_.Apply(lr, row, row + layout_.dim, &step, grads + i * layout_.dim, layout_.dim);
@@ -115,23 +228,25 @@ class EmbeddingTableImpl final : public EmbeddingTable {
     SetStep(row, step);
   }
 
-  size_t Erase(absl::Span<const int64_t> ids) override {
-    size_t erased = 0;
-    for (int64_t id : ids) {
-      const uint64_t h = RouteHash(name_hash_, id);
-      Stripe& s = StripeOf(h);
-      SpinLockHolder lock(&s.mu);
-      const uint32_t* found = s.index.Find(id, h);
-      if (found == nullptr) continue;
-      const uint32_t slot = *found;
-      s.index.Erase(id, h);
-      s.vacant[slot >> 6] |= uint64_t{1} << (slot & 63);
-      if (track_dirty_) s.dirty[slot >> 6] &= ~(uint64_t{1} << (slot & 63));
-      s.free_slots.push_back(slot);
-      rows_.fetch_sub(1, std::memory_order_relaxed);
-      ++erased;
+  bool Install(int64_t id, const float* weights, const float* slots, uint64_t step) override {
+    const uint64_t h = RouteHash(name_hash_, id);
+    Stripe& s = StripeOf(h);
+    SpinLockHolder lock(&s.mu);
+    const uint32_t* found = s.index.Find(id, h);
+    uint32_t slot;
+    if (found != nullptr) {
+      slot = *found;
+      if (GetStep(RowAt(s, slot)) >= step) return false;
+    } else {
+      slot = NewSlot(s, id, h);
     }
-    return erased;
+    Touch(s, slot);
+    float* row = RowAt(s, slot);
+    std::memcpy(row, weights, layout_.dim * sizeof(float));
+    std::memcpy(row + layout_.dim, slots, layout_.slot_floats * sizeof(float));
+    SetStep(row, step);
+    MarkDirty(s, slot);
+    return true;
   }
 
   size_t CollectDirty(const std::function<void(const RowView&)>& fn,
@@ -182,9 +297,83 @@ class EmbeddingTableImpl final : public EmbeddingTable {
   uint32_t FindOrCreate(Stripe& s, int64_t id, uint64_t h) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mu) {
     const uint32_t* slot = s.index.Find(id, h);
     if (slot != nullptr) return *slot;
-    uint32_t created;
-    CreateRow(s, id, h, &created);
+    const uint32_t created = NewSlot(s, id, h);
+    InitRow(RowAt(s, created), id);
     return created;
+  }
+
+  void Touch(Stripe& s, uint32_t slot) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mu) {
+    if (evictable_) SetBit(s.ref, slot);
+  }
+
+  // Reads rows ids[missing[k]] from the source (outside any lock) and, per row: copies it
+  // to out (if given) and keeps it, unless an eviction ran meanwhile (it might then be
+  // older than what was written since); a row the source lacks is created (unless
+  // read_only) or, for a pull, filled with its initial value.
+  absl::Status LoadMissing(RowSource* source, absl::Span<const int64_t> ids,
+                           const std::vector<uint32_t>& missing, float* out, bool read_only) {
+    const uint64_t epoch = evict_epoch_.load(std::memory_order_acquire);
+    const size_t n = missing.size();
+    const size_t floats = layout_.dim + layout_.slot_floats;
+    std::vector<int64_t> wanted(n);
+    for (size_t k = 0; k < n; ++k) wanted[k] = ids[missing[k]];
+    std::vector<float> values(n * floats);
+    std::vector<uint64_t> steps(n);
+    std::unique_ptr<bool[]> found(new bool[n]);
+    absl::Status st = source->Read(wanted, floats, values.data(), steps.data(), found.get());
+    if (!st.ok()) return st;
+    const size_t row_bytes = layout_.dim * sizeof(float);
+    for (size_t k = 0; k < n; ++k) {
+      const int64_t id = wanted[k];
+      const uint64_t h = RouteHash(name_hash_, id);
+      Stripe& s = StripeOf(h);
+      SpinLockHolder lock(&s.mu);
+      float* dst = out == nullptr ? nullptr : out + size_t{missing[k]} * layout_.dim;
+      if (const uint32_t* slot = s.index.Find(id, h); slot != nullptr) {
+        if (dst != nullptr) std::memcpy(dst, RowAt(s, *slot), row_bytes);  // loaded meanwhile
+        continue;
+      }
+      if (found[k]) {
+        const float* v = values.data() + k * floats;
+        if (dst != nullptr) std::memcpy(dst, v, row_bytes);
+        if (evict_epoch_.load(std::memory_order_acquire) != epoch) continue;
+        const uint32_t slot = NewSlot(s, id, h);
+        float* row = RowAt(s, slot);
+        std::memcpy(row, v, floats * sizeof(float));
+        SetStep(row, steps[k]);
+      } else if (dst != nullptr) {
+        if (read_only) {
+          initializer_.Fill(name_hash_, id, dst, layout_.dim);
+        } else {
+          std::memcpy(dst, CreateRow(s, id, h), row_bytes);
+        }
+      }
+    }
+    return absl::OkStatus();
+  }
+
+  // Evicts up to `quota` clean, unreferenced rows of a stripe, advancing its clock hand
+  // at most twice around.
+  size_t EvictFromStripe(Stripe& s, uint64_t quota) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mu) {
+    size_t evicted = 0;
+    const uint32_t n = s.used_slots;
+    for (uint64_t step = 0; step < 2 * uint64_t{n} && evicted < quota; ++step) {
+      const uint32_t slot = s.hand;
+      s.hand = s.hand + 1 >= n ? 0 : s.hand + 1;
+      if (!TestBit(s.live, slot)) continue;
+      if (track_dirty_ && TestBit(s.dirty, slot)) continue;
+      if (TestBit(s.ref, slot)) {
+        ClearBit(s.ref, slot);
+        continue;
+      }
+      const int64_t id = s.ids[slot];
+      s.index.Erase(id, RouteHash(name_hash_, id));
+      ClearBit(s.live, slot);
+      s.free_slots.push_back(slot);
+      rows_.fetch_sub(1, std::memory_order_relaxed);
+      ++evicted;
+    }
+    return evicted;
   }
 
   void MarkDirty(Stripe& s, uint32_t slot) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mu) {
@@ -204,7 +393,6 @@ class EmbeddingTableImpl final : public EmbeddingTable {
         if (begin >= s.used_slots) break;
         const uint32_t end = std::min(s.used_slots, begin + kScanChunk);
         for (uint32_t slot = begin; slot < end; ++slot) {
-          if ((s.vacant[slot >> 6] >> (slot & 63)) & 1) continue;
           if (dirty_only) {
             uint64_t& word = s.dirty[slot >> 6];
             const uint64_t bit = uint64_t{1} << (slot & 63);
@@ -215,6 +403,7 @@ class EmbeddingTableImpl final : public EmbeddingTable {
             }
             word &= ~bit;
           }
+          if (!TestBit(s.live, slot)) continue;
           const float* row = RowAt(s, slot);
           RowView view;
           view.id = s.ids[slot];
@@ -279,14 +468,27 @@ class EmbeddingTableImpl final : public EmbeddingTable {
     return s.blocks[slot / rows_per_block_] + (slot % rows_per_block_) * layout_.stride;
   }
 
-  float* CreateRow(Stripe& s, int64_t id, uint64_t h, uint32_t* created_slot = nullptr)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mu) {
+  float* CreateRow(Stripe& s, int64_t id, uint64_t h) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mu) {
+    float* row = RowAt(s, NewSlot(s, id, h));
+    InitRow(row, id);
+    return row;
+  }
+
+  void InitRow(float* row, int64_t id) const {
+    initializer_.Fill(name_hash_, id, row, layout_.dim);
+    optimizer_.InitSlots(row + layout_.dim, layout_.dim);
+    SetStep(row, 0);
+  }
+
+  // A slot for a new row of `id` (an evicted row's, or a new one), indexed, not dirty;
+  // its contents are for the caller to write.
+  uint32_t NewSlot(Stripe& s, int64_t id, uint64_t h) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mu) {
     uint32_t slot;
-    if (!s.free_slots.empty()) {  // reuse an erased row's slot
+    if (!s.free_slots.empty()) {
       slot = s.free_slots.back();
       s.free_slots.pop_back();
-      s.vacant[slot >> 6] &= ~(uint64_t{1} << (slot & 63));
       s.ids[slot] = id;
+      if (track_dirty_) ClearBit(s.dirty, slot);
     } else {
       slot = s.used_slots++;
       if (slot / rows_per_block_ >= s.blocks.size()) {
@@ -294,19 +496,19 @@ class EmbeddingTableImpl final : public EmbeddingTable {
             static_cast<float*>(arena_.Allocate(rows_per_block_ * layout_.stride * sizeof(float))));
       }
       s.ids.push_back(id);
-      if ((slot & 63) == 0) s.vacant.push_back(0);
-      if (track_dirty_ && (slot & 63) == 0) s.dirty.push_back(0);
+      if ((slot & 63) == 0) {
+        if (track_dirty_) s.dirty.push_back(0);
+        s.live.push_back(0);
+        if (evictable_) s.ref.push_back(0);
+      }
     }
-    if (created_slot != nullptr) *created_slot = slot;
+    SetBit(s.live, slot);
+    if (evictable_) SetBit(s.ref, slot);
     const size_t index_bytes = s.index.memory_bytes();
     s.index.Insert(id, h, slot);
     index_bytes_.fetch_add(s.index.memory_bytes() - index_bytes, std::memory_order_relaxed);
     rows_.fetch_add(1, std::memory_order_relaxed);
-    float* row = RowAt(s, slot);
-    initializer_.Fill(name_hash_, id, row, layout_.dim);
-    optimizer_.InitSlots(row + layout_.dim, layout_.dim);
-    SetStep(row, 0);
-    return row;
+    return slot;
   }
 
   // Constant after construction.
@@ -318,6 +520,11 @@ class EmbeddingTableImpl final : public EmbeddingTable {
   const size_t rows_per_block_;
   const uint64_t stripe_mask_;
   const bool track_dirty_;
+  const bool evictable_;
+  std::atomic<RowSource*> source_{nullptr};
+  // Bumped before and after every Evict: a row read back from the source is kept only if
+  // no eviction ran since the read (else it might be older than a later write-out).
+  std::atomic<uint64_t> evict_epoch_{0};
 
   BlockArena arena_;             // declared before the stripes that point into it
   std::vector<Stripe> stripes_;  // each guarded by its own mu

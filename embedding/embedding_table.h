@@ -27,7 +27,13 @@ struct TableOptions {
   // Remember which rows pushes changed since the last CollectDirty (one bit per row),
   // for a durable pod that writes changed rows to storage in the background.
   bool track_dirty = false;
+  // Rows may be evicted (Evict) and read back from a RowSource when touched again: keeps a
+  // reference bit per row (CLOCK) and reuses evicted slots. For a pod with a memory
+  // budget; costs a bit write per row touched.
+  bool evictable = false;
 };
+
+class RowSource;
 
 // One row as the table stores it, for inspection and export.
 struct RowView {
@@ -52,7 +58,10 @@ class EmbeddingTable {
   // Copies row ids[i] into out[i*dim, (i+1)*dim) for every i. A missing row is created at
   // its initial value unless `read_only`, in which case its initial value is returned and
   // nothing is stored. Thread-safe.
-  virtual void Pull(absl::Span<const int64_t> ids, float* out, bool read_only) = 0;
+  // With a RowSource, a missing row is read from it first; if that read fails, *error
+  // (when given) gets the error and the rows of the failed read are unspecified.
+  virtual void Pull(absl::Span<const int64_t> ids, float* out, bool read_only,
+                    absl::Status* error = nullptr) = 0;
 
   // Applies grads[i*dim, (i+1)*dim) to row ids[i] for every i in order, creating missing
   // rows first. lr > 0 overrides the table's learning rate. The caller has checked that
@@ -71,6 +80,30 @@ class EmbeddingTable {
   // Sets row `id` to the given weights (dim floats), optimizer slots (slot_floats()) and
   // update count, creating it if missing; the row is not marked dirty. Thread-safe.
   virtual void Restore(int64_t id, const float* weights, const float* slots, uint64_t step) = 0;
+
+  // Installs a whole row (an import): sets row `id` to the given weights (dim floats),
+  // optimizer slots (slot_floats()) and update count if the row is missing or has fewer
+  // than `step` updates, and marks it dirty; otherwise (the table already holds that state
+  // or a later one) leaves it alone. Returns whether it installed. Replaying a logged
+  // install is the same call, so imports are idempotent. Thread-safe.
+  virtual bool Install(int64_t id, const float* weights, const float* slots, uint64_t step) = 0;
+
+  // Evictable tables (TableOptions.evictable). Rows missing from memory are looked up
+  // in `source` (which must outlive the table) before they are created: a pull reads them
+  // back (and keeps them), a push, replay or install needs them loaded first (Load).
+  // Thread-safe; set once.
+  virtual void SetRowSource(RowSource* source) = 0;
+  // Makes rows ids[...] resident, reading the missing ones from the source in one batch.
+  // The caller keeps Evict from running until it has used them (a pod holds its apply
+  // lock shared; Evict runs under it exclusively). Errors are the source's. Thread-safe.
+  virtual absl::Status Load(absl::Span<const int64_t> ids) = 0;
+  // Drops clean (not dirty), unreferenced rows until at most `target_rows` remain (CLOCK:
+  // a row touched since the hand last passed gets a second chance). Only rows the source
+  // holds may be dropped: the caller runs it right after writing every dirty row out.
+  // Returns the rows dropped. Thread-safe (one caller at a time).
+  virtual size_t Evict(uint64_t target_rows) = 0;
+  // Bytes one resident row costs (row storage and its index entry).
+  virtual uint64_t row_bytes() const = 0;
 
   // Calls fn for every row changed since the previous call (with track_dirty), under its
   // stripe's lock (fn must not call back into the table), and clears the marks. Rows

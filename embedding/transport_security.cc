@@ -1,5 +1,7 @@
 #include "embedding/transport_security.h"
 
+#include <grpcpp/security/tls_certificate_provider.h>
+#include <grpcpp/security/tls_credentials_options.h>
 #include <grpcpp/support/client_interceptor.h>
 
 #include <cerrno>
@@ -110,7 +112,16 @@ absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> MakeServerCredentials(
     if (!ca.ok()) return ca.status();
     options.pem_root_certs = *std::move(ca);
   }
-  return grpc::SslServerCredentials(options);
+  if (security.reload_interval_s <= 0) return grpc::SslServerCredentials(options);
+  // The files were readable just now (errors name them at start); from here gRPC reads
+  // them again every interval and uses what it last read successfully.
+  auto provider = std::make_shared<grpc::experimental::FileWatcherCertificateProvider>(
+      security.key_file, security.cert_file, security.ca_file, security.reload_interval_s);
+  grpc::experimental::TlsServerCredentialsOptions tls(provider);
+  tls.watch_identity_key_cert_pairs();
+  if (!security.ca_file.empty()) tls.watch_root_certs();
+  tls.set_cert_request_type(options.client_certificate_request);
+  return grpc::experimental::TlsServerCredentials(tls);
 }
 
 ChannelMaker::ChannelMaker() : credentials_(grpc::InsecureChannelCredentials()) {}
@@ -141,7 +152,19 @@ absl::StatusOr<ChannelMaker> ChannelMaker::Create(const ChannelSecurity& securit
     options.pem_cert_chain = *std::move(cert);
     options.pem_private_key = *std::move(key);
   }
-  maker.credentials_ = grpc::SslCredentials(options);
+  if (security.reload_interval_s <= 0) {
+    maker.credentials_ = grpc::SslCredentials(options);
+  } else {
+    auto provider = std::make_shared<grpc::experimental::FileWatcherCertificateProvider>(
+        security.key_file, security.cert_file, security.ca_file, security.reload_interval_s);
+    grpc::experimental::TlsChannelCredentialsOptions tls;
+    tls.set_certificate_provider(provider);
+    tls.watch_root_certs();
+    if (!security.cert_file.empty()) tls.watch_identity_key_cert_pairs();
+    tls.set_verify_server_certs(true);
+    tls.set_check_call_host(true);
+    maker.credentials_ = grpc::experimental::TlsCredentials(tls);
+  }
   maker.tls_ = true;
   return maker;
 }

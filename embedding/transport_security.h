@@ -23,6 +23,10 @@ struct ServerSecurity {
   std::string key_file;    // PEM private key
   std::string ca_file;     // PEM CA bundle; set: clients must present a certificate it signed
   std::string auth_token;  // non-empty: calls must carry it (TokenAuthenticator)
+  // The three files are read again this often, so replaced certificates (a renewed
+  // Kubernetes Secret) take effect without a restart, for new connections. A minute
+  // matches how fast the kubelet updates mounted Secrets. 0: read once at start.
+  int reload_interval_s = 60;
 };
 
 // Credentials for grpc::ServerBuilder::AddListeningPort. INVALID_ARGUMENT for an
@@ -40,9 +44,11 @@ struct ChannelSecurity {
   // when dialing an IP). Empty: the target's host.
   std::string server_name;
   std::string auth_token;  // non-empty: sent with every call
+  // As ServerSecurity::reload_interval_s, for the CA and the client certificate.
+  int reload_interval_s = 60;
 };
 
-// Makes channels with the credentials and token of a ChannelSecurity, loaded once.
+// Makes channels with the credentials and token of a ChannelSecurity.
 // Copyable; thread-safe.
 class ChannelMaker {
  public:

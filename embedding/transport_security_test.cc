@@ -10,6 +10,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
+#include "absl/time/clock.h"
 #include "embedding/test_certs.h"
 
 namespace ps {
@@ -141,6 +142,41 @@ TEST_F(TlsTest, MutualTlsRequiresAClientCertificateOfTheCa) {
   EXPECT_EQ(Check(Maker(rogue), server.address()).error_code(), grpc::StatusCode::UNAVAILABLE);
   grpc::Status s = Check(Maker(Client(true)), server.address());
   EXPECT_TRUE(s.ok()) << s.error_message();
+}
+
+// Copies `from` over `to` the way the kubelet updates a mounted Secret: atomically.
+void Replace(const std::string& from, const std::string& to) {
+  std::ifstream in(from, std::ios::binary);
+  std::ofstream(to + ".new", std::ios::binary) << in.rdbuf();
+  ASSERT_EQ(std::rename((to + ".new").c_str(), to.c_str()), 0);
+}
+
+TEST_F(TlsTest, ReplacedCertificatesTakeEffectWithoutARestart) {
+  const std::string cert = certs_.file("live.crt"), key = certs_.file("live.key");
+  Replace(certs_.file("server.crt"), cert);
+  Replace(certs_.file("server.key"), key);
+  ServerSecurity security;
+  security.cert_file = cert;
+  security.key_file = key;
+  security.reload_interval_s = 1;
+  HealthServer server(security);
+  ChannelSecurity old_ca = Client(false), new_ca;
+  new_ca.ca_file = certs_.file("other/ca.crt");
+  // Dialed by IP, checked against the name the certificates carry.
+  old_ca.server_name = new_ca.server_name = "localhost";
+  EXPECT_TRUE(Check(Maker(old_ca), server.address()).ok());
+  EXPECT_EQ(Check(Maker(new_ca), server.address()).error_code(), grpc::StatusCode::UNAVAILABLE);
+
+  // A certificate of the other CA replaces it: new connections get it within the interval.
+  Replace(certs_.file("other/server.key"), key);
+  Replace(certs_.file("other/server.crt"), cert);
+  bool switched = false;
+  for (int i = 0; i < 50 && !switched; ++i) {
+    absl::SleepFor(absl::Milliseconds(200));
+    switched = Check(Maker(new_ca), server.address()).ok();
+  }
+  EXPECT_TRUE(switched) << "the server kept its old certificate";
+  EXPECT_EQ(Check(Maker(old_ca), server.address()).error_code(), grpc::StatusCode::UNAVAILABLE);
 }
 
 TEST(TransportSecurityTest, InconsistentOptionsAreRefused) {

@@ -60,6 +60,9 @@ DEFINE_string(pod_tls_ca, "",
               "PEM CA bundle to verify the pods' certificates when the master calls them "
               "(vshard moves; default: --tls_ca). Set either to reach TLS pods; the master then "
               "presents --tls_cert to pods that require mutual TLS.");
+DEFINE_int32(tls_reload_s, 60,
+             "The TLS files are read again this often: replaced certificates (a renewed "
+             "Secret) serve new connections without a restart. 0: read once at start.");
 DEFINE_string(auth_token_file, "",
               "File holding a shared token (surrounding whitespace trimmed). Set: every master "
               "RPC must carry `authorization: Bearer <token>` (else UNAUTHENTICATED; health "
@@ -80,9 +83,10 @@ int Main() {
     LOG(ERROR) << "--port must be in [0, 65535] and --metrics_port in [-1, 65535]";
     return 2;
   }
-  if (FLAGS_tls_cert.empty() != FLAGS_tls_key.empty() ||
+  if (FLAGS_tls_reload_s < 0 || FLAGS_tls_cert.empty() != FLAGS_tls_key.empty() ||
       (!FLAGS_tls_ca.empty() && FLAGS_tls_cert.empty())) {
-    LOG(ERROR) << "--tls_cert and --tls_key go together, and --tls_ca needs them";
+    LOG(ERROR) << "--tls_cert and --tls_key go together, --tls_ca needs them, and "
+                  "--tls_reload_s must be >= 0";
     return 2;
   }
   if (FLAGS_check_flags) {
@@ -112,6 +116,7 @@ int Main() {
   options.security.key_file = FLAGS_tls_key;
   options.security.ca_file = FLAGS_tls_ca;
   options.security.auth_token = *token;
+  options.security.reload_interval_s = FLAGS_tls_reload_s;
   options.metrics_enabled = FLAGS_metrics_port >= 0;
   options.metrics.host = FLAGS_host;
   options.metrics.port = std::max(0, FLAGS_metrics_port);
@@ -138,6 +143,7 @@ int Main() {
     to_pods.key_file = FLAGS_tls_key;
   }
   to_pods.auth_token = *token;
+  to_pods.reload_interval_s = FLAGS_tls_reload_s;
   absl::StatusOr<ps::ChannelMaker> channels = ps::ChannelMaker::Create(to_pods);
   if (!channels.ok()) {
     LOG(ERROR) << "bad TLS files for calls to pods: " << channels.status();

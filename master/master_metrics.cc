@@ -1,5 +1,6 @@
 #include "master/master_metrics.h"
 
+#include <algorithm>
 #include <map>
 #include <string>
 
@@ -47,6 +48,27 @@ void AddMasterMetrics(MasterCore* core, MetricsRegistry* registry) {
     w->Family("ps_master_lease_losses_total", "Leases that ran out (no heartbeat), by kind.", C);
     w->Sample({{"kind", "pod"}}, core->pod_lease_losses());
     w->Sample({{"kind", "worker"}}, core->worker_lease_losses());
+
+    // Vshard moves (live migration): in progress, and the last drain / rebalance.
+    int copying = 0;
+    double max_fence = 0;
+    for (const MoveInfo& m : s.moves()) {
+      if (m.state() == MoveInfo::COPYING) ++copying;
+      if (m.state() == MoveInfo::COMMITTED) max_fence = std::max(max_fence, m.fence_ms() / 1000);
+    }
+    w->Family("ps_master_moves_in_progress", "Vshard moves being copied.", G);
+    w->Sample({}, copying);
+    w->Family("ps_master_recent_move_max_fence_seconds",
+              "Longest fence (pushes to moving vshards refused) among the recent committed "
+              "moves.",
+              G);
+    w->Sample({}, max_fence);
+    w->Family("ps_master_operation_moves",
+              "Moves of the last drain or rebalance: planned (total) and finished (done).", G);
+    w->Sample({{"state", "total"}}, s.operation().moves_total());
+    w->Sample({{"state", "done"}}, s.operation().moves_done());
+    w->Family("ps_master_operation_running", "1 while a drain or rebalance runs.", G);
+    w->Sample({}, s.operation().operation_id() != 0 && !s.operation().done() ? 1 : 0);
 
     w->Family("ps_master_tasks", "Tasks per job and state.", G);
     for (const JobInfo& j : s.jobs()) {

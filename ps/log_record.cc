@@ -10,6 +10,8 @@ namespace {
 constexpr uint8_t kVersion = 1;
 constexpr uint8_t kTable = 1;
 constexpr uint8_t kDense = 2;
+constexpr uint8_t kInstall = 3;
+constexpr uint8_t kDenseInstall = 4;
 
 template <typename T>
 void Put(std::string* out, T v) {
@@ -99,6 +101,29 @@ void LogRecordBuilder::AddDense(absl::string_view name, float lr, uint64_t step,
   PutBytes(&out_, grads.data(), grads.size() * sizeof(float));
 }
 
+void LogRecordBuilder::AddInstall(absl::string_view table, uint32_t row_floats,
+                                  absl::Span<const int64_t> ids, absl::Span<const uint64_t> steps,
+                                  absl::Span<const float> values) {
+  Put<uint8_t>(&out_, kInstall);
+  Put<uint16_t>(&out_, static_cast<uint16_t>(table.size()));
+  PutBytes(&out_, table.data(), table.size());
+  Put<uint32_t>(&out_, static_cast<uint32_t>(ids.size()));
+  Put<uint32_t>(&out_, row_floats);
+  PutBytes(&out_, ids.data(), ids.size() * sizeof(int64_t));
+  PutBytes(&out_, steps.data(), steps.size() * sizeof(uint64_t));
+  PutBytes(&out_, values.data(), ids.size() * row_floats * sizeof(float));
+}
+
+void LogRecordBuilder::AddDenseInstall(absl::string_view name, uint64_t step,
+                                       absl::Span<const float> values) {
+  Put<uint8_t>(&out_, kDenseInstall);
+  Put<uint16_t>(&out_, static_cast<uint16_t>(name.size()));
+  PutBytes(&out_, name.data(), name.size());
+  Put<uint64_t>(&out_, step);
+  Put<uint32_t>(&out_, static_cast<uint32_t>(values.size()));
+  PutBytes(&out_, values.data(), values.size() * sizeof(float));
+}
+
 absl::StatusOr<LogRecord> DecodeLogRecord(absl::string_view bytes) {
   Reader r(bytes);
   LogRecord rec;
@@ -112,6 +137,23 @@ absl::StatusOr<LogRecord> DecodeLogRecord(absl::string_view bytes) {
   while (r.ok() && !r.done()) {
     const uint8_t tag = r.Get<uint8_t>();
     const std::string name = r.GetString(r.Get<uint16_t>());
+    if (tag == kInstall) {
+      LogInstallEntry& e = rec.installs.emplace_back();
+      e.table = name;
+      const uint32_t n = r.Get<uint32_t>();
+      e.row_floats = r.Get<uint32_t>();
+      r.GetArray(&e.ids, n);
+      r.GetArray(&e.steps, n);
+      r.GetArray(&e.values, size_t{n} * e.row_floats);
+      continue;
+    }
+    if (tag == kDenseInstall) {
+      LogDenseInstall& e = rec.dense_installs.emplace_back();
+      e.name = name;
+      e.step = r.Get<uint64_t>();
+      r.GetArray(&e.values, r.Get<uint32_t>());
+      continue;
+    }
     const float lr = r.Get<float>();
     if (tag == kTable) {
       LogTableEntry& e = rec.tables.emplace_back();

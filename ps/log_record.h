@@ -9,6 +9,12 @@
 //   u8 1 (table), u16 name length, name, f32 lr, u32 n, u32 dim, n i64 ids, n u64 steps,
 //        n*dim f32 gradients
 //   u8 2 (dense), u16 name length, name, f32 lr, u64 step, u32 numel, numel f32 gradients
+//   u8 3 (installed rows, an import), u16 name length, name, u32 n, u32 floats per row
+//        (dim + slot floats), n i64 ids, n u64 steps, n*floats f32 weights then slots
+//   u8 4 (installed dense tensor), u16 name length, name, u64 step, u32 count, count f32
+//        values (weights then slots)
+// Installs are replayed with EmbeddingTable::Install at their step, after any update of
+// the same row with the same step (the install was skipped then, so never logged).
 #pragma once
 
 #include <cstdint>
@@ -38,10 +44,27 @@ struct LogDenseEntry {
   std::vector<float> grads;
 };
 
+// Whole rows installed by an import (EmbeddingTable::Install).
+struct LogInstallEntry {
+  std::string table;
+  uint32_t row_floats = 0;  // dim + slot floats
+  std::vector<int64_t> ids;
+  std::vector<uint64_t> steps;
+  std::vector<float> values;  // n * row_floats
+};
+
+struct LogDenseInstall {
+  std::string name;
+  uint64_t step = 0;
+  std::vector<float> values;
+};
+
 struct LogRecord {
   PushKey key;
   std::vector<LogTableEntry> tables;
   std::vector<LogDenseEntry> dense;
+  std::vector<LogInstallEntry> installs;
+  std::vector<LogDenseInstall> dense_installs;
 };
 
 // Builds one encoded record. Not thread-safe.
@@ -52,6 +75,10 @@ class LogRecordBuilder {
   void AddTable(absl::string_view table, float lr, uint32_t dim, absl::Span<const int64_t> ids,
                 absl::Span<const uint64_t> steps, const float* grads);
   void AddDense(absl::string_view name, float lr, uint64_t step, absl::Span<const float> grads);
+  // Rows installed whole: values holds ids.size() rows of row_floats floats.
+  void AddInstall(absl::string_view table, uint32_t row_floats, absl::Span<const int64_t> ids,
+                  absl::Span<const uint64_t> steps, absl::Span<const float> values);
+  void AddDenseInstall(absl::string_view name, uint64_t step, absl::Span<const float> values);
   // The encoded record; the builder is empty afterwards.
   std::string Finish() { return std::move(out_); }
 

@@ -38,6 +38,30 @@ TEST(LogRecordTest, RoundTripsTablesAndDense) {
   EXPECT_EQ(rec->dense[0].grads, (std::vector<float>{0.25f, -1}));
 }
 
+TEST(LogRecordTest, RoundTripsInstalls) {
+  PushKey key;  // anonymous, as an import's record
+  const std::vector<int64_t> ids = {9, -3};
+  const std::vector<uint64_t> steps = {4, 0};
+  const std::vector<float> values = {1, 2, 3, 4, 5, 6, 7, 8};  // 2 rows of 4 floats
+  LogRecordBuilder b(key, 0);
+  b.AddInstall("emb/x", 4, ids, steps, values);
+  b.AddDenseInstall("w", 17, {0.5f, 1.5f, -2});
+  auto rec = DecodeLogRecord(b.Finish());
+  ASSERT_TRUE(rec.ok()) << rec.status();
+  ASSERT_EQ(rec->installs.size(), 1u);
+  EXPECT_EQ(rec->installs[0].table, "emb/x");
+  EXPECT_EQ(rec->installs[0].row_floats, 4u);
+  EXPECT_EQ(rec->installs[0].ids, ids);
+  EXPECT_EQ(rec->installs[0].steps, steps);
+  EXPECT_EQ(rec->installs[0].values, values);
+  ASSERT_EQ(rec->dense_installs.size(), 1u);
+  EXPECT_EQ(rec->dense_installs[0].name, "w");
+  EXPECT_EQ(rec->dense_installs[0].step, 17u);
+  EXPECT_EQ(rec->dense_installs[0].values, (std::vector<float>{0.5f, 1.5f, -2}));
+  EXPECT_TRUE(rec->tables.empty());
+  EXPECT_TRUE(rec->dense.empty());
+}
+
 TEST(LogRecordTest, DamagedRecordsAreDataLoss) {
   PushKey key;
   key.set_worker_id(1);

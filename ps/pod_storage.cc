@@ -6,14 +6,39 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "embedding/row_source.h"
 #include "embedding/status_macros.h"
 #include "ps/log_record.h"
 
 namespace ps {
 
+// Evicted rows of one table: read back from the rows column family.
+class PodStorage::StoredRowSource final : public RowSource {
+ public:
+  StoredRowSource(StorageDb* db, uint32_t table_no) : db_(db), table_no_(table_no) {}
+  absl::Status Read(absl::Span<const int64_t> ids, size_t row_floats, float* values,
+                    uint64_t* steps, bool* found) override {
+    return db_->ReadRows(table_no_, ids, row_floats, values, steps, found);
+  }
+
+ private:
+  StorageDb* const db_;
+  const uint32_t table_no_;
+};
+
+void PodStorage::AttachSource(uint32_t no, EmbeddingTable& table) {
+  absl::MutexLock lock(&mu_);
+  auto& source = sources_[no];
+  if (source != nullptr) return;
+  source = std::make_unique<StoredRowSource>(db_.get(), no);
+  table.SetRowSource(source.get());
+}
+
 absl::StatusOr<std::unique_ptr<PodStorage>> PodStorage::Open(const PodStorageOptions& options,
                                                              ModelStore* store, PushDedup* dedup) {
-  ASSIGN_OR_RETURN(std::unique_ptr<StorageDb> db, StorageDb::Open(options.db));
+  StorageDbOptions db_options = options.db;
+  db_options.rows_point_reads = options.memory_budget_bytes > 0;
+  ASSIGN_OR_RETURN(std::unique_ptr<StorageDb> db, StorageDb::Open(db_options));
   std::unique_ptr<PodStorage> storage(new PodStorage(options, std::move(db), store, dedup));
   RETURN_IF_ERROR(storage->Recover());
   return storage;
@@ -34,6 +59,8 @@ PodStorage::~PodStorage() {
     if (!s.ok()) LOG(WARNING) << "final materialization failed (the log still has it): " << s;
     log_.reset();
   }
+  // The tables may outlive this storage: they must not read through its sources.
+  for (auto& t : store_->Tables()) t->SetRowSource(nullptr);
 }
 
 absl::Status PodStorage::Recover() {
@@ -54,7 +81,12 @@ absl::Status PodStorage::Recover() {
   recovery_.dense = catalog.dense.size();
   if (!catalog.dedup.empty()) RETURN_IF_ERROR(dedup_->Restore(catalog.dedup));
 
-  // Stored rows.
+  // Stored rows, unless they load lazily (memory budget): then each table reads its rows
+  // back from the database on first touch.
+  recovery_.lazy = options_.memory_budget_bytes > 0;
+  if (recovery_.lazy) {
+    for (auto& [no, table] : by_number) AttachSource(no, *table);
+  }
   RETURN_IF_ERROR(db_->ForEachRow(
       [&](const StoredRow& row) -> absl::Status {
         auto it = by_number.find(row.table_no);
@@ -79,7 +111,8 @@ absl::Status PodStorage::Recover() {
               absl::StrCat("stored dense tensor '", name, "' which the catalog lacks"));
         }
         return d->Restore(values, step);
-      }));
+      },
+      /*table_rows=*/!recovery_.lazy));
 
   // The log: every row's updates in step order (see log_record.h).
   std::vector<LogRecord> records;
@@ -90,12 +123,14 @@ absl::Status PodStorage::Recover() {
     next_lsn = std::max(next_lsn, lsn + 1);
     return absl::OkStatus();
   }));
+  // A gradient update, or (install != null) a whole row installed by an import.
   struct Update {
     EmbeddingTable* table;
     int64_t id;
     uint64_t step;
     const float* grad;
     float lr;
+    const float* install = nullptr;  // weights then slots
   };
   std::vector<Update> updates;
   struct DenseUpdate {
@@ -103,6 +138,7 @@ absl::Status PodStorage::Recover() {
     uint64_t step;
     const float* grad;
     float lr;
+    const std::vector<float>* install = nullptr;
   };
   std::vector<DenseUpdate> dense_updates;
   std::vector<std::shared_ptr<DenseTensor>> keep_dense;
@@ -127,26 +163,77 @@ absl::Status PodStorage::Recover() {
       dense_updates.push_back({d.get(), e.step, e.grads.data(), e.lr});
       keep_dense.push_back(std::move(d));
     }
+    for (const LogInstallEntry& e : rec.installs) {
+      auto table = store_->FindTable(e.table);
+      if (table == nullptr || table->dim() + table->slot_floats() != e.row_floats) {
+        return absl::DataLossError(absl::StrCat("log record installs rows of table '", e.table,
+                                                "' (", e.row_floats,
+                                                " floats per row) which the catalog lacks"));
+      }
+      for (size_t i = 0; i < e.ids.size(); ++i) {
+        updates.push_back(
+            {table.get(), e.ids[i], e.steps[i], nullptr, 0, e.values.data() + i * e.row_floats});
+      }
+    }
+    for (const LogDenseInstall& e : rec.dense_installs) {
+      auto d = store_->FindDense(e.name);
+      if (d == nullptr || d->numel() + d->slot_floats() != e.values.size()) {
+        return absl::DataLossError(absl::StrCat("log record installs dense tensor '", e.name,
+                                                "' which the catalog lacks"));
+      }
+      dense_updates.push_back({d.get(), e.step, nullptr, 0, &e.values});
+      keep_dense.push_back(std::move(d));
+    }
     // The push is durable: a retry of its key must not apply it again.
     auto claim = dedup_->Begin(rec.key);
     if (claim.ok() && *claim == PushDedup::Claim::kNew) dedup_->Finish(rec.key, true);
   }
+  // Per row in step order; at equal steps the gradient update first: an install at the
+  // step a row already had was skipped (and so never logged), so an install is never
+  // followed by an update with its own step.
+  if (recovery_.lazy) {  // the rows the log updates must be loaded before replaying
+    absl::flat_hash_map<EmbeddingTable*, std::vector<int64_t>> ids;
+    for (const Update& u : updates) ids[u.table].push_back(u.id);
+    for (auto& [table, list] : ids) {
+      std::sort(list.begin(), list.end());
+      list.erase(std::unique(list.begin(), list.end()), list.end());
+      for (size_t i = 0; i < list.size(); i += 65536) {
+        const size_t n = std::min<size_t>(65536, list.size() - i);
+        RETURN_IF_ERROR(table->Load(absl::MakeConstSpan(list).subspan(i, n)));
+      }
+    }
+  }
   std::sort(updates.begin(), updates.end(), [](const Update& a, const Update& b) {
-    return std::tie(a.table, a.id, a.step) < std::tie(b.table, b.id, b.step);
+    const bool ia = a.install != nullptr, ib = b.install != nullptr;
+    return std::tie(a.table, a.id, a.step, ia) < std::tie(b.table, b.id, b.step, ib);
   });
-  for (const Update& u : updates) u.table->Replay(u.id, u.grad, u.lr, u.step);
+  for (const Update& u : updates) {
+    if (u.install != nullptr) {
+      u.table->Install(u.id, u.install, u.install + u.table->dim(), u.step);
+    } else {
+      u.table->Replay(u.id, u.grad, u.lr, u.step);
+    }
+  }
   std::sort(dense_updates.begin(), dense_updates.end(),
             [](const DenseUpdate& a, const DenseUpdate& b) {
-              return std::tie(a.tensor, a.step) < std::tie(b.tensor, b.step);
+              const bool ia = a.install != nullptr, ib = b.install != nullptr;
+              return std::tie(a.tensor, a.step, ia) < std::tie(b.tensor, b.step, ib);
             });
-  for (const DenseUpdate& u : dense_updates) u.tensor->Replay(u.grad, u.lr, u.step);
+  for (const DenseUpdate& u : dense_updates) {
+    if (u.install != nullptr) {
+      RETURN_IF_ERROR(u.tensor->Install(*u.install, u.step).status());
+    } else {
+      u.tensor->Replay(u.grad, u.lr, u.step);
+    }
+  }
   recovery_.log_records = records.size();
   recovery_.replayed_updates = updates.size() + dense_updates.size();
   recovery_.seconds = absl::ToDoubleSeconds(absl::Now() - start);
   LOG(INFO) << "recovered " << options_.db.dir << " in " << recovery_.seconds
             << " s: " << recovery_.tables << " tables, " << recovery_.dense << " dense tensors, "
-            << recovery_.rows << " stored rows, " << recovery_.log_records
-            << " log records replayed (" << recovery_.replayed_updates << " row updates)";
+            << (recovery_.lazy ? "stored rows load lazily, " : "") << recovery_.rows
+            << " stored rows, " << recovery_.log_records << " log records replayed ("
+            << recovery_.replayed_updates << " row updates)";
 
   log_ = std::make_unique<DurableLog>(db_.get(), next_lsn, options_.log);
   materializer_ = std::thread([this] { RunMaterializer(); });
@@ -240,6 +327,7 @@ absl::Status PodStorage::MaterializeLocked() {
   }
   RETURN_IF_ERROR(log_->WaitWritten(dedup_lsn));
   RETURN_IF_ERROR(db_->TruncateLog(cut, dedup, options_.log.durability != Durability::kProcess));
+  if (options_.memory_budget_bytes > 0) EvictToBudget();
   const double ms = absl::ToDoubleMilliseconds(absl::Now() - start);
   if (ms > 1000) {
     LOG(INFO) << "materialized " << rows << " rows in " << ms << " ms; log truncated below " << cut;
@@ -251,6 +339,33 @@ absl::Status PodStorage::MaterializeLocked() {
   stats_.materialized_rows += rows;
   stats_.last_materialize_ms = absl::ToDoubleMilliseconds(absl::Now() - start);
   return absl::OkStatus();
+}
+
+void PodStorage::EvictToBudget() {
+  std::vector<std::pair<uint32_t, std::shared_ptr<EmbeddingTable>>> tables;
+  {
+    absl::MutexLock lock(&mu_);
+    for (auto& t : store_->Tables()) {
+      auto it = table_numbers_.find(t->spec().name());
+      if (it != table_numbers_.end()) tables.emplace_back(it->second, std::move(t));
+    }
+  }
+  uint64_t total = 0;
+  for (auto& [no, t] : tables) total += t->rows() * t->row_bytes();
+  if (total <= options_.memory_budget_bytes) return;
+  // Down to 90% of the budget, each table in proportion to its share, so rows touched
+  // before the next round fit. Pushes (which load rows, then update them) wait meanwhile.
+  const double keep = 0.9 * static_cast<double>(options_.memory_budget_bytes) / total;
+  uint64_t evicted = 0;
+  {
+    absl::WriterMutexLock lock(&apply_mu_);
+    for (auto& [no, t] : tables) {
+      AttachSource(no, *t);
+      evicted += t->Evict(static_cast<uint64_t>(keep * t->rows()));
+    }
+  }
+  absl::MutexLock lock(&mu_);
+  stats_.evicted_rows += evicted;
 }
 
 void PodStorage::RunMaterializer() {

@@ -42,10 +42,17 @@ struct PodStorageOptions {
   // Materialize once more when closing, so the next start replays little. Tests turn it
   // off to leave the log as a crash would.
   bool materialize_on_close = true;
+  // Bytes of table rows kept in memory; 0: all of them. Above it, each materialization
+  // round evicts clean rows (CLOCK) down to 90% of it; evicted rows are read back from
+  // the rows column family when touched. Stored rows are then not loaded at start
+  // either: they load on first touch (a lazy start). Needs tables built with
+  // TableOptions.evictable.
+  uint64_t memory_budget_bytes = 0;
 };
 
 struct RecoveryStats {
   uint64_t tables = 0, dense = 0, rows = 0, log_records = 0, replayed_updates = 0;
+  bool lazy = false;  // stored rows were left on disk (memory budget)
   double seconds = 0;
 };
 
@@ -96,7 +103,7 @@ class PodStorage {
   const RecoveryStats& recovery() const { return recovery_; }
   Durability durability() const { return options_.log.durability; }
   struct Stats {
-    uint64_t materialize_rounds = 0, materialized_rows = 0;
+    uint64_t materialize_rounds = 0, materialized_rows = 0, evicted_rows = 0;
     double last_materialize_ms = 0;
     uint64_t disk_bytes = 0;
   };
@@ -109,6 +116,10 @@ class PodStorage {
   uint64_t BarrierLsn();  // next_lsn read with apply_mu_ held exclusively
   void RunMaterializer();
   absl::Status MaterializeLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(materialize_mu_);
+  // Gives `table` (number `no`) its RowSource over the rows column family, once.
+  void AttachSource(uint32_t no, EmbeddingTable& table);
+  // Evicts rows down to the budget; after a successful round (every dirty row written).
+  void EvictToBudget();
 
   const PodStorageOptions options_;
   std::unique_ptr<StorageDb> db_;
@@ -121,6 +132,8 @@ class PodStorage {
   absl::Mutex materialize_mu_;  // one round at a time
   absl::Mutex mu_;
   absl::flat_hash_map<std::string, uint32_t> table_numbers_ ABSL_GUARDED_BY(mu_);
+  class StoredRowSource;
+  absl::flat_hash_map<uint32_t, std::unique_ptr<StoredRowSource>> sources_ ABSL_GUARDED_BY(mu_);
   uint32_t next_table_no_ ABSL_GUARDED_BY(mu_) = 1;
   Stats stats_ ABSL_GUARDED_BY(mu_);
   bool stop_ ABSL_GUARDED_BY(mu_) = false;

@@ -6,8 +6,11 @@
 #include <gtest/gtest.h>
 #include <stdlib.h>
 
+#include <algorithm>
+#include <atomic>
 #include <filesystem>
 #include <fstream>
+#include <memory>
 #include <random>
 
 #include "embedding/spec.h"
@@ -179,6 +182,181 @@ TEST_F(PodStorageTest, CleanCloseMaterializesAndKeepsDenseTensors) {
   // The catalog came back with the normalized spec.
   EXPECT_EQ(core->store().FindTable("emb")->spec().SerializeAsString(),
             NormalizeTableSpec(Spec(OptimizerSpec::FTRL))->SerializeAsString());
+}
+
+// A full disk (injected ENOSPC on every database write): the push whose log write fails
+// is refused with UNAVAILABLE, as is every later one, even once space is back; nothing
+// is materialized after the failure (memory holds an update that is not durable), and a
+// restart on the same directory recovers exactly the acknowledged pushes.
+TEST_F(PodStorageTest, DiskFullFailsPushesAndRestartRecoversAcknowledged) {
+  std::mt19937 rng(9);
+  auto full = std::make_shared<std::atomic<bool>>(false);
+  std::map<int64_t, std::vector<float>> acknowledged;
+  const PushRequest failed = MakePush({1, 2, 3}, &rng, 31);
+  {
+    PsCoreOptions options;
+    options.storage.db.dir = dir_;
+    options.storage.materialize_ms = 600000;
+    options.storage.db.inject_write_error = [full] { return full->load(); };
+    auto opened = PsCore::Open(options, ShardOwnership::All(16));
+    ASSERT_TRUE(opened.ok()) << opened.status();
+    PsCore& core = **opened;
+    CreateTableRequest req;
+    *req.mutable_spec() = Spec(OptimizerSpec::ADAM);
+    CreateTableResponse cr;
+    ASSERT_TRUE(core.CreateTable(req, &cr).ok());
+    PushSome(core, 1, 20, &rng);
+    ASSERT_TRUE(core.storage()->Materialize().ok());
+    PushSome(core, 21, 10, &rng);
+    acknowledged = Snapshot(core);
+
+    full->store(true);
+    PushResponse resp;
+    absl::Status s = core.Push(failed, &resp);
+    EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable) << s;
+    full->store(false);  // space is back; the pod still refuses until restarted
+    s = core.Push(MakePush({4}, &rng, 32), &resp);
+    EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable) << s;
+    s = core.Push(failed, &resp);
+    EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable) << s;
+    EXPECT_FALSE(core.storage()->Materialize().ok());
+  }  // closing (materialize_on_close) must not store the unlogged update either
+  auto core = Open(false);
+  EXPECT_EQ(Snapshot(*core), acknowledged);
+  // The refused push was never acknowledged: its retry applies now, once.
+  PushResponse resp;
+  ASSERT_TRUE(core->Push(failed, &resp).ok());
+  EXPECT_FALSE(resp.duplicate());
+  ASSERT_TRUE(core->Push(failed, &resp).ok());
+  EXPECT_TRUE(resp.duplicate());
+}
+
+// A full disk during materialization (rows write and flush fail): whatever pushes do then
+// (refused, or acknowledged once space is back), a restart recovers every acknowledged
+// push exactly.
+TEST_F(PodStorageTest, DiskFullDuringMaterializationLosesNothingAcknowledged) {
+  std::mt19937 rng(10);
+  auto full = std::make_shared<std::atomic<bool>>(false);
+  std::map<int64_t, std::vector<float>> acknowledged;
+  {
+    PsCoreOptions options;
+    options.storage.db.dir = dir_;
+    options.storage.materialize_ms = 600000;
+    options.storage.materialize_on_close = false;
+    options.storage.db.inject_write_error = [full] { return full->load(); };
+    auto opened = PsCore::Open(options, ShardOwnership::All(16));
+    ASSERT_TRUE(opened.ok()) << opened.status();
+    PsCore& core = **opened;
+    CreateTableRequest req;
+    *req.mutable_spec() = Spec(OptimizerSpec::ADAGRAD);
+    CreateTableResponse cr;
+    ASSERT_TRUE(core.CreateTable(req, &cr).ok());
+    PushSome(core, 1, 20, &rng);
+    full->store(true);
+    EXPECT_FALSE(core.storage()->Materialize().ok());
+    full->store(false);
+    acknowledged = Snapshot(core);
+    int refused = 0;
+    for (uint64_t seq = 21; seq < 31; ++seq) {
+      PushResponse resp;
+      absl::Status s = core.Push(MakePush({static_cast<int64_t>(seq % 7), 50}, &rng, seq), &resp);
+      if (!s.ok()) {
+        EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable) << s;
+        ++refused;
+        continue;
+      }
+      EXPECT_EQ(refused, 0) << "a push was acknowledged after one was refused";
+      acknowledged = Snapshot(core);
+    }
+  }
+  auto core = Open(false);
+  EXPECT_EQ(Snapshot(*core), acknowledged);
+}
+
+// A table five times the memory budget: pushes spread over every row (so most of them
+// are evicted and read back many times) give exactly the rows of an in-memory pod, the
+// resident rows stay within the budget plus what one batch adds, and a restart with the
+// budget (stored rows load lazily, the log replays over rows read back) is exact too.
+TEST_F(PodStorageTest, TableFiveTimesTheBudgetTrainsExactly) {
+  constexpr uint64_t kBudget = 2 << 20;
+  constexpr int kRows = 100000;  // Adagrad dim 8: 104 bytes a row, 10.4 MB in all
+  constexpr int kBatch = 20000;
+  auto open = [&] {
+    PsCoreOptions options;
+    options.storage.db.dir = dir_;
+    options.storage.materialize_ms = 600000;
+    options.storage.materialize_on_close = false;
+    options.storage.memory_budget_bytes = kBudget;
+    options.table.num_stripes = 16;
+    auto core = PsCore::Open(options, ShardOwnership::All(16));
+    EXPECT_TRUE(core.ok()) << core.status();
+    return core.ok() ? *std::move(core) : nullptr;
+  };
+  PsCore reference(PsCoreOptions(), ShardOwnership::All(16));
+  CreateTableRequest create;
+  *create.mutable_spec() = Spec(OptimizerSpec::ADAGRAD);
+  create.mutable_spec()->set_dim(8);
+  CreateTableResponse cr;
+  ASSERT_TRUE(reference.CreateTable(create, &cr).ok());
+  std::mt19937 rng(12);
+  uint64_t seq = 1;
+  // One pass of pushes over every row, in batches, to both pods; the durable one
+  // materializes (and so evicts) after every batch.
+  auto pass = [&](PsCore& core, bool materialize) {
+    std::vector<int64_t> order(kRows);
+    for (int i = 0; i < kRows; ++i) order[i] = i;
+    std::shuffle(order.begin(), order.end(), rng);
+    auto table = core.store().FindTable("emb");
+    for (int b = 0; b < kRows; b += kBatch) {
+      PushRequest req;
+      req.mutable_key()->set_worker_id(3);
+      req.mutable_key()->set_incarnation(1);
+      req.mutable_key()->set_sequence(seq++);
+      TableGrads* t = req.add_tables();
+      t->set_table("emb");
+      std::vector<int64_t> ids(order.begin() + b, order.begin() + b + kBatch);
+      std::vector<float> grads(ids.size() * 8);
+      for (float& g : grads) g = std::uniform_real_distribution<float>(-1, 1)(rng);
+      *t->mutable_ids() = Pack<int64_t>(ids);
+      *t->mutable_grads() = Pack<float>(grads);
+      PushResponse resp;
+      ASSERT_TRUE(core.Push(req, &resp).ok());
+      ASSERT_TRUE(reference.Push(req, &resp).ok());
+      if (!materialize) continue;
+      ASSERT_TRUE(core.storage()->Materialize().ok());
+      EXPECT_LE(table->rows() * table->row_bytes(), kBudget) << "batch " << b;
+    }
+  };
+  auto compare = [&](PsCore& core) {
+    std::vector<int64_t> ids(kRows);
+    for (int i = 0; i < kRows; ++i) ids[i] = i;
+    PullRequest req;
+    TableIds* t = req.add_tables();
+    t->set_table("emb");
+    *t->mutable_ids() = Pack<int64_t>(ids);
+    PullResponse got, want;
+    ASSERT_TRUE(core.Pull(req, &got).ok());
+    ASSERT_TRUE(reference.Pull(req, &want).ok());
+    ASSERT_EQ(got.tables(0).values().size(), want.tables(0).values().size());
+    EXPECT_TRUE(got.tables(0).values() == want.tables(0).values()) << "rows differ";
+  };
+  {
+    auto core = open();
+    ASSERT_TRUE(core->CreateTable(create, &cr).ok());
+    for (int p = 0; p < 3; ++p) pass(*core, true);
+    if (HasFatalFailure()) return;
+    auto table = core->store().FindTable("emb");
+    EXPECT_GT(core->storage()->stats().evicted_rows, uint64_t{kRows});
+    // Row storage and index: bounded by the budget plus a batch, not by the table.
+    EXPECT_LT(table->memory_bytes(), uint64_t{7} << 20);
+    compare(*core);  // reads most rows back
+    pass(*core, false);
+  }  // a crash: the last pass (not materialized) is in the log only
+  auto core = open();
+  EXPECT_TRUE(core->storage()->recovery().lazy);
+  compare(*core);
+  pass(*core, true);
+  compare(*core);
 }
 
 TEST_F(PodStorageTest, RefusesDirectoriesThatAreNotAPodDatabase) {

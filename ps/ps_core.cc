@@ -94,6 +94,13 @@ absl::StatusOr<std::unique_ptr<PsCore>> PsCore::Open(PsCoreOptions options,
                                                      ShardOwnership ownership) {
   const bool durable = !options.storage.db.dir.empty();
   if (durable) options.table.track_dirty = true;
+  if (options.storage.memory_budget_bytes > 0) {
+    if (!durable) {
+      return absl::InvalidArgumentError(
+          "a memory budget needs a data dir: evicted rows live in the pod's database");
+    }
+    options.table.evictable = true;
+  }
   auto core = std::make_unique<PsCore>(options, std::move(ownership));
   if (durable) {
     ASSIGN_OR_RETURN(core->storage_,
@@ -213,17 +220,19 @@ absl::Status PsCore::Pull(const PullRequest& req, PullSink* sink) {
     RETURN_IF_ERROR(
         PrepareIds("pull", req.tables(i).table(), req.tables(i).ids(), *own, &total, &prepared[i]));
   }
+  absl::Status read_error;  // reading evicted rows back (memory budget) can fail
   for (TableIdsView& p : prepared) {
     float* values = sink->AddEntry(p.table->spec().name(), p.ids.size() * p.table->dim());
-    p.table->Pull(p.ids, values, req.read_only());
+    p.table->Pull(p.ids, values, req.read_only(), &read_error);
   }
+  RETURN_IF_ERROR(read_error);
   counters_.pull_requests.fetch_add(1, std::memory_order_relaxed);
   counters_.pulled_rows.fetch_add(total, std::memory_order_relaxed);
   return absl::OkStatus();
 }
 
 void PsCore::ApplyOnce(const PushKey& key, PushResponse* resp, size_t record_bytes,
-                       const std::function<void(LogRecordBuilder*)>& apply, Done done) {
+                       const std::function<absl::Status(LogRecordBuilder*)>& apply, Done done) {
   if (storage_ != nullptr) {
     if (absl::Status s = storage_->log().health(); !s.ok()) return done(s);
   }
@@ -242,16 +251,19 @@ void PsCore::ApplyOnce(const PushKey& key, PushResponse* resp, size_t record_byt
       break;
   }
   if (storage_ == nullptr) {
-    apply(nullptr);
-    dedup_.Finish(key, /*applied=*/true);
-    return done(absl::OkStatus());
+    absl::Status s = apply(nullptr);
+    dedup_.Finish(key, /*applied=*/s.ok());
+    return done(s);
   }
   // Applied and logged under the shared apply lock (see PodStorage::apply_mu); the key
   // is marked applied only once the record is durable, so a retry before then is told to
   // wait (ABORTED) rather than acknowledged early.
   absl::ReaderMutexLock lock(&storage_->apply_mu());
   LogRecordBuilder record(key, record_bytes);
-  apply(&record);
+  if (absl::Status s = apply(&record); !s.ok()) {
+    dedup_.Finish(key, /*applied=*/false);  // nothing was applied
+    return done(s);
+  }
   storage_->log().Append(record.Finish(), [this, key, done = std::move(done)](absl::Status s) {
     dedup_.Finish(key, /*applied=*/s.ok());
     done(s);
@@ -316,7 +328,10 @@ void PsCore::PushAsync(const PushRequest& req, PushResponse* resp, Done done) {
   }
   ApplyOnce(
       req.key(), resp, record_bytes,
-      [this, prepared, out](LogRecordBuilder* record) {
+      [this, prepared, out](LogRecordBuilder* record) -> absl::Status {
+        // Evicted rows (memory budget) are read back first, so that a failed read
+        // applies nothing; eviction waits for the apply lock this runs under.
+        for (PreparedPush& p : *prepared) RETURN_IF_ERROR(p.rows.table->Load(p.rows.ids));
         std::vector<uint64_t> steps;
         for (PreparedPush& p : *prepared) {
           EmbeddingTable& t = *p.rows.table;
@@ -329,6 +344,7 @@ void PsCore::PushAsync(const PushRequest& req, PushResponse* resp, Done done) {
           }
           if (out != nullptr) RecordTouched(out, p.rows.table, p.rows.ids);
         }
+        return absl::OkStatus();
       },
       [this, total, done = std::move(done)](absl::Status s) {
         if (s.ok()) {
@@ -460,6 +476,7 @@ void PsCore::PushDenseAsync(const DensePushRequest& req, PushResponse* resp, Don
           if (record != nullptr) record->AddDense(p.tensor->spec().name(), p.lr, step, p.grads);
           if (out != nullptr) RecordTouchedDense(out, p.tensor->spec().name());
         }
+        return absl::OkStatus();
       },
       std::move(done));
 }

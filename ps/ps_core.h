@@ -129,10 +129,10 @@ class PsCore {
                           absl::Span<const int64_t> ids);
   absl::Status CheckOwnedDense(const ShardOwnership& own, absl::string_view name);
   // Runs `apply` once for a key: handles duplicates and in-flight retries. `apply` adds
-  // the push's entries to the log record it is given (when the pod is durable); `done`
-  // gets the outcome once the push is durable.
+  // the push's entries to the log record it is given (when the pod is durable), or fails
+  // having applied nothing; `done` gets the outcome once the push is durable.
   void ApplyOnce(const PushKey& key, PushResponse* resp, size_t record_bytes,
-                 const std::function<void(LogRecordBuilder*)>& apply, Done done);
+                 const std::function<absl::Status(LogRecordBuilder*)>& apply, Done done);
   absl::Status PreparePush(const PushRequest& req, const ShardOwnership& own,
                            std::vector<PreparedPush>* prepared, size_t* total);
   struct PreparedDense {

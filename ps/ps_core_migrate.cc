@@ -215,6 +215,12 @@ absl::Status PsCore::MigrateBegin(const MigrateBeginRequest& req, MigrateBeginRe
   auto own = ownership();
   const uint32_t n = own->num_vshards();
   if (req.vshards_size() == 0) return absl::InvalidArgumentError("move names no vshards");
+  if (options_.table.evictable) {
+    // A move copies rows from memory; evicted rows are only in the database.
+    return absl::FailedPreconditionError(
+        "this pod runs with --memory_budget_mb: moving vshards away from it is not supported "
+        "yet");
+  }
   for (uint32_t v : req.vshards()) {
     if (v >= n || !own->Owns(v)) {
       return absl::FailedPreconditionError(absl::StrCat(
@@ -343,6 +349,10 @@ absl::Status PsCore::MigrateExport(const MigrateExportRequest& req, MigrateExpor
 }
 
 absl::Status PsCore::BeginImport(uint64_t move_id, absl::Span<const uint32_t> vshards) {
+  if (options_.table.evictable) {
+    return absl::FailedPreconditionError(
+        "this pod runs with --memory_budget_mb: moving vshards onto it is not supported yet");
+  }
   absl::WriterMutexLock fence(&migrate_mu_);
   const uint32_t n = ownership()->num_vshards();
   if (incoming_.size() != n) incoming_.assign(n, false);

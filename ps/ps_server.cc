@@ -15,6 +15,7 @@
 #include "embedding/status_macros.h"
 #include "ps/ps_metrics.h"
 #include "ps/ps_service.h"
+#include "ps/transfer_service.h"
 #include "ps/work_pool.h"
 
 namespace ps {
@@ -28,6 +29,7 @@ class PsServerImpl final : public PsServer {
         pool_(WorkPoolOptions{options.threads, 1024}),
         auth_(options.security.auth_token),
         service_(core_.get(), &pool_, options.inline_request_bytes, &auth_, std::move(migrate)),
+        transfer_(core_.get(), &pool_, &auth_),
         ready_(options.start_ready) {}
 
   absl::Status Start(const PsServerOptions& options) {
@@ -56,6 +58,7 @@ class PsServerImpl final : public PsServer {
     quota.Resize(static_cast<size_t>(options.memory_quota_bytes));
     builder.SetResourceQuota(quota);
     builder.RegisterService(&service_);
+    builder.RegisterService(&transfer_);  // export / import (issue 3)
     server_ = builder.BuildAndStart();
     if (server_ == nullptr || port_ == 0) {
       return absl::UnavailableError(
@@ -109,6 +112,7 @@ class PsServerImpl final : public PsServer {
   WorkPool pool_;
   const TokenAuthenticator auth_;
   PsService service_;
+  PodTransferService transfer_;
   MetricsRegistry registry_;
   std::unique_ptr<RpcMetrics> rpc_metrics_;  // outlives server_ (its interceptors)
   std::unique_ptr<grpc::Server> server_;

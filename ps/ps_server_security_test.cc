@@ -91,10 +91,14 @@ TEST_F(PsServerSecurityTest, TokenIsRequiredOnEveryRpc) {
   EXPECT_TRUE((*client)->Push({{"t", ids, values.data()}}).ok());
   EXPECT_TRUE((*client)->Pull({{"t", ids, values.data()}}).ok());
 
-  // The raw Pull and Push without the token, straight through a stub.
+  // Calls with a wrong token, straight through a stub.
   auto channels = ChannelMaker::Create(Options("wrong").security);
   auto stub = ParameterServer::NewStub(channels->Make(address_));
-  for (const char* method : {"/ps.ParameterServer/Pull", "/ps.ParameterServer/Push"}) {
+  // The raw Pull and Push, and the migration RPCs (MigrateImport runs on its own pool).
+  for (const char* method :
+       {"/ps.ParameterServer/Pull", "/ps.ParameterServer/Push", "/ps.ParameterServer/MigrateImport",
+        "/ps.ParameterServer/MigrateBegin", "/ps.ParameterServer/MigrateExport",
+        "/ps.ParameterServer/ApplyAssignment"}) {
     grpc::GenericStub raw(channels->Make(address_));
     grpc::Slice empty("");
     grpc::ByteBuffer req(&empty, 1), resp;

@@ -37,17 +37,23 @@ absl::Status FromGrpcStatus(const grpc::Status& s) {
   return absl::Status(static_cast<absl::StatusCode>(s.error_code()), s.error_message());
 }
 
+absl::Status PsService::Authenticate(const grpc::ServerContextBase& ctx) const {
+  if (auth_ == nullptr) return absl::OkStatus();
+  absl::Status s = auth_->Check(ctx);
+  if (!s.ok()) {
+    LOG_EVERY_N(WARNING, 100) << "refused a call from " << ctx.peer() << ": " << s
+                              << " (every 100th refusal is logged)";
+  }
+  return s;
+}
+
 grpc::ServerUnaryReactor* PsService::Submit(grpc::CallbackServerContext* ctx,
                                             std::function<void(PsCore::Done)> work,
                                             size_t request_bytes) {
   grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
-  if (auth_ != nullptr) {
-    if (absl::Status s = auth_->Check(*ctx); !s.ok()) {
-      LOG_EVERY_N(WARNING, 100) << "refused a call from " << ctx->peer() << ": " << s
-                                << " (every 100th refusal is logged)";
-      reactor->Finish(ToGrpcStatus(s));
-      return reactor;
-    }
+  if (absl::Status s = Authenticate(*ctx); !s.ok()) {
+    reactor->Finish(ToGrpcStatus(s));
+    return reactor;
   }
   PsCore* core = core_;
   PsCore::Done finish = [core, ctx, reactor](absl::Status s) {
@@ -159,6 +165,10 @@ grpc::ServerUnaryReactor* PsService::MigrateImport(grpc::CallbackServerContext* 
                                                    const MigrateImportRequest* req,
                                                    MigrateImportResponse* resp) {
   grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+  if (absl::Status s = Authenticate(*ctx); !s.ok()) {
+    reactor->Finish(ToGrpcStatus(s));
+    return reactor;
+  }
   PsCore* core = core_;
   if (!migrate_pool_.TrySubmit([this, core, req, resp, reactor] {
         reactor->Finish(ToGrpcStatus(RunMigrateImport(core, *req, resp, migrate_options_)));

@@ -84,6 +84,10 @@ class PsService final
   PsCore* const core_;
   WorkPool* const pool_;
   const size_t inline_request_bytes_;
+  // OK, or UNAUTHENTICATED (logged, 1 in 100) when `auth_` refuses the call. Every RPC
+  // checks it first.
+  absl::Status Authenticate(const grpc::ServerContextBase& ctx) const;
+
   const TokenAuthenticator* const auth_;  // null: no token required
   const MigrateImportOptions migrate_options_;
   WorkPool migrate_pool_;  // one import at a time

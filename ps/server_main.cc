@@ -53,6 +53,10 @@ DEFINE_int32(flush_ms, 100, "--durability=periodic: most milliseconds of pushes 
 DEFINE_int32(materialize_ms, 1000,
              "With --data_dir: how often changed rows are written to the database and the "
              "push log truncated. Recovery replays about this much of the log.");
+DEFINE_int32(memory_budget_mb, 0,
+             "With --data_dir: MB of table rows kept in memory; colder rows are evicted "
+             "(CLOCK) after each materialization and read back from the database when "
+             "touched; stored rows then load lazily at start. 0: every row stays in memory.");
 DEFINE_string(master, "",
               "The master's HOST:PORT. If set, the pod registers as --pod_id and owns the "
               "vshards the master assigns (--shard must then be empty). Empty: standalone.");
@@ -76,6 +80,9 @@ DEFINE_string(tls_ca, "",
 DEFINE_string(master_tls_ca, "",
               "PEM CA bundle to verify the master's certificate, and other pods' during a "
               "vshard move (default: --tls_ca). Set either to reach them over TLS.");
+DEFINE_int32(tls_reload_s, 60,
+             "The TLS files are read again this often: replaced certificates (a renewed "
+             "Secret) serve new connections without a restart. 0: read once at start.");
 DEFINE_string(auth_token_file, "",
               "File holding a shared token (surrounding whitespace trimmed). Set: every PS "
               "RPC must carry `authorization: Bearer <token>` (else UNAUTHENTICATED; health "
@@ -99,6 +106,11 @@ int Main() {
   options.core.storage.db.dir = FLAGS_data_dir;
   options.core.storage.materialize_ms = FLAGS_materialize_ms;
   options.core.storage.log.flush_ms = FLAGS_flush_ms;
+  if (FLAGS_memory_budget_mb < 0 || (FLAGS_memory_budget_mb > 0 && FLAGS_data_dir.empty())) {
+    LOG(ERROR) << "--memory_budget_mb must be >= 0 and needs --data_dir";
+    return 2;
+  }
+  options.core.storage.memory_budget_bytes = uint64_t(FLAGS_memory_budget_mb) << 20;
   absl::StatusOr<ps::Durability> durability = ps::ParseDurability(FLAGS_durability);
   if (!durability.ok() || FLAGS_flush_ms < 1 || FLAGS_materialize_ms < 1) {
     LOG(ERROR) << "bad durability flags: "
@@ -135,9 +147,10 @@ int Main() {
     LOG(ERROR) << "--port must be in [0, 65535] and --metrics_port in [-1, 65535]";
     return 2;
   }
-  if (FLAGS_tls_cert.empty() != FLAGS_tls_key.empty() ||
+  if (FLAGS_tls_reload_s < 0 || FLAGS_tls_cert.empty() != FLAGS_tls_key.empty() ||
       (!FLAGS_tls_ca.empty() && FLAGS_tls_cert.empty())) {
-    LOG(ERROR) << "--tls_cert and --tls_key go together, and --tls_ca needs them";
+    LOG(ERROR) << "--tls_cert and --tls_key go together, --tls_ca needs them, and "
+                  "--tls_reload_s must be >= 0";
     return 2;
   }
   if (FLAGS_check_flags) {
@@ -158,6 +171,7 @@ int Main() {
   options.security.key_file = FLAGS_tls_key;
   options.security.ca_file = FLAGS_tls_ca;
   options.security.auth_token = *token;
+  options.security.reload_interval_s = FLAGS_tls_reload_s;
   // Calls this pod makes (to the master, and to other pods during a move): verified
   // against --master_tls_ca or --tls_ca, with this pod's certificate for mutual TLS.
   ps::ChannelSecurity outgoing;
@@ -167,6 +181,7 @@ int Main() {
     outgoing.key_file = FLAGS_tls_key;
   }
   outgoing.auth_token = *token;
+  outgoing.reload_interval_s = FLAGS_tls_reload_s;
   options.peer_security = outgoing;
   options.metrics_enabled = FLAGS_metrics_port >= 0;
   options.metrics.host = FLAGS_host;

@@ -2,6 +2,8 @@
 
 #include <dirent.h>
 #include <rocksdb/db.h>
+#include <rocksdb/env.h>
+#include <rocksdb/file_system.h>
 #include <rocksdb/filter_policy.h>
 #include <rocksdb/memtablerep.h>
 #include <rocksdb/table.h>
@@ -31,6 +33,69 @@ absl::Status FromRocks(const rocksdb::Status& s, absl::string_view what) {
   if (s.IsInvalidArgument()) return absl::FailedPreconditionError(msg);
   return absl::InternalError(msg);
 }
+
+// A file system that fails appends and syncs with ENOSPC while `fail` says so (see
+// StorageDbOptions.inject_write_error).
+class FaultFile final : public rocksdb::FSWritableFileOwnerWrapper {
+ public:
+  FaultFile(std::unique_ptr<rocksdb::FSWritableFile> file, std::function<bool()> fail)
+      : FSWritableFileOwnerWrapper(std::move(file)), fail_(std::move(fail)) {}
+  rocksdb::IOStatus Append(const rocksdb::Slice& data, const rocksdb::IOOptions& o,
+                           rocksdb::IODebugContext* d) override {
+    if (fail_()) return Injected();
+    return FSWritableFileOwnerWrapper::Append(data, o, d);
+  }
+  rocksdb::IOStatus Append(const rocksdb::Slice& data, const rocksdb::IOOptions& o,
+                           const rocksdb::DataVerificationInfo& v,
+                           rocksdb::IODebugContext* d) override {
+    if (fail_()) return Injected();
+    return FSWritableFileOwnerWrapper::Append(data, o, v, d);
+  }
+  rocksdb::IOStatus PositionedAppend(const rocksdb::Slice& data, uint64_t offset,
+                                     const rocksdb::IOOptions& o,
+                                     rocksdb::IODebugContext* d) override {
+    if (fail_()) return Injected();
+    return FSWritableFileOwnerWrapper::PositionedAppend(data, offset, o, d);
+  }
+  rocksdb::IOStatus Sync(const rocksdb::IOOptions& o, rocksdb::IODebugContext* d) override {
+    if (fail_()) return Injected();
+    return FSWritableFileOwnerWrapper::Sync(o, d);
+  }
+  rocksdb::IOStatus Fsync(const rocksdb::IOOptions& o, rocksdb::IODebugContext* d) override {
+    if (fail_()) return Injected();
+    return FSWritableFileOwnerWrapper::Fsync(o, d);
+  }
+  static rocksdb::IOStatus Injected() {
+    return rocksdb::IOStatus::NoSpace("injected fault", "No space left on device");
+  }
+
+ private:
+  std::function<bool()> fail_;
+};
+
+class FaultFileSystem final : public rocksdb::FileSystemWrapper {
+ public:
+  FaultFileSystem(std::shared_ptr<rocksdb::FileSystem> base, std::function<bool()> fail)
+      : FileSystemWrapper(std::move(base)), fail_(std::move(fail)) {}
+  const char* Name() const override { return "PsFaultFileSystem"; }
+  rocksdb::IOStatus NewWritableFile(const std::string& f, const rocksdb::FileOptions& o,
+                                    std::unique_ptr<rocksdb::FSWritableFile>* r,
+                                    rocksdb::IODebugContext* d) override {
+    rocksdb::IOStatus s = FileSystemWrapper::NewWritableFile(f, o, r, d);
+    if (s.ok()) *r = std::make_unique<FaultFile>(std::move(*r), fail_);
+    return s;
+  }
+  rocksdb::IOStatus ReopenWritableFile(const std::string& f, const rocksdb::FileOptions& o,
+                                       std::unique_ptr<rocksdb::FSWritableFile>* r,
+                                       rocksdb::IODebugContext* d) override {
+    rocksdb::IOStatus s = FileSystemWrapper::ReopenWritableFile(f, o, r, d);
+    if (s.ok()) *r = std::make_unique<FaultFile>(std::move(*r), fail_);
+    return s;
+  }
+
+ private:
+  std::function<bool()> fail_;
+};
 
 void PutBE32(std::string* out, uint32_t v) {
   for (int i = 3; i >= 0; --i) out->push_back(static_cast<char>(v >> (8 * i)));
@@ -125,6 +190,7 @@ void RowBatch::Clear() {
 
 struct StorageDb::Rep {
   std::string dir;
+  std::unique_ptr<rocksdb::Env> env;  // fault injection only; outlives db
   std::unique_ptr<rocksdb::DB> db;
   std::vector<rocksdb::ColumnFamilyHandle*> handles;  // default, meta, rows, log
   rocksdb::ColumnFamilyHandle* meta = nullptr;
@@ -183,8 +249,12 @@ absl::StatusOr<std::unique_ptr<StorageDb>> StorageDb::Open(const StorageDbOption
   rows_options.level0_slowdown_writes_trigger = 40;
   rows_options.level0_stop_writes_trigger = 60;
   // Rows are written in large groups and read back only after a flush: an append-only
-  // vector memtable (sorted once, at flush) costs far less per row than a skiplist.
-  rows_options.memtable_factory.reset(new rocksdb::VectorRepFactory());
+  // vector memtable (sorted once, at flush) costs far less per row than a skiplist. But
+  // a point read of a vector memtable copies and sorts it whole, so a pod that reads
+  // evicted rows back (ReadRows) keeps the skiplist.
+  if (!options.rows_point_reads) {
+    rows_options.memtable_factory.reset(new rocksdb::VectorRepFactory());
+  }
   rocksdb::BlockBasedTableOptions table_options;
   table_options.filter_policy.reset(rocksdb::NewBloomFilterPolicy(10));
   rows_options.table_factory.reset(rocksdb::NewBlockBasedTableFactory(table_options));
@@ -200,6 +270,11 @@ absl::StatusOr<std::unique_ptr<StorageDb>> StorageDb::Open(const StorageDbOption
       {"log", log_options}};
   auto rep = std::make_unique<Rep>();
   rep->dir = options.dir;
+  if (options.inject_write_error) {
+    rep->env = rocksdb::NewCompositeEnv(std::make_shared<FaultFileSystem>(
+        rocksdb::FileSystem::Default(), options.inject_write_error));
+    db_options.env = rep->env.get();
+  }
   rocksdb::DB* db = nullptr;
   rocksdb::Status s = rocksdb::DB::Open(db_options, options.dir, families, &rep->handles, &db);
   if (!s.ok()) {
@@ -341,13 +416,20 @@ absl::Status StorageDb::FlushRows() {
 absl::Status StorageDb::ForEachRow(
     const std::function<absl::Status(const StoredRow&)>& fn,
     const std::function<absl::Status(absl::string_view, uint64_t, absl::Span<const float>)>&
-        fn_dense) {
+        fn_dense,
+    bool table_rows) {
   rocksdb::ReadOptions read;
   read.readahead_size = size_t{4} << 20;
   read.fill_cache = false;
   std::unique_ptr<rocksdb::Iterator> it(rep_->db->NewIterator(read, rep_->rows));
   std::vector<float> values;
-  for (it->SeekToFirst(); it->Valid(); it->Next()) {
+  // Dense tensors sort after every table row (their prefix is the largest table number).
+  if (table_rows) {
+    it->SeekToFirst();
+  } else {
+    it->Seek(rocksdb::Slice(kDenseKeyPrefix, 4));
+  }
+  for (; it->Valid(); it->Next()) {
     const rocksdb::Slice key = it->key();
     const rocksdb::Slice value = it->value();
     if (value.size() < 8 || (value.size() - 8) % sizeof(float) != 0) {
@@ -372,6 +454,38 @@ absl::Status StorageDb::ForEachRow(
     RETURN_IF_ERROR(fn(row));
   }
   return FromRocks(it->status(), "cannot read stored rows");
+}
+
+absl::Status StorageDb::ReadRows(uint32_t table_no, absl::Span<const int64_t> ids,
+                                 size_t row_floats, float* values, uint64_t* steps, bool* found) {
+  const size_t n = ids.size();
+  std::vector<std::string> keys(n);
+  std::vector<rocksdb::Slice> slices(n);
+  for (size_t i = 0; i < n; ++i) {
+    keys[i].reserve(12);
+    PutBE32(&keys[i], table_no);
+    PutBE64(&keys[i], static_cast<uint64_t>(ids[i]) ^ (uint64_t{1} << 63));
+    slices[i] = keys[i];
+  }
+  std::vector<rocksdb::PinnableSlice> got(n);
+  std::vector<rocksdb::Status> statuses(n);
+  rep_->db->MultiGet(rocksdb::ReadOptions(), rep_->rows, n, slices.data(), got.data(),
+                     statuses.data());
+  const size_t value_bytes = 8 + row_floats * sizeof(float);
+  for (size_t i = 0; i < n; ++i) {
+    found[i] = false;
+    if (statuses[i].IsNotFound()) continue;
+    RETURN_IF_ERROR(FromRocks(statuses[i], "cannot read a stored row"));
+    if (got[i].size() != value_bytes) {
+      return absl::DataLossError(absl::StrCat("stored row ", ids[i], " of table number ", table_no,
+                                              " has ", got[i].size(), " bytes, expected ",
+                                              value_bytes));
+    }
+    std::memcpy(&steps[i], got[i].data(), 8);
+    std::memcpy(values + i * row_floats, got[i].data() + 8, row_floats * sizeof(float));
+    found[i] = true;
+  }
+  return absl::OkStatus();
 }
 
 absl::Status StorageDb::Checkpoint(const std::string& dir) {

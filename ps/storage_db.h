@@ -33,6 +33,13 @@ struct StorageDbOptions {
   // are written, once the materializer has stored the rows they changed; a large memtable
   // lets most of them die before ever reaching an SST file.
   size_t log_memtable_bytes = size_t{256} << 20;
+  // Rows are read back one by one (ReadRows: a pod with a memory budget): the rows
+  // column family then keeps a skiplist memtable, which serves point reads.
+  bool rows_point_reads = false;
+  // Fault injection, for tests: when set, every append to or sync of a database file
+  // first calls it, and fails with an injected "No space left on device" I/O error when
+  // it returns true (a full disk). Called from RocksDB's threads; must be thread-safe.
+  std::function<bool()> inject_write_error;
 };
 
 // A group of row writes (from StorageDb::NewRowBatch), applied by StorageDb::WriteRows.
@@ -107,10 +114,19 @@ class StorageDb {
   // loss after SyncLog; no flush needed (rows a live migration brings in).
   absl::Status WriteRowsLogged(RowBatch* batch);
   absl::Status FlushRows();
-  // Calls fn for every stored table row and fn_dense for every dense tensor.
+  // Calls fn for every stored table row (unless !table_rows: a lazy start skips them) and
+  // fn_dense for every dense tensor.
   absl::Status ForEachRow(const std::function<absl::Status(const StoredRow&)>& fn,
                           const std::function<absl::Status(absl::string_view name, uint64_t step,
-                                                           absl::Span<const float>)>& fn_dense);
+                                                           absl::Span<const float>)>& fn_dense,
+                          bool table_rows = true);
+
+  // Reads stored rows of table `table_no` in one batched MultiGet: for each i, if row
+  // ids[i] is stored with row_floats floats, copies them to values[i*row_floats...] and its
+  // step to steps[i] and sets found[i]. DATA_LOSS for a stored row of another size.
+  // Thread-safe.
+  absl::Status ReadRows(uint32_t table_no, absl::Span<const int64_t> ids, size_t row_floats,
+                        float* values, uint64_t* steps, bool* found);
 
   // A consistent copy of the database in `dir` (must not exist), hard-linked where it can.
   absl::Status Checkpoint(const std::string& dir);

@@ -145,6 +145,11 @@ TEST_F(ObservabilityTest, MetricsFollowTrafficAndAPodDeregistersOnSigterm) {
                    "grpc_server_handling_seconds_count{grpc_service=\"ps.ParameterServer\","
                    "grpc_method=\"Pull\"}"),
             1);
+  // The log's counters are updated by its writer thread, right after the acknowledgement.
+  for (int i = 0; i < 50 && Sample(pod, "ps_log_records_total") < 1; ++i) {
+    absl::SleepFor(absl::Milliseconds(20));
+    pod = Scrape(pod_metrics);
+  }
   EXPECT_GE(Sample(pod, "ps_log_records_total"), 1);
 
   std::string m = Scrape(master_metrics);
@@ -199,6 +204,9 @@ TEST_F(ObservabilityTest, MutualTlsAndTokenAcrossTheCluster) {
   ASSERT_GT(pod_metrics, 0);
   ASSERT_TRUE(WaitReady(pod_metrics)) << "the pod never registered over mutual TLS";
 
+  std::vector<int64_t> many(64);
+  for (int64_t i = 0; i < 64; ++i) many[i] = i;
+  std::vector<float> before(many.size() * 2), after(many.size() * 2);
   ClientOptions options;
   options.master = master;
   options.connect_timeout_ms = 3000;
@@ -214,9 +222,9 @@ TEST_F(ObservabilityTest, MutualTlsAndTokenAcrossTheCluster) {
     spec.set_name("t");
     spec.set_dim(2);
     ASSERT_TRUE((*client)->CreateTable(spec).ok());
-    std::vector<int64_t> ids = {5, 6};
-    std::vector<float> grads(4, 1.0f);
-    EXPECT_TRUE((*client)->Push({{"t", ids, grads.data()}}).ok());
+    std::vector<float> grads(many.size() * 2, 1.0f);
+    EXPECT_TRUE((*client)->Push({{"t", many, grads.data()}}).ok());
+    ASSERT_TRUE((*client)->Pull({{"t", many, before.data()}}).ok());
   }
   {
     ClientOptions wrong = options;
@@ -232,12 +240,12 @@ TEST_F(ObservabilityTest, MutualTlsAndTokenAcrossTheCluster) {
     EXPECT_FALSE(client.ok());
   }
   // ps-admin with the same credentials, then without the token.
-  auto admin = [&](std::vector<std::string> extra) {
+  auto admin = [&](std::vector<std::string> extra, const std::string& command = "status") {
     std::vector<std::string> argv = {
         PS_ADMIN_BINARY, "--master=" + master, "--tls_ca=" + certs.file("ca.crt"),
         "--tls_cert=" + certs.file("client.crt"), "--tls_key=" + certs.file("client.key")};
     argv.insert(argv.end(), extra.begin(), extra.end());
-    argv.push_back("status");
+    argv.push_back(command);
     static int runs = 0;
     auto c = ChildProcess::Start(argv, Path(absl::StrCat("admin", runs++, ".out")));
     if (!c.ok() || !(*c)->WaitExit(absl::Seconds(20))) return std::string("did not run");
@@ -250,6 +258,22 @@ TEST_F(ObservabilityTest, MutualTlsAndTokenAcrossTheCluster) {
   std::string refused = admin({"--auth_token_file=" + Path("wrong")});
   EXPECT_TRUE(absl::StartsWith(refused, "exited with code 1")) << refused;
   EXPECT_TRUE(absl::StrContains(refused, "UNAUTHENTICATED")) << refused;
+
+  // A second pod and a rebalance: the master's calls to the pods and the pods' copy between
+  // them go over mutual TLS with the token too; the pushed rows move with their vshards.
+  std::vector<std::string> p1argv = {PS_SERVER_BINARY, "--master=" + master, "--pod_id=ps-1",
+                                     "--num_vshards=64"};
+  p1argv.insert(p1argv.end(), tls.begin(), tls.end());
+  auto [pod1_port, pod1_metrics] = Start("ps-1", p1argv);
+  ASSERT_TRUE(WaitReady(pod1_metrics));
+  std::string moved = admin({"--auth_token_file=" + Path("token")}, "rebalance");
+  EXPECT_TRUE(absl::StartsWith(moved, "exited with code 0")) << moved;
+  EXPECT_EQ(Sample(Scrape(pod1_metrics), "ps_owned_vshards"), 32);
+  auto client = PsClient::Connect(options);
+  ASSERT_TRUE(client.ok()) << client.status();
+  ASSERT_TRUE((*client)->Pull({{"t", many, after.data()}}).ok());
+  EXPECT_EQ(before, after);  // half of them now served by ps-1
+  EXPECT_GT(Sample(Scrape(pod1_metrics), "ps_table_rows{table=\"t\"}"), 0);
 }
 
 // A free loopback port (bound and released: Prometheus cannot take port 0).

@@ -1,0 +1,117 @@
+// ps-transfer: export a cluster's tables to a portable directory, or import one into a
+// cluster of any size (docs/operations.md, "Export and import").
+// Exit codes: 0 done, 1 failed (the message names the code and the reason), 2 bad usage.
+#include <gflags/gflags.h>
+
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_split.h"
+#include "client/transfer.h"
+#include "embedding/binary_init.h"
+
+DEFINE_string(master, "", "The master's address, HOST:PORT: pods and vshard map from it.");
+DEFINE_string(servers, "",
+              "Instead of --master: every pod's HOST:PORT, comma-separated; their ownership "
+              "(Describe) must cover every vshard exactly once.");
+DEFINE_string(dir, "",
+              "The export directory (required). Export: made on the pods' "
+              "filesystems as DIR/part-<i>, plus DIR/export.json here.");
+DEFINE_string(tls_ca, "",
+              "PEM CA bundle: talk TLS to the master and the pods, verifying them against it.");
+DEFINE_string(tls_cert, "", "PEM client certificate, for a cluster that requires mutual TLS.");
+DEFINE_string(tls_key, "", "PEM private key of --tls_cert.");
+DEFINE_string(tls_server_name, "",
+              "Name to check the servers' certificates for instead of the host dialed.");
+DEFINE_string(auth_token_file, "",
+              "File holding the cluster's shared token, sent as `authorization: Bearer`.");
+DEFINE_int32(connect_timeout_ms, 30000, "How long to wait for the pods or the master's map.");
+DEFINE_int32(export_timeout_ms, 3600000, "Deadline of each pod's export.");
+DEFINE_int32(batch_rows, 4096, "Import: rows per ImportRows request.");
+DEFINE_int32(inflight, 4, "Import: requests in flight.");
+DEFINE_bool(verify_first, true,
+            "Import: check every file's checksums before sending anything, so a damaged "
+            "export installs nothing.");
+
+namespace {
+
+constexpr char kUsage[] =
+    "ps-transfer: portable export and import of a parameter-server cluster.\n"
+    "Usage: ps-transfer (--master=HOST:PORT | --servers=H:P,H:P,...) --dir=DIR export|import\n"
+    "  export  every pod writes the rows it owns (weights, optimizer state, steps) and its\n"
+    "          dense tensors into DIR/part-<i>; then DIR/export.json lists the parts\n"
+    "  import  reads DIR, checks it, creates the tables, and sends every row to the pod\n"
+    "          owning it now; idempotent (a re-run installs nothing new)\n"
+    "The last line printed is one JSON object with the outcome.";
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  ps::InitBinary(&argc, &argv, kUsage, __FILE__);
+  if (argc != 2 || FLAGS_dir.empty() || FLAGS_master.empty() == FLAGS_servers.empty()) {
+    std::fprintf(stderr, "%s\n", kUsage);
+    return 2;
+  }
+  const std::string command = argv[1];
+  if (command != "export" && command != "import") {
+    std::fprintf(stderr, "unknown command '%s'\n%s\n", command.c_str(), kUsage);
+    return 2;
+  }
+  ps::ClusterTarget target;
+  target.master = FLAGS_master;
+  if (!FLAGS_servers.empty()) {
+    target.servers = absl::StrSplit(FLAGS_servers, ',', absl::SkipEmpty());
+  }
+  target.connect_timeout_ms = FLAGS_connect_timeout_ms;
+  target.security.ca_file = FLAGS_tls_ca;
+  target.security.cert_file = FLAGS_tls_cert;
+  target.security.key_file = FLAGS_tls_key;
+  target.security.server_name = FLAGS_tls_server_name;
+  absl::StatusOr<std::string> token = ps::ReadAuthTokenFile(FLAGS_auth_token_file);
+  if (!token.ok()) {
+    std::fprintf(stderr, "ps-transfer: %s\n", token.status().ToString().c_str());
+    return 2;
+  }
+  target.security.auth_token = *token;
+  auto cluster = ps::DiscoverCluster(target);
+  if (!cluster.ok()) {
+    std::fprintf(stderr, "ps-transfer: %s\n", cluster.status().ToString().c_str());
+    return 1;
+  }
+  if (command == "export") {
+    ps::ExportClusterOptions options;
+    options.timeout_ms = FLAGS_export_timeout_ms;
+    auto index = ps::ExportCluster(*cluster, FLAGS_dir, options);
+    if (!index.ok()) {
+      std::fprintf(stderr, "ps-transfer export: %s\n", index.status().ToString().c_str());
+      return 1;
+    }
+    uint64_t rows = 0, dense = 0;
+    for (const auto& p : index->parts()) {
+      rows += p.rows();
+      dense += p.dense();
+    }
+    std::printf("{\"command\":\"export\",\"parts\":%d,\"rows\":%llu,\"dense\":%llu}\n",
+                index->parts_size(), static_cast<unsigned long long>(rows),
+                static_cast<unsigned long long>(dense));
+    return 0;
+  }
+  ps::ImportOptions options;
+  options.batch_rows = static_cast<size_t>(std::max(1, FLAGS_batch_rows));
+  options.inflight = FLAGS_inflight;
+  options.verify_first = FLAGS_verify_first;
+  auto result = ps::ImportCluster(*cluster, FLAGS_dir, options);
+  if (!result.ok()) {
+    std::fprintf(stderr, "ps-transfer import: %s\n", result.status().ToString().c_str());
+    return 1;
+  }
+  std::printf(
+      "{\"command\":\"import\",\"parts\":%llu,\"rows\":%llu,\"dense\":%llu,\"installed\":%llu,"
+      "\"skipped\":%llu,\"seconds\":%.3f}\n",
+      static_cast<unsigned long long>(result->parts), static_cast<unsigned long long>(result->rows),
+      static_cast<unsigned long long>(result->dense),
+      static_cast<unsigned long long>(result->installed),
+      static_cast<unsigned long long>(result->skipped), result->seconds);
+  return 0;
+}

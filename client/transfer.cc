@@ -1,0 +1,532 @@
+#include "client/transfer.h"
+
+#include <google/protobuf/util/json_util.h>
+#include <grpcpp/grpcpp.h>
+
+#include <algorithm>
+#include <deque>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <iterator>
+#include <memory>
+#include <thread>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
+#include "embedding/export_file.h"
+#include "embedding/hash.h"
+#include "embedding/status_macros.h"
+#include "proto/master.grpc.pb.h"
+#include "proto/ps.grpc.pb.h"
+
+namespace ps {
+namespace {
+
+namespace fs = std::filesystem;
+
+absl::Status FromGrpc(const grpc::Status& s, const std::string& where) {
+  if (s.ok()) return absl::OkStatus();
+  return absl::Status(static_cast<absl::StatusCode>(s.error_code()),
+                      absl::StrCat(where, ": ", s.error_message()));
+}
+
+bool Retryable(grpc::StatusCode c) {
+  return c == grpc::StatusCode::UNAVAILABLE || c == grpc::StatusCode::ABORTED ||
+         c == grpc::StatusCode::DEADLINE_EXCEEDED;
+}
+
+std::shared_ptr<grpc::Channel> Channel(const ChannelMaker& channels, const std::string& address) {
+  grpc::ChannelArguments args;
+  args.SetMaxReceiveMessageSize(256 << 20);
+  args.SetMaxSendMessageSize(256 << 20);
+  return channels.Make(address, args);
+}
+
+// Calls rpc with a fresh context per attempt, retrying retryable codes with backoff.
+template <typename Fn>
+grpc::Status CallWithRetry(int deadline_ms, int max_attempts, Fn rpc) {
+  grpc::Status s;
+  int backoff_ms = 50;
+  for (int attempt = 1;; ++attempt) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::milliseconds(deadline_ms));
+    s = rpc(&ctx);
+    if (s.ok() || !Retryable(s.error_code()) || attempt >= max_attempts) return s;
+    std::this_thread::sleep_for(std::chrono::milliseconds(backoff_ms));
+    backoff_ms = std::min(backoff_ms * 2, 2000);
+  }
+}
+
+absl::StatusOr<std::string> ReadFile(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return absl::NotFoundError(absl::StrCat("cannot read ", path));
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+absl::Status WriteFile(const std::string& path, const std::string& data) {
+  const std::string tmp = path + ".tmp";
+  {
+    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+    out << data;
+    out.flush();
+    if (!out) return absl::UnavailableError(absl::StrCat("cannot write ", tmp));
+  }
+  std::error_code ec;
+  fs::rename(tmp, path, ec);
+  if (ec) return absl::UnavailableError(absl::StrCat("cannot rename ", tmp, ": ", ec.message()));
+  return absl::OkStatus();
+}
+
+absl::StatusOr<Cluster> FromServers(const ClusterTarget& target, const ChannelMaker& channels) {
+  Cluster c;
+  c.channels = channels;
+  c.pods = target.servers;
+  const absl::Time deadline = absl::Now() + absl::Milliseconds(target.connect_timeout_ms);
+  for (size_t i = 0; i < c.pods.size(); ++i) {
+    auto stub = ParameterServer::NewStub(Channel(channels, c.pods[i]));
+    DescribeResponse d;
+    grpc::Status s;
+    for (;;) {
+      grpc::ClientContext ctx;
+      ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+      d.Clear();
+      s = stub->Describe(&ctx, DescribeRequest(), &d);
+      if (s.ok() || !Retryable(s.error_code()) || absl::Now() > deadline) break;
+      absl::SleepFor(absl::Milliseconds(200));
+    }
+    RETURN_IF_ERROR(FromGrpc(s, absl::StrCat("Describe of pod ", c.pods[i])));
+    if (i == 0) {
+      c.num_vshards = d.num_vshards();
+      c.owner.assign(c.num_vshards, UINT32_MAX);
+    } else if (d.num_vshards() != c.num_vshards) {
+      return absl::FailedPreconditionError(absl::StrCat("pod ", c.pods[i], " has ", d.num_vshards(),
+                                                        " vshards, pod ", c.pods[0], " has ",
+                                                        c.num_vshards));
+    }
+    c.epoch = std::max(c.epoch, d.epoch());
+    const std::string& bits = d.owned_vshards();
+    for (uint32_t v = 0; v < c.num_vshards; ++v) {
+      if (v / 8 >= bits.size() || ((static_cast<uint8_t>(bits[v / 8]) >> (v % 8)) & 1) == 0) {
+        continue;
+      }
+      if (c.owner[v] != UINT32_MAX) {
+        return absl::FailedPreconditionError(absl::StrCat("vshard ", v, " is owned by both ",
+                                                          c.pods[c.owner[v]], " and ", c.pods[i]));
+      }
+      c.owner[v] = static_cast<uint32_t>(i);
+    }
+  }
+  for (uint32_t v = 0; v < c.num_vshards; ++v) {
+    if (c.owner[v] == UINT32_MAX) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("no pod of --servers owns vshard ", v, " of ", c.num_vshards));
+    }
+  }
+  return c;
+}
+
+absl::StatusOr<Cluster> FromMaster(const ClusterTarget& target, const ChannelMaker& channels) {
+  auto stub = Master::NewStub(Channel(channels, target.master));
+  const absl::Time deadline = absl::Now() + absl::Milliseconds(target.connect_timeout_ms);
+  absl::Status last;
+  for (;;) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+    ShardMapResponse map;
+    grpc::Status s = stub->GetShardMap(&ctx, GetShardMapRequest(), &map);
+    if (s.ok()) {
+      Cluster c;
+      c.channels = channels;
+      c.num_vshards = map.num_vshards();
+      c.epoch = map.epoch();
+      for (const PodInfo& p : map.pods()) c.pods.push_back(p.address());
+      last = absl::OkStatus();
+      if (static_cast<uint32_t>(map.owner_size()) != c.num_vshards) {
+        return absl::FailedPreconditionError("the master's map does not cover every vshard");
+      }
+      for (uint32_t v = 0; v < c.num_vshards && last.ok(); ++v) {
+        const uint32_t o = map.owner(v);
+        if (o >= static_cast<uint32_t>(map.pods_size())) {
+          return absl::FailedPreconditionError(absl::StrCat("vshard ", v, " has no owner"));
+        }
+        if (map.pods(o).state() != PodInfo::LIVE) {
+          last = absl::UnavailableError(
+              absl::StrCat("pod ", map.pods(o).pod_id(), " (owner of vshard ", v, ") is not live"));
+        }
+        c.owner.push_back(o);
+      }
+      if (last.ok()) return c;
+    } else {
+      last = FromGrpc(s, "GetShardMap from " + target.master);
+      if (!Retryable(s.error_code())) return last;
+    }
+    if (absl::Now() > deadline) return last;
+    absl::SleepFor(absl::Milliseconds(250));
+  }
+}
+
+}  // namespace
+
+absl::StatusOr<Cluster> DiscoverCluster(const ClusterTarget& target) {
+  if (target.master.empty() == target.servers.empty()) {
+    return absl::InvalidArgumentError("give either the master or the pods' addresses");
+  }
+  ASSIGN_OR_RETURN(ChannelMaker channels, ChannelMaker::Create(target.security));
+  return target.master.empty() ? FromServers(target, channels) : FromMaster(target, channels);
+}
+
+absl::StatusOr<ExportManifest> ReadManifest(const std::string& part_dir) {
+  ASSIGN_OR_RETURN(std::string json, ReadFile(part_dir + "/manifest.json"));
+  ExportManifest m;
+  google::protobuf::util::JsonParseOptions options;
+  options.ignore_unknown_fields = true;  // a later minor version may add fields
+  if (!google::protobuf::util::JsonStringToMessage(json, &m, options).ok()) {
+    return absl::DataLossError(absl::StrCat(part_dir, "/manifest.json is not a valid manifest"));
+  }
+  if (m.format() != "ps-export") {
+    return absl::InvalidArgumentError(absl::StrCat(part_dir, " is not a ps-export part"));
+  }
+  if (m.version() != 1) {
+    return absl::UnimplementedError(
+        absl::StrCat(part_dir, " has export version ", m.version(), "; this build reads 1"));
+  }
+  return m;
+}
+
+absl::StatusOr<ExportIndex> ExportCluster(const Cluster& cluster, const std::string& dir_in,
+                                          const ExportClusterOptions& options) {
+  const std::string dir = fs::absolute(dir_in).lexically_normal().string();
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  if (ec) return absl::UnavailableError(absl::StrCat("cannot create ", dir, ": ", ec.message()));
+  if (fs::exists(dir + "/export.json")) {
+    return absl::AlreadyExistsError(absl::StrCat(dir, " already holds an export"));
+  }
+  std::vector<ExportResponse> responses(cluster.pods.size());
+  std::vector<absl::Status> statuses(cluster.pods.size());
+  std::vector<std::thread> threads;
+  for (size_t i = 0; i < cluster.pods.size(); ++i) {
+    threads.emplace_back([&, i] {
+      auto stub = PodTransfer::NewStub(Channel(cluster.channels, cluster.pods[i]));
+      ExportRequest req;
+      req.set_dir(absl::StrCat(dir, "/part-", i));
+      grpc::Status s = CallWithRetry(options.timeout_ms, 5, [&](grpc::ClientContext* ctx) {
+        return stub->Export(ctx, req, &responses[i]);
+      });
+      statuses[i] = FromGrpc(s, absl::StrCat("Export on pod ", cluster.pods[i]));
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (const absl::Status& s : statuses) RETURN_IF_ERROR(s);
+  ExportIndex index;
+  index.set_format("ps-export");
+  index.set_version(1);
+  index.set_created(absl::FormatTime(absl::RFC3339_sec, absl::Now(), absl::UTCTimeZone()));
+  index.set_num_vshards(cluster.num_vshards);
+  index.set_epoch(cluster.epoch);
+  for (size_t i = 0; i < cluster.pods.size(); ++i) {
+    ExportIndex::Part* p = index.add_parts();
+    p->set_dir(absl::StrCat("part-", i));
+    p->set_pod(cluster.pods[i]);
+    p->set_rows(responses[i].rows());
+    p->set_dense(responses[i].dense());
+  }
+  google::protobuf::util::JsonPrintOptions json_options;
+  json_options.add_whitespace = true;
+  json_options.preserve_proto_field_names = true;
+  std::string json;
+  if (!google::protobuf::util::MessageToJsonString(index, &json, json_options).ok()) {
+    return absl::InternalError("export index to JSON");
+  }
+  RETURN_IF_ERROR(WriteFile(dir + "/export.json", json));
+  return index;
+}
+
+namespace {
+
+// Sends ImportRows requests from a bounded queue on `inflight` threads; remembers the
+// first error (after which queued work is dropped).
+class Sender {
+ public:
+  Sender(const Cluster& cluster, const ImportOptions& options) : options_(options) {
+    for (const std::string& pod : cluster.pods) {
+      stubs_.push_back(PodTransfer::NewStub(Channel(cluster.channels, pod)));
+      names_.push_back(pod);
+    }
+    for (int i = 0; i < std::max(1, options.inflight); ++i) {
+      threads_.emplace_back([this] { Run(); });
+    }
+  }
+  ~Sender() { Close(); }
+
+  // Queues a request for pod `pod`; blocks while `inflight` requests wait.
+  void Send(uint32_t pod, ImportRowsRequest req) {
+    absl::MutexLock lock(&mu_);
+    auto room = [this] { return queue_.size() < static_cast<size_t>(options_.inflight); };
+    mu_.Await(absl::Condition(&room));
+    queue_.emplace_back(pod, std::move(req));
+  }
+
+  // Waits for everything queued; returns the first error.
+  absl::Status Close() {
+    {
+      absl::MutexLock lock(&mu_);
+      closing_ = true;
+    }
+    for (auto& t : threads_) t.join();
+    threads_.clear();
+    absl::MutexLock lock(&mu_);
+    return status_;
+  }
+  absl::Status status() {
+    absl::MutexLock lock(&mu_);
+    return status_;
+  }
+  uint64_t installed() {
+    absl::MutexLock lock(&mu_);
+    return installed_;
+  }
+  uint64_t skipped() {
+    absl::MutexLock lock(&mu_);
+    return skipped_;
+  }
+
+ private:
+  void Run() {
+    for (;;) {
+      std::pair<uint32_t, ImportRowsRequest> item;
+      {
+        absl::MutexLock lock(&mu_);
+        auto ready = [this] { return !queue_.empty() || closing_; };
+        mu_.Await(absl::Condition(&ready));
+        if (queue_.empty()) return;
+        item = std::move(queue_.front());
+        queue_.pop_front();
+        if (!status_.ok()) continue;  // drop after an error
+      }
+      ImportRowsResponse resp;
+      grpc::Status s =
+          CallWithRetry(options_.deadline_ms, options_.max_attempts, [&](grpc::ClientContext* ctx) {
+            resp.Clear();
+            return stubs_[item.first]->ImportRows(ctx, item.second, &resp);
+          });
+      absl::MutexLock lock(&mu_);
+      if (!s.ok() && status_.ok()) status_ = FromGrpc(s, "ImportRows on " + names_[item.first]);
+      installed_ += resp.installed();
+      skipped_ += resp.skipped();
+    }
+  }
+
+  const ImportOptions options_;
+  std::vector<std::unique_ptr<PodTransfer::Stub>> stubs_;
+  std::vector<std::string> names_;
+  std::vector<std::thread> threads_;
+  absl::Mutex mu_;
+  std::deque<std::pair<uint32_t, ImportRowsRequest>> queue_ ABSL_GUARDED_BY(mu_);
+  bool closing_ ABSL_GUARDED_BY(mu_) = false;
+  absl::Status status_ ABSL_GUARDED_BY(mu_);
+  uint64_t installed_ ABSL_GUARDED_BY(mu_) = 0, skipped_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+// Reads a whole data file, checking it against its manifest entry: the header's spec,
+// dim and slots, every block checksum, the record count, size and file checksum. `fn`
+// gets every block.
+absl::Status ReadDataFile(const std::string& path, ExportKind kind, const std::string& spec_bytes,
+                          uint32_t dim, uint32_t slot_floats, const ExportFileInfo& info,
+                          const std::function<absl::Status(const ExportBlock&)>& fn) {
+  ASSIGN_OR_RETURN(auto reader, ExportFileReader::Open(path));
+  if (reader->kind() != kind || reader->spec_bytes() != spec_bytes || reader->dim() != dim ||
+      reader->slot_floats() != slot_floats) {
+    return absl::DataLossError(
+        absl::StrCat(path, ": its header does not match the manifest (spec, dim or slots)"));
+  }
+  ExportBlock block;
+  for (;;) {
+    ASSIGN_OR_RETURN(bool more, reader->Next(&block));
+    if (!more) break;
+    if (fn) RETURN_IF_ERROR(fn(block));
+  }
+  const ExportFileSummary& sum = reader->summary();
+  if (sum.rows != info.rows() || sum.bytes != info.bytes() || sum.crc32c != info.crc32c()) {
+    return absl::DataLossError(absl::StrCat(path, ": ", sum.rows, " records, ", sum.bytes,
+                                            " bytes, crc32c ", sum.crc32c, "; the manifest says ",
+                                            info.rows(), ", ", info.bytes(), ", ", info.crc32c()));
+  }
+  return absl::OkStatus();
+}
+
+struct Part {
+  std::string dir;
+  ExportManifest manifest;
+};
+
+absl::StatusOr<std::vector<Part>> ReadParts(const std::string& dir) {
+  std::vector<Part> parts;
+  if (fs::exists(dir + "/export.json")) {
+    ASSIGN_OR_RETURN(std::string json, ReadFile(dir + "/export.json"));
+    ExportIndex index;
+    google::protobuf::util::JsonParseOptions options;
+    options.ignore_unknown_fields = true;
+    if (!google::protobuf::util::JsonStringToMessage(json, &index, options).ok() ||
+        index.format() != "ps-export") {
+      return absl::DataLossError(absl::StrCat(dir, "/export.json is not a valid export index"));
+    }
+    if (index.version() != 1) {
+      return absl::UnimplementedError(absl::StrCat("export version ", index.version()));
+    }
+    for (const ExportIndex::Part& p : index.parts()) {
+      const std::string part_dir = dir + "/" + p.dir();
+      ASSIGN_OR_RETURN(ExportManifest m, ReadManifest(part_dir));
+      parts.push_back({part_dir, std::move(m)});
+    }
+  } else if (fs::exists(dir + "/manifest.json")) {
+    ASSIGN_OR_RETURN(ExportManifest m, ReadManifest(dir));
+    parts.push_back({dir, std::move(m)});
+  } else {
+    return absl::NotFoundError(absl::StrCat(dir, " holds neither export.json nor manifest.json"));
+  }
+  return parts;
+}
+
+}  // namespace
+
+absl::StatusOr<ImportResult> ImportCluster(const Cluster& cluster, const std::string& dir,
+                                           const ImportOptions& options) {
+  const absl::Time start = absl::Now();
+  ImportResult result;
+  ASSIGN_OR_RETURN(std::vector<Part> parts, ReadParts(dir));
+  result.parts = parts.size();
+
+  // Every table and tensor once, with one spec across the parts.
+  absl::flat_hash_map<std::string, TableSpec> tables;
+  absl::flat_hash_map<std::string, DenseSpec> dense;
+  for (const Part& p : parts) {
+    for (const ExportTableInfo& t : p.manifest.tables()) {
+      auto [it, inserted] = tables.emplace(t.spec().name(), t.spec());
+      if (!inserted && it->second.SerializeAsString() != t.spec().SerializeAsString()) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "parts of ", dir, " disagree on the spec of table '", t.spec().name(), "'"));
+      }
+    }
+    for (const ExportDenseInfo& d : p.manifest.dense()) {
+      auto [it, inserted] = dense.emplace(d.spec().name(), d.spec());
+      if (!inserted) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("dense tensor '", d.spec().name(), "' is in two parts of ", dir));
+      }
+    }
+  }
+
+  if (options.verify_first) {
+    for (const Part& p : parts) {
+      for (const ExportTableInfo& t : p.manifest.tables()) {
+        for (const ExportFileInfo& f : t.files()) {
+          RETURN_IF_ERROR(ReadDataFile(p.dir + "/" + f.name(), ExportKind::kTableRows,
+                                       t.spec().SerializeAsString(), t.dim(), t.slot_floats(), f,
+                                       nullptr));
+        }
+      }
+      for (const ExportDenseInfo& d : p.manifest.dense()) {
+        RETURN_IF_ERROR(ReadDataFile(p.dir + "/" + d.file().name(), ExportKind::kDense,
+                                     d.spec().SerializeAsString(), static_cast<uint32_t>(d.numel()),
+                                     d.slot_floats(), d.file(), nullptr));
+      }
+    }
+  }
+
+  // Create the catalog on every pod (idempotent; ALREADY_EXISTS for another spec).
+  for (const std::string& pod : cluster.pods) {
+    auto stub = ParameterServer::NewStub(Channel(cluster.channels, pod));
+    for (const auto& [name, spec] : tables) {
+      CreateTableRequest req;
+      *req.mutable_spec() = spec;
+      CreateTableResponse resp;
+      grpc::Status s = CallWithRetry(
+          options.deadline_ms, options.max_attempts,
+          [&](grpc::ClientContext* ctx) { return stub->CreateTable(ctx, req, &resp); });
+      RETURN_IF_ERROR(FromGrpc(s, absl::StrCat("CreateTable '", name, "' on ", pod)));
+    }
+    for (const auto& [name, spec] : dense) {
+      CreateDenseRequest req;
+      *req.mutable_spec() = spec;
+      CreateDenseResponse resp;
+      grpc::Status s = CallWithRetry(
+          options.deadline_ms, options.max_attempts,
+          [&](grpc::ClientContext* ctx) { return stub->CreateDense(ctx, req, &resp); });
+      RETURN_IF_ERROR(FromGrpc(s, absl::StrCat("CreateDense '", name, "' on ", pod)));
+    }
+  }
+
+  Sender sender(cluster, options);
+  const size_t num_pods = cluster.pods.size();
+  for (const Part& p : parts) {
+    for (const ExportTableInfo& t : p.manifest.tables()) {
+      const std::string& name = t.spec().name();
+      const uint64_t name_hash = NameHash(name);
+      const size_t floats = size_t{t.dim()} + t.slot_floats();
+      std::vector<TableRows> pending(num_pods);
+      std::vector<size_t> pending_rows(num_pods, 0);
+      auto flush = [&](uint32_t pod) {
+        if (pending_rows[pod] == 0) return;
+        ImportRowsRequest req;
+        req.set_epoch(cluster.epoch);
+        *req.add_tables() = std::move(pending[pod]);
+        pending[pod] = TableRows();
+        pending_rows[pod] = 0;
+        sender.Send(pod, std::move(req));
+      };
+      for (const ExportFileInfo& f : t.files()) {
+        RETURN_IF_ERROR(ReadDataFile(
+            p.dir + "/" + f.name(), ExportKind::kTableRows, t.spec().SerializeAsString(), t.dim(),
+            t.slot_floats(), f, [&](const ExportBlock& b) -> absl::Status {
+              RETURN_IF_ERROR(sender.status());
+              for (size_t i = 0; i < b.ids.size(); ++i) {
+                const uint32_t pod =
+                    cluster.owner[VShardOf(RouteHash(name_hash, b.ids[i]), cluster.num_vshards)];
+                TableRows& rows = pending[pod];
+                if (pending_rows[pod] == 0) rows.set_table(name);
+                rows.mutable_ids()->append(reinterpret_cast<const char*>(&b.ids[i]), 8);
+                rows.mutable_steps()->append(reinterpret_cast<const char*>(&b.steps[i]), 8);
+                rows.mutable_values()->append(
+                    reinterpret_cast<const char*>(b.values.data() + i * floats),
+                    floats * sizeof(float));
+                if (++pending_rows[pod] >= options.batch_rows) flush(pod);
+              }
+              result.rows += b.ids.size();
+              return absl::OkStatus();
+            }));
+      }
+      for (uint32_t pod = 0; pod < num_pods; ++pod) flush(pod);
+    }
+    for (const ExportDenseInfo& d : p.manifest.dense()) {
+      RETURN_IF_ERROR(ReadDataFile(
+          p.dir + "/" + d.file().name(), ExportKind::kDense, d.spec().SerializeAsString(),
+          static_cast<uint32_t>(d.numel()), d.slot_floats(), d.file(),
+          [&](const ExportBlock& b) -> absl::Status {
+            for (size_t i = 0; i < b.ids.size(); ++i) {
+              ImportRowsRequest req;
+              req.set_epoch(cluster.epoch);
+              DenseState* s = req.add_dense();
+              s->set_name(d.spec().name());
+              s->set_step(b.steps[i]);
+              s->set_values(std::string(reinterpret_cast<const char*>(b.values.data()),
+                                        b.values.size() * sizeof(float)));
+              sender.Send(cluster.owner[DenseVShard(d.spec().name(), cluster.num_vshards)],
+                          std::move(req));
+              ++result.dense;
+            }
+            return absl::OkStatus();
+          }));
+    }
+  }
+  RETURN_IF_ERROR(sender.Close());
+  result.installed = sender.installed();
+  result.skipped = sender.skipped();
+  result.seconds = absl::ToDoubleSeconds(absl::Now() - start);
+  return result;
+}
+
+}  // namespace ps

@@ -1,0 +1,86 @@
+// Cluster-wide export and import in the portable format (docs/architecture.md, "Export
+// format"), as ps-export and ps-import run them.
+//
+// Export asks every pod to write the rows of the vshards it owns into <dir>/part-<i> (a
+// path on the pod's filesystem; pods sharing a file system, or volumes collected
+// afterwards, make one export directory), then writes <dir>/export.json listing the parts.
+// Import reads every part, checks every checksum first, creates the tables, and sends
+// each row to the pod that owns its id in the target cluster (RouteHash, as the client
+// routes), which installs it durably. The target may have any number of pods and any
+// vshard count.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "embedding/transport_security.h"
+#include "proto/export.pb.h"
+
+namespace ps {
+
+// Where the cluster is: the master (its shard map), or the pods' addresses (each pod's
+// ownership is read from Describe; together they must own every vshard exactly once).
+struct ClusterTarget {
+  std::string master;
+  std::vector<std::string> servers;
+  // How long to wait for the master's map to have every owner live, or for pods to answer.
+  int connect_timeout_ms = 30000;
+  // TLS and the bearer token towards the master and the pods. Default: plain text.
+  ChannelSecurity security;
+};
+
+struct Cluster {
+  std::vector<std::string> pods;  // addresses
+  uint32_t num_vshards = 0;
+  uint64_t epoch = 0;
+  std::vector<uint32_t> owner;  // owner[v]: index into pods
+  ChannelMaker channels;        // the target's security, files loaded
+};
+
+// The pods and vshard map, or UNAVAILABLE (unreachable before the timeout),
+// FAILED_PRECONDITION (pods disagree: vshard counts, a vshard owned twice or not at all).
+absl::StatusOr<Cluster> DiscoverCluster(const ClusterTarget& target);
+
+struct ExportClusterOptions {
+  int timeout_ms = 3600 * 1000;  // per pod's export
+};
+
+// Exports every pod into <dir>/part-<i> and writes <dir>/export.json; returns the index.
+// `dir` is made absolute (pods resolve it themselves). ALREADY_EXISTS if dir holds an
+// export.json.
+absl::StatusOr<ExportIndex> ExportCluster(const Cluster& cluster, const std::string& dir,
+                                          const ExportClusterOptions& options = {});
+
+struct ImportOptions {
+  size_t batch_rows = 4096;  // rows per ImportRows request
+  int inflight = 4;          // requests in flight (over all pods)
+  // Read every file once and check its checksums, sizes and row counts before anything
+  // is sent, so a damaged export installs nothing.
+  bool verify_first = true;
+  int deadline_ms = 30000;  // per attempt
+  int max_attempts = 10;    // UNAVAILABLE, ABORTED, DEADLINE_EXCEEDED are retried
+};
+
+struct ImportResult {
+  uint64_t rows = 0;       // table rows read
+  uint64_t dense = 0;      // dense tensors read
+  uint64_t installed = 0;  // rows + tensors installed
+  uint64_t skipped = 0;    // already held at that step or later (e.g. a re-run)
+  uint64_t parts = 0;
+  double seconds = 0;
+};
+
+// Imports the export in `dir` (an export.json with parts, or a single part directory)
+// into the cluster. Idempotent: running it again installs nothing new. Errors: DATA_LOSS
+// (damaged or incomplete files), INVALID_ARGUMENT (not an export, parts that disagree on
+// a table's spec), ALREADY_EXISTS (the target has the table with another spec), or the
+// pods' errors.
+absl::StatusOr<ImportResult> ImportCluster(const Cluster& cluster, const std::string& dir,
+                                           const ImportOptions& options = {});
+
+// Reads and checks one manifest (<part dir>/manifest.json).
+absl::StatusOr<ExportManifest> ReadManifest(const std::string& part_dir);
+
+}  // namespace ps

@@ -1,0 +1,401 @@
+#include "ps/pod_transfer.h"
+
+#include <fcntl.h>
+#include <glog/logging.h>
+#include <google/protobuf/util/json_util.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/time/clock.h"
+#include "embedding/export_file.h"
+#include "embedding/hash.h"
+#include "embedding/status_macros.h"
+#include "proto/export.pb.h"
+#include "ps/codec.h"
+#include "ps/pod_storage.h"
+#include "ps/push_dedup.h"
+
+namespace ps {
+namespace {
+
+namespace fs = std::filesystem;
+
+absl::Status FsError(const std::string& what, const std::error_code& ec) {
+  const std::string msg = absl::StrCat(what, ": ", ec.message());
+  if (ec == std::errc::no_space_on_device) return absl::ResourceExhaustedError(msg);
+  if (ec == std::errc::permission_denied) return absl::PermissionDeniedError(msg);
+  return absl::UnavailableError(msg);
+}
+
+// Writes `data` to path through a temporary file, fsynced, then renamed over it.
+absl::Status WriteFileAtomically(const std::string& path, const std::string& data) {
+  const std::string tmp = path + ".tmp";
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0)
+    return FsError("cannot create " + tmp, std::error_code(errno, std::generic_category()));
+  size_t done = 0;
+  while (done < data.size()) {
+    const ssize_t n = ::write(fd, data.data() + done, data.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) {
+      const std::error_code ec(errno, std::generic_category());
+      ::close(fd);
+      return FsError("cannot write " + tmp, ec);
+    }
+    done += static_cast<size_t>(n);
+  }
+  if (::fsync(fd) != 0 || ::close(fd) != 0) {
+    return FsError("cannot sync " + tmp, std::error_code(errno, std::generic_category()));
+  }
+  std::error_code ec;
+  fs::rename(tmp, path, ec);
+  if (ec) return FsError("cannot rename " + tmp, ec);
+  const int dir = ::open(fs::path(path).parent_path().c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dir >= 0) {
+    ::fsync(dir);
+    ::close(dir);
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::string> ToJson(const google::protobuf::Message& m) {
+  google::protobuf::util::JsonPrintOptions options;
+  options.add_whitespace = true;
+  options.preserve_proto_field_names = true;
+  options.always_print_primitive_fields = true;
+  std::string out;
+  auto s = google::protobuf::util::MessageToJsonString(m, &out, options);
+  if (!s.ok()) return absl::InternalError(absl::StrCat("manifest to JSON: ", s.ToString()));
+  return out;
+}
+
+// Writes one table's owned rows into files of about max_file_bytes.
+absl::Status ExportTable(EmbeddingTable& table, const ShardOwnership& own, const std::string& dir,
+                         size_t index, const ExportOptions& options, ExportTableInfo* info) {
+  const TableSpec& spec = table.spec();
+  *info->mutable_spec() = spec;
+  info->set_dim(table.dim());
+  info->set_optimizer(OptimizerSpec::Kind_Name(spec.optimizer().kind()));
+  info->set_slot_floats(table.slot_floats());
+  const std::string spec_bytes = spec.SerializeAsString();
+  const uint64_t name_hash = table.name_hash();
+  std::unique_ptr<ExportFileWriter> writer;
+  absl::Status status;
+  auto finish = [&]() -> absl::Status {
+    if (writer == nullptr) return absl::OkStatus();
+    ASSIGN_OR_RETURN(ExportFileSummary sum, writer->Finish());
+    ExportFileInfo* f = info->mutable_files(info->files_size() - 1);
+    f->set_rows(sum.rows);
+    f->set_bytes(sum.bytes);
+    f->set_crc32c(sum.crc32c);
+    info->set_rows(info->rows() + sum.rows);
+    writer.reset();
+    return absl::OkStatus();
+  };
+  auto open = [&]() -> absl::Status {
+    const std::string name = absl::StrFormat("table-%04d-%05d.psx", index, info->files_size());
+    ASSIGN_OR_RETURN(writer,
+                     ExportFileWriter::Create(dir + "/" + name, ExportKind::kTableRows, spec_bytes,
+                                              table.dim(), table.slot_floats()));
+    info->add_files()->set_name(name);
+    return absl::OkStatus();
+  };
+  status = open();
+  table.ForEachRow([&](const RowView& r) {
+    if (!status.ok()) return;
+    if (!own.Owns(VShardOf(RouteHash(name_hash, r.id), own.num_vshards()))) return;
+    if (writer->bytes() >= options.max_file_bytes) {
+      status = finish();
+      if (status.ok()) status = open();
+      if (!status.ok()) return;
+    }
+    status = writer->Add(r.id, r.step, r.weights, r.slots);
+  });
+  RETURN_IF_ERROR(status);
+  return finish();
+}
+
+absl::Status WriteExport(ModelStore& store, const ShardOwnership& own, const std::string& dir,
+                         bool consistent, const ExportOptions& options, ExportResponse* resp) {
+  ExportManifest manifest;
+  manifest.set_format("ps-export");
+  manifest.set_version(1);
+  manifest.set_created(absl::FormatTime(absl::RFC3339_sec, absl::Now(), absl::UTCTimeZone()));
+  manifest.set_num_vshards(own.num_vshards());
+  manifest.set_epoch(own.epoch());
+  for (uint32_t v = 0; v < own.num_vshards(); ++v) {
+    if (own.Owns(v)) manifest.add_vshards(v);
+  }
+  manifest.set_consistent(consistent);
+  auto tables = store.Tables();
+  std::sort(tables.begin(), tables.end(),
+            [](const auto& a, const auto& b) { return a->spec().name() < b->spec().name(); });
+  uint64_t bytes = 0;
+  for (size_t i = 0; i < tables.size(); ++i) {
+    ExportTableInfo* info = manifest.add_tables();
+    RETURN_IF_ERROR(ExportTable(*tables[i], own, dir, i, options, info));
+    resp->set_rows(resp->rows() + info->rows());
+    for (const ExportFileInfo& f : info->files()) bytes += f.bytes();
+  }
+  auto dense = store.DenseTensors();
+  std::sort(dense.begin(), dense.end(),
+            [](const auto& a, const auto& b) { return a->spec().name() < b->spec().name(); });
+  std::vector<float> values;
+  for (size_t i = 0; i < dense.size(); ++i) {
+    DenseTensor& d = *dense[i];
+    if (!own.Owns(DenseVShard(d.spec().name(), own.num_vshards()))) continue;
+    uint64_t step = 0;
+    d.Snapshot(/*always=*/true, &values, &step);
+    const std::string name = absl::StrFormat("dense-%04d.psx", i);
+    ASSIGN_OR_RETURN(auto writer, ExportFileWriter::Create(dir + "/" + name, ExportKind::kDense,
+                                                           d.spec().SerializeAsString(),
+                                                           static_cast<uint32_t>(d.numel()),
+                                                           static_cast<uint32_t>(d.slot_floats())));
+    RETURN_IF_ERROR(writer->Add(0, step, values.data(), values.data() + d.numel()));
+    ASSIGN_OR_RETURN(ExportFileSummary sum, writer->Finish());
+    ExportDenseInfo* info = manifest.add_dense();
+    *info->mutable_spec() = d.spec();
+    info->set_numel(d.numel());
+    info->set_slot_floats(static_cast<uint32_t>(d.slot_floats()));
+    info->set_step(step);
+    info->mutable_file()->set_name(name);
+    info->mutable_file()->set_rows(sum.rows);
+    info->mutable_file()->set_bytes(sum.bytes);
+    info->mutable_file()->set_crc32c(sum.crc32c);
+    bytes += sum.bytes;
+    resp->set_dense(resp->dense() + 1);
+  }
+  ASSIGN_OR_RETURN(std::string json, ToJson(manifest));
+  RETURN_IF_ERROR(WriteFileAtomically(dir + "/manifest.json", json));
+  resp->set_bytes(bytes);
+  resp->set_consistent(consistent);
+  resp->set_num_vshards(own.num_vshards());
+  resp->set_epoch(own.epoch());
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status ExportPod(PsCore& core, const ExportRequest& req, ExportResponse* resp,
+                       const ExportOptions& options) {
+  if (req.dir().empty()) return absl::InvalidArgumentError("export dir is empty");
+  const absl::Time start = absl::Now();
+  const std::string dir = req.dir();
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  if (ec) return FsError("cannot create export dir " + dir, ec);
+  if (fs::exists(dir + "/manifest.json")) {
+    return absl::AlreadyExistsError(
+        absl::StrCat(dir, " already holds an export (manifest.json); use a new directory"));
+  }
+  auto own = core.ownership();
+  absl::Status status;
+  if (core.storage() == nullptr) {
+    status = WriteExport(core.store(), *own, dir, /*consistent=*/false, options, resp);
+  } else {
+    // A consistent cut: a checkpoint of the database, recovered aside exactly as a restart
+    // would (stored rows plus the log replayed), then written out.
+    const std::string snapshot = dir + "/.snapshot";
+    fs::remove_all(snapshot, ec);
+    RETURN_IF_ERROR(core.storage()->Checkpoint(snapshot));
+    {
+      TableOptions table_options;
+      table_options.track_dirty = true;
+      ModelStore store(table_options);
+      PushDedup dedup;
+      PodStorageOptions storage_options;
+      storage_options.db.dir = snapshot;
+      storage_options.db.log_memtable_bytes = size_t{8} << 20;
+      storage_options.materialize_ms = 24 * 3600 * 1000;
+      storage_options.materialize_on_close = false;
+      auto storage = PodStorage::Open(storage_options, &store, &dedup);
+      status = storage.ok() ? WriteExport(store, *own, dir, /*consistent=*/true, options, resp)
+                            : storage.status();
+    }
+    fs::remove_all(snapshot, ec);
+  }
+  if (!status.ok()) {
+    LOG(WARNING) << "export to " << dir << " failed: " << status;
+    return status;
+  }
+  resp->set_seconds(absl::ToDoubleSeconds(absl::Now() - start));
+  LOG(INFO) << "exported " << resp->rows() << " rows and " << resp->dense() << " dense tensors ("
+            << resp->bytes() << " bytes) to " << dir << " in " << resp->seconds() << " s";
+  return absl::OkStatus();
+}
+
+namespace {
+
+struct PreparedRows {
+  std::shared_ptr<EmbeddingTable> table;
+  absl::Span<const int64_t> ids;
+  absl::Span<const uint64_t> steps;
+  absl::Span<const float> values;
+  std::vector<int64_t> id_scratch;
+  std::vector<uint64_t> step_scratch;
+  std::vector<float> value_scratch;
+};
+
+struct PreparedDenseState {
+  std::shared_ptr<DenseTensor> tensor;
+  uint64_t step = 0;
+  absl::Span<const float> values;
+  std::vector<float> scratch;
+};
+
+absl::Status CheckFinite(absl::Span<const float> v, absl::string_view what) {
+  for (size_t i = 0; i < v.size(); ++i) {
+    if (!std::isfinite(v[i])) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("import of ", what, " has a non-finite value at float ", i));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Prepare(PsCore& core, const ImportRowsRequest& req, const ShardOwnership& own,
+                     std::vector<PreparedRows>* rows, std::vector<PreparedDenseState>* dense) {
+  if (req.tables_size() == 0 && req.dense_size() == 0) {
+    return absl::InvalidArgumentError("import names no rows and no dense tensors");
+  }
+  rows->resize(req.tables_size());
+  for (int i = 0; i < req.tables_size(); ++i) {
+    const TableRows& e = req.tables(i);
+    PreparedRows& p = (*rows)[i];
+    p.table = core.store().FindTable(e.table());
+    if (p.table == nullptr) {
+      return absl::NotFoundError(absl::StrCat("table '", e.table(), "' does not exist"));
+    }
+    ASSIGN_OR_RETURN(p.ids, PackedView<int64_t>(e.ids(), &p.id_scratch, "ids of", e.table()));
+    ASSIGN_OR_RETURN(p.steps,
+                     PackedView<uint64_t>(e.steps(), &p.step_scratch, "steps of", e.table()));
+    ASSIGN_OR_RETURN(p.values,
+                     PackedView<float>(e.values(), &p.value_scratch, "values of", e.table()));
+    const size_t floats = p.table->dim() + p.table->slot_floats();
+    if (p.steps.size() != p.ids.size() || p.values.size() != p.ids.size() * floats) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("import into '", e.table(), "' has ", p.ids.size(), " ids, ", p.steps.size(),
+                       " steps and ", p.values.size(), " floats; expected one step and ", floats,
+                       " floats (dim + optimizer slots) per id"));
+    }
+    RETURN_IF_ERROR(CheckFinite(p.values, e.table()));
+    const uint64_t h = p.table->name_hash();
+    for (int64_t id : p.ids) {
+      const uint32_t v = VShardOf(RouteHash(h, id), own.num_vshards());
+      if (!own.Owns(v)) {
+        return absl::FailedPreconditionError(
+            absl::StrCat("id ", id, " of table '", e.table(), "' is in vshard ", v,
+                         ", which this pod does not own at epoch ", own.epoch()));
+      }
+    }
+  }
+  dense->resize(req.dense_size());
+  for (int i = 0; i < req.dense_size(); ++i) {
+    const DenseState& e = req.dense(i);
+    PreparedDenseState& p = (*dense)[i];
+    p.tensor = core.store().FindDense(e.name());
+    if (p.tensor == nullptr) {
+      return absl::NotFoundError(absl::StrCat("dense tensor '", e.name(), "' does not exist"));
+    }
+    ASSIGN_OR_RETURN(p.values, PackedView<float>(e.values(), &p.scratch, "values of", e.name()));
+    if (p.values.size() != p.tensor->numel() + p.tensor->slot_floats()) {
+      return absl::InvalidArgumentError(absl::StrCat("import of dense tensor '", e.name(), "' has ",
+                                                     p.values.size(), " floats, expected ",
+                                                     p.tensor->numel() + p.tensor->slot_floats()));
+    }
+    RETURN_IF_ERROR(CheckFinite(p.values, e.name()));
+    const uint32_t v = DenseVShard(e.name(), own.num_vshards());
+    if (!own.Owns(v)) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("dense tensor '", e.name(), "' is in vshard ", v,
+                       ", which this pod does not own at epoch ", own.epoch()));
+    }
+    p.step = e.step();
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+void ImportRows(PsCore& core, const ImportRowsRequest& req, ImportRowsResponse* resp,
+                PsCore::Done done) {
+  auto own = core.ownership();
+  resp->set_epoch(own->epoch());
+  std::vector<PreparedRows> rows;
+  std::vector<PreparedDenseState> dense;
+  if (absl::Status s = Prepare(core, req, *own, &rows, &dense); !s.ok()) return done(s);
+  PodStorage* storage = core.storage();
+  if (storage != nullptr) {
+    if (absl::Status s = storage->log().health(); !s.ok()) return done(s);
+  }
+  // Installs, then (durable pod) one log record of what was installed, appended under the
+  // shared apply lock as a push's is (see PodStorage::apply_mu).
+  uint64_t installed = 0, skipped = 0;
+  auto install = [&](LogRecordBuilder* record) -> absl::Status {
+    // Rows evicted under a memory budget are read back first (a failed read installs
+    // nothing); eviction waits for the apply lock this runs under.
+    for (const PreparedRows& p : rows) RETURN_IF_ERROR(p.table->Load(p.ids));
+    std::vector<int64_t> ids;
+    std::vector<uint64_t> steps;
+    std::vector<float> values;
+    for (const PreparedRows& p : rows) {
+      EmbeddingTable& t = *p.table;
+      const size_t floats = t.dim() + t.slot_floats();
+      ids.clear();
+      steps.clear();
+      values.clear();
+      for (size_t i = 0; i < p.ids.size(); ++i) {
+        const float* v = p.values.data() + i * floats;
+        if (!t.Install(p.ids[i], v, v + t.dim(), p.steps[i])) {
+          ++skipped;
+          continue;
+        }
+        ++installed;
+        if (record == nullptr) continue;
+        ids.push_back(p.ids[i]);
+        steps.push_back(p.steps[i]);
+        values.insert(values.end(), v, v + floats);
+      }
+      if (record != nullptr && !ids.empty()) {
+        record->AddInstall(t.spec().name(), static_cast<uint32_t>(floats), ids, steps, values);
+      }
+    }
+    for (const PreparedDenseState& p : dense) {
+      ASSIGN_OR_RETURN(bool done_install, p.tensor->Install(p.values, p.step));
+      if (!done_install) {
+        ++skipped;
+        continue;
+      }
+      ++installed;
+      if (record != nullptr) record->AddDenseInstall(p.tensor->spec().name(), p.step, p.values);
+    }
+    return absl::OkStatus();
+  };
+  if (storage == nullptr) {
+    absl::Status s = install(nullptr);
+    resp->set_installed(installed);
+    resp->set_skipped(skipped);
+    return done(s);
+  }
+  size_t bytes = 0;
+  for (const PreparedRows& p : rows) bytes += p.values.size() * 4 + p.ids.size() * 16 + 64;
+  for (const PreparedDenseState& p : dense) bytes += p.values.size() * 4 + 64;
+  absl::ReaderMutexLock lock(&storage->apply_mu());
+  LogRecordBuilder record(PushKey(), bytes);
+  absl::Status s = install(&record);
+  resp->set_installed(installed);
+  resp->set_skipped(skipped);
+  if (!s.ok() || installed == 0) return done(s);
+  storage->log().Append(record.Finish(), std::move(done));
+}
+
+}  // namespace ps

@@ -1,0 +1,36 @@
+// Export and import of a pod's rows in the portable format (docs/architecture.md,
+// "Export format"): the work behind the PodTransfer RPCs, independent of the transport.
+#pragma once
+
+#include <functional>
+
+#include "absl/status/status.h"
+#include "proto/ps.pb.h"
+#include "ps/ps_core.h"
+
+namespace ps {
+
+struct ExportOptions {
+  // A table's rows are split into files of about this size, so no single file gets huge
+  // and an import can read several at once.
+  size_t max_file_bytes = size_t{256} << 20;
+};
+
+// Writes the tables and dense tensors of the vshards `core` owns into req.dir (created if
+// missing). A durable pod exports a consistent cut: it checkpoints its database into
+// <dir>/.snapshot, recovers that copy into a second in-memory store, writes it out and
+// deletes the copy (so the export needs memory for a second copy of the pod's rows). An
+// in-memory pod writes its live rows, each row whole, while pushes continue.
+// Errors: INVALID_ARGUMENT (empty dir), ALREADY_EXISTS (dir holds a manifest.json),
+// file system errors (RESOURCE_EXHAUSTED when the disk is full). Blocking; thread-safe.
+absl::Status ExportPod(PsCore& core, const ExportRequest& req, ExportResponse* resp,
+                       const ExportOptions& options = {});
+
+// Installs whole rows and dense tensors (see ImportRowsRequest in proto/ps.proto): the
+// request is validated whole before anything is installed; on a durable pod `done` runs
+// once the installs are logged (they then survive kill -9 as acknowledged pushes do).
+// *resp must stay valid until `done` runs. Thread-safe.
+void ImportRows(PsCore& core, const ImportRowsRequest& req, ImportRowsResponse* resp,
+                PsCore::Done done);
+
+}  // namespace ps
