@@ -132,6 +132,12 @@ std::string FormatStatus(const StatusResponse& s, const PodStats& stats) {
                     op.error(), "\n");
   }
   if (s.moves_size() > 0) absl::StrAppend(&out, "\nMOVES\n", FormatMoves(s.moves()));
+  if (s.has_last_checkpoint()) {
+    const CheckpointInfo& c = s.last_checkpoint();
+    absl::StrAppend(&out, "\nlast checkpoint ", c.checkpoint_id(), ": ", c.dir(), " (",
+                    c.pods_size(), " pods, epoch ", c.epoch(),
+                    absl::StrFormat(", %.1f s", c.seconds()), ")\n");
+  }
   if (s.failed_tasks_size() > 0) {
     absl::StrAppend(&out, "\nFAILED TASKS\n", FormatTaskList(s.failed_tasks(), true));
   }

@@ -66,5 +66,45 @@ TEST(AdminFormatTest, ShardsListEachPodsRanges) {
   EXPECT_NE(out.find("ps-1  -        UNKNOWN  1      2"), std::string::npos) << out;
 }
 
+TEST(AdminFormatTest, StatusAndShardsShowMovesOperationsAndCheckpoints) {
+  StatusResponse s;
+  PodInfo* p = s.add_pods();
+  p->set_pod_id("ps-2");
+  p->set_state(PodInfo::DRAINED);
+  MoveInfo* m = s.add_moves();
+  m->set_move_id(9);
+  m->add_vshards(4);
+  m->add_vshards(5);
+  m->set_source("ps-2");
+  m->set_destination("ps-0");
+  m->set_state(MoveInfo::COMMITTED);
+  m->set_rows(1200);
+  m->set_bytes(2500000);
+  m->set_copy_seconds(0.25);
+  m->set_fence_ms(3.5);
+  s.mutable_operation()->set_operation_id(1);
+  s.mutable_operation()->set_kind("drain ps-2");
+  s.mutable_operation()->set_moves_total(3);
+  s.mutable_operation()->set_moves_done(3);
+  s.mutable_operation()->set_done(true);
+  s.mutable_last_checkpoint()->set_checkpoint_id(2);
+  s.mutable_last_checkpoint()->set_dir("/ckpt/ckpt-2");
+  const std::string out = FormatStatus(s);
+  for (const char* want : {"DRAINED", "drain ps-2: 3/3 moves done, finished", "4-5", "COMMITTED",
+                           "1200", "2.5", "3.5", "last checkpoint 2: /ckpt/ckpt-2"}) {
+    EXPECT_NE(out.find(want), std::string::npos) << want << " in\n" << out;
+  }
+  ShardMapResponse map;
+  map.add_pods()->set_pod_id("ps-0");
+  map.add_owner(0);
+  MoveInfo* copying = map.add_moves();
+  copying->set_move_id(10);
+  copying->add_vshards(0);
+  copying->set_state(MoveInfo::COPYING);
+  const std::string shards = FormatShards(map);
+  EXPECT_NE(shards.find("MOVES IN PROGRESS"), std::string::npos) << shards;
+  EXPECT_NE(shards.find("COPYING"), std::string::npos) << shards;
+}
+
 }  // namespace
 }  // namespace ps

@@ -47,9 +47,11 @@ constexpr char kUsage[] =
     "  tables      the table catalog with each table's version (pushes)\n"
     "  workers     registered workers, their incarnations, states and leases\n"
     "  tasks       job progress, tasks in progress and failed tasks\n"
-    "  drain POD   move POD's vshards to the other pods (needs live migration: refused for now)\n"
-    "  rebalance   spread vshards evenly over the pods (needs live migration: refused for now)\n"
-    "  checkpoint  checkpoint every shard (not implemented yet)\n"
+    "  drain POD   move POD's vshards to the other live pods (live migration); returns when\n"
+    "              done, POD then owns nothing (DRAINED) and can be removed\n"
+    "  rebalance   spread vshards evenly over the live, not drained pods (e.g. after a pod\n"
+    "              joined); returns when done. `status` shows progress meanwhile\n"
+    "  checkpoint  every pod's state and the master's into <--checkpoint_dir>/ckpt-<id>\n"
     "Exit codes: 0 done, 1 master unreachable or command refused, 2 bad usage.";
 
 int Usage(const std::string& why) {
@@ -217,8 +219,15 @@ int Main(const std::vector<std::string>& args) {
     });
   }
   ps::CheckpointResponse r;
-  if (!admin.Call("checkpoint", &Master::Stub::Checkpoint, ps::CheckpointRequest(), &r)) return 1;
-  return Print(r, [] { return std::string("checkpoint done\n"); });
+  if (!admin.Call("checkpoint", &Master::Stub::Checkpoint, ps::CheckpointRequest(), &r,
+                  FLAGS_move_timeout_ms)) {
+    return 1;
+  }
+  return Print(r, [&] {
+    return "checkpoint " + std::to_string(r.checkpoint().checkpoint_id()) + " in " +
+           r.checkpoint().dir() + " (" + std::to_string(r.checkpoint().pods_size()) +
+           " pods, epoch " + std::to_string(r.checkpoint().epoch()) + ")\n";
+  });
 }
 
 }  // namespace

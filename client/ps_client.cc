@@ -178,6 +178,10 @@ ChannelMaker Channels(const ClientOptions& options) {
 struct Routing {
   ShardMap map;
   std::vector<std::shared_ptr<Pod>> pods;  // index = the map's pod index
+  // Per pod: reachable as far as the master knows (LIVE or DRAINED; always with a static
+  // map). Calls to every pod (create, stats, the catalog at Connect) skip the others: a
+  // drained pod that was removed stays in the master's list as LOST.
+  std::vector<bool> up;
 };
 
 class PsClientImpl final : public PsClient {
@@ -242,6 +246,8 @@ class PsClientImpl final : public PsClient {
       }
       if (pod == nullptr) pod = NewPod(options, info.pod_id(), info.address());
       routing->pods.push_back(std::move(pod));
+      routing->up.push_back(!info.address().empty() &&
+                            (info.state() == PodInfo::LIVE || info.state() == PodInfo::DRAINED));
     }
     for (uint32_t pod : owner) {
       if (pod >= routing->pods.size() || routing->pods[pod]->address.empty()) {
@@ -260,9 +266,9 @@ class PsClientImpl final : public PsClient {
   absl::Status Init() {
     auto r = routing();
     std::vector<std::unique_ptr<Rpc<DescribeRequest, DescribeResponse>>> rpcs;
-    for (const auto& pod : r->pods) {
-      if (!options_.master.empty() && pod->address.empty()) continue;
-      rpcs.push_back(MakeRpc<DescribeRequest, DescribeResponse>(pod, r->map.epoch()));
+    for (size_t p = 0; p < r->pods.size(); ++p) {
+      if (!r->up[p]) continue;
+      rpcs.push_back(MakeRpc<DescribeRequest, DescribeResponse>(r->pods[p], r->map.epoch()));
     }
     RETURN_IF_ERROR(RunAll(&AsyncIface::Describe, &rpcs));
     for (size_t i = 0; i < rpcs.size(); ++i) {
@@ -333,9 +339,9 @@ class PsClientImpl final : public PsClient {
   absl::StatusOr<std::vector<StatsResponse>> Stats() override {
     auto r = routing();
     std::vector<std::unique_ptr<Rpc<StatsRequest, StatsResponse>>> rpcs;
-    for (const auto& pod : r->pods) {
-      if (pod->address.empty()) continue;
-      rpcs.push_back(MakeRpc<StatsRequest, StatsResponse>(pod, r->map.epoch()));
+    for (size_t p = 0; p < r->pods.size(); ++p) {
+      if (!r->up[p]) continue;
+      rpcs.push_back(MakeRpc<StatsRequest, StatsResponse>(r->pods[p], r->map.epoch()));
     }
     RETURN_IF_ERROR(RunAll(&AsyncIface::Stats, &rpcs));
     std::vector<StatsResponse> out;
@@ -383,34 +389,32 @@ class PsClientImpl final : public PsClient {
     timer_.After(wait, [this] { StartRefresh(); });
   }
 
+  // Runs on the timer thread: a blocking call (the master answers in a few ms, or fails at
+  // once when down; 2 s at most), so no call state outlives it.
   void StartRefresh() {
-    auto ctx = std::make_shared<grpc::ClientContext>();
-    ctx->set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(2));
-    auto req = std::make_shared<GetShardMapRequest>();
-    auto resp = std::make_shared<ShardMapResponse>();
-    master_->async()->GetShardMap(ctx.get(), req.get(), resp.get(),
-                                  [this, ctx, req, resp](grpc::Status s) {
-                                    if (s.ok()) {
-                                      auto current = routing();
-                                      if (resp->epoch() >= current->map.epoch()) {
-                                        auto next = RoutingFromMap(options_, *resp, current.get());
-                                        if (next.ok()) {
-                                          absl::MutexLock lock(&routing_mu_);
-                                          routing_ = *std::move(next);
-                                        }
-                                      }
-                                    }
-                                    std::vector<std::function<void()>> waiters;
-                                    {
-                                      absl::MutexLock lock(&refresh_mu_);
-                                      refresh_in_flight_ = false;
-                                      last_refresh_ = absl::Now();
-                                      waiters.swap(refresh_waiters_);
-                                    }
-                                    for (auto& w : waiters) w();
-                                    absl::MutexLock lock(&inflight_mu_);
-                                    --inflight_rpcs_;
-                                  });
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(2));
+    ShardMapResponse resp;
+    if (master_->GetShardMap(&ctx, GetShardMapRequest(), &resp).ok()) {
+      auto current = routing();
+      if (resp.epoch() >= current->map.epoch()) {
+        auto next = RoutingFromMap(options_, resp, current.get());
+        if (next.ok()) {
+          absl::MutexLock lock(&routing_mu_);
+          routing_ = *std::move(next);
+        }
+      }
+    }
+    std::vector<std::function<void()>> waiters;
+    {
+      absl::MutexLock lock(&refresh_mu_);
+      refresh_in_flight_ = false;
+      last_refresh_ = absl::Now();
+      waiters.swap(refresh_waiters_);
+    }
+    for (auto& w : waiters) w();
+    absl::MutexLock lock(&inflight_mu_);
+    --inflight_rpcs_;
   }
 
   // The pod with `id` in the current routing (its address may have changed), or `pod`.
@@ -535,9 +539,9 @@ class PsClientImpl final : public PsClient {
   absl::Status CreateOnEveryPod(AsyncMethod<Req, Resp> method, const Spec& spec) {
     auto r = routing();
     std::vector<std::unique_ptr<Rpc<Req, Resp>>> rpcs;
-    for (const auto& pod : r->pods) {
-      if (pod->address.empty()) continue;
-      rpcs.push_back(MakeRpc<Req, Resp>(pod, r->map.epoch()));
+    for (size_t p = 0; p < r->pods.size(); ++p) {
+      if (!r->up[p]) continue;
+      rpcs.push_back(MakeRpc<Req, Resp>(r->pods[p], r->map.epoch()));
       *rpcs.back()->req.mutable_spec() = spec;
     }
     RETURN_IF_ERROR(RunAll(method, &rpcs));
@@ -1069,6 +1073,7 @@ absl::StatusOr<std::unique_ptr<PsClient>> PsClient::Connect(const ClientOptions&
     for (size_t i = 0; i < options.servers.size(); ++i) {
       routing->pods.push_back(
           PsClientImpl::NewPod(options, absl::StrCat("pod ", i), options.servers[i]));
+      routing->up.push_back(true);
     }
     auto client = std::make_unique<PsClientImpl>(options, std::move(routing));
     RETURN_IF_ERROR(client->Init());

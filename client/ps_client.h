@@ -125,7 +125,8 @@ class PsClient {
                                  const std::vector<const float*>& grads,
                                  float learning_rate = 0) = 0;
 
-  // Per-pod statistics, in pod order.
+  // Per-pod statistics, in pod order (with a master: of the pods it reports live or
+  // drained).
   virtual absl::StatusOr<std::vector<StatsResponse>> Stats() = 0;
 
   virtual uint64_t worker_id() const = 0;

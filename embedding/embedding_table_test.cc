@@ -1,5 +1,6 @@
 #include "embedding/embedding_table.h"
 
+#include <algorithm>
 #include <random>
 #include <thread>
 #include <vector>
@@ -48,6 +49,33 @@ TEST(EmbeddingTableTest, PullCreatesRowsAtTheirInitialValue) {
     EXPECT_EQ(std::vector<float>(out.begin() + i * 5, out.begin() + (i + 1) * 5),
               Initial(t->spec(), ids[i]));
   }
+}
+
+TEST(EmbeddingTableTest, EraseRemovesRowsAndTheirSlotsAreReused) {
+  const TableSpec spec = Spec(4, OptimizerSpec::SGD);
+  auto t = Make(spec, /*stripes=*/1);  // one stripe: the re-created rows reuse the slots
+  std::vector<int64_t> ids = {1, 2, 3, 4};
+  std::vector<float> grads(ids.size() * 4, 1.0f);
+  t->Push(ids, grads.data(), 0);
+  EXPECT_EQ(t->Erase({2, 4, 99}), 2u);  // 99 never existed
+  EXPECT_EQ(t->rows(), 2u);
+  std::vector<int64_t> seen;
+  t->ForEachRow([&](const RowView& r) { seen.push_back(r.id); });
+  std::sort(seen.begin(), seen.end());
+  EXPECT_EQ(seen, (std::vector<int64_t>{1, 3}));
+  EXPECT_FALSE(t->Inspect(2, [](const RowView&) {}));
+  // Created again, an erased row starts over at its initial value; others are untouched.
+  const uint64_t before = t->memory_bytes();
+  std::vector<float> out(8);
+  t->Pull({2, 5}, out.data(), /*read_only=*/false);
+  EXPECT_EQ(std::vector<float>(out.begin(), out.begin() + 4), Initial(spec, 2));
+  EXPECT_EQ(t->rows(), 4u);
+  EXPECT_EQ(t->memory_bytes(), before);  // the freed slots took them
+  std::vector<float> one(4);
+  t->Pull({1}, one.data(), false);
+  std::vector<float> expected = Initial(spec, 1);
+  for (float& v : expected) v -= 1.0f;
+  EXPECT_EQ(one, expected);
 }
 
 TEST(EmbeddingTableTest, ReadOnlyPullDoesNotCreate) {

@@ -22,6 +22,7 @@ inline constexpr absl::string_view kJobPrefix = "job/";
 // A task key is kTaskPrefix + job + "/" + 20 digits: parse from the end (names may hold "/").
 inline constexpr absl::string_view kTaskPrefix = "task/";
 inline constexpr absl::string_view kMovePrefix = "move/";
+inline constexpr absl::string_view kCheckpointPrefix = "checkpoint/";
 
 inline std::string Pod(absl::string_view id) { return absl::StrCat(kPodPrefix, id); }
 inline std::string Table(absl::string_view name) { return absl::StrCat(kTablePrefix, name); }
@@ -30,6 +31,7 @@ inline std::string Dense(absl::string_view name) { return absl::StrCat(kDensePre
 inline std::string Worker(uint64_t id) { return absl::StrFormat("worker/%020u", id); }
 inline std::string Job(absl::string_view name) { return absl::StrCat(kJobPrefix, name); }
 inline std::string Move(uint64_t id) { return absl::StrFormat("move/%020u", id); }
+inline std::string Checkpoint(uint64_t id) { return absl::StrFormat("checkpoint/%020u", id); }
 inline std::string Task(absl::string_view job, uint64_t id) {
   return absl::StrFormat("task/%s/%020u", job, id);
 }

@@ -101,7 +101,41 @@ absl::StatusOr<std::unique_ptr<MasterCore>> MasterCore::Open(const MasterOptions
               << " vshards over " << options.num_ps << " pods";
   }
   RETURN_IF_ERROR(core->Load(config));
+  if (options.auto_rebalance) {
+    MasterCore* raw = core.get();
+    core->auto_rebalance_ = std::thread([raw] { raw->RunAutoRebalance(); });
+  }
   return core;
+}
+
+MasterCore::~MasterCore() {
+  {
+    absl::MutexLock lock(&mu_);
+    stopping_ = true;
+  }
+  if (auto_rebalance_.joinable()) auto_rebalance_.join();
+}
+
+void MasterCore::RunAutoRebalance() {
+  for (;;) {
+    {
+      absl::MutexLock lock(&mu_);
+      mu_.Await(absl::Condition(
+          +[](MasterCore* c)
+               ABSL_NO_THREAD_SAFETY_ANALYSIS { return c->rebalance_wanted_ || c->stopping_; },
+          this));
+      if (stopping_) return;
+      rebalance_wanted_ = false;
+    }
+    RebalanceResponse resp;
+    absl::Status s = Rebalance(RebalanceRequest(), &resp);
+    if (s.ok()) {
+      LOG(INFO) << "auto rebalance: " << resp.moved_vshards() << " vshards moved; epoch "
+                << resp.epoch();
+    } else {
+      LOG(WARNING) << "auto rebalance failed (retried at the next registration): " << s;
+    }
+  }
 }
 
 absl::Status MasterCore::Load(const ClusterConfig& config) {
@@ -196,6 +230,10 @@ absl::Status MasterCore::Load(const ClusterConfig& config) {
                    << " left by the previous master; epoch " << map_.epoch();
     }
   }
+  RETURN_IF_ERROR(
+      store_->Scan(keys::kCheckpointPrefix, [&](absl::string_view k, absl::string_view val) {
+        return ParseRecord(k, val, &last_checkpoint_);  // key order: the last is the newest
+      }));
   // Derived state: queues, phase counts, holders.
   for (auto& [name, job] : jobs_) {
     const uint32_t phases = 2 * job.record.spec().epochs();
@@ -280,6 +318,8 @@ absl::Status MasterCore::RegisterPod(const RegisterPodRequest& req, RegisterPodR
     pods_[req.pod_id()].record = std::move(record);
     LOG(INFO) << "pod " << req.pod_id() << " registered at " << req.address() << "; epoch "
               << map_.epoch();
+    // A pod that owns nothing joined (new, or undrained): spread the vshards onto it.
+    if (options_.auto_rebalance && OwnedBy(req.pod_id()) == 0) rebalance_wanted_ = true;
   }
   Pod& pod = pods_[req.pod_id()];
   pod.lease_deadline = now + options_.lease;
@@ -602,6 +642,7 @@ absl::Status MasterCore::Status(const StatusRequest&, StatusResponse* resp) {
   }
   for (auto it = recent_moves_.rbegin(); it != recent_moves_.rend(); ++it) *resp->add_moves() = *it;
   if (operation_.operation_id() != 0) *resp->mutable_operation() = operation_;
+  if (last_checkpoint_.checkpoint_id() != 0) *resp->mutable_last_checkpoint() = last_checkpoint_;
   for (const std::string& name : tables) {
     TableProgress* p = resp->add_tables();
     p->set_name(name);
@@ -609,12 +650,6 @@ absl::Status MasterCore::Status(const StatusRequest&, StatusResponse* resp) {
     p->set_version(v == counters_.table_versions().end() ? 0 : v->second);
   }
   return absl::OkStatus();
-}
-
-absl::Status MasterCore::Checkpoint(const CheckpointRequest&, CheckpointResponse*) {
-  return absl::UnimplementedError(
-      "checkpoint needs consistent per-shard snapshots on the PS pods (durable storage, "
-      "issue 3): not implemented yet");
 }
 
 }  // namespace ps

@@ -27,6 +27,7 @@
 #include <memory>
 #include <set>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -65,6 +66,12 @@ struct MasterOptions {
   uint32_t vshards_per_move = 4;
   // A move's catch-up rounds stop (and its fence starts) at this many changed rows.
   uint32_t fence_rows = 2000;
+  // Rebalance by itself (on a background thread) when a new pod registers: a pod id not
+  // seen before, or a drained one back at a new address.
+  bool auto_rebalance = false;
+  // Where cluster checkpoints go (ckpt-<id> below it, on each pod's filesystem and the
+  // master's); empty: Checkpoint is refused.
+  std::string checkpoint_dir;
 };
 
 class MasterCore {
@@ -73,6 +80,8 @@ class MasterCore {
   // options (e.g. num_vshards not a power of two), FAILED_PRECONDITION when the data dir
   // was created with another num_vshards/num_ps, store errors as they come.
   static absl::StatusOr<std::unique_ptr<MasterCore>> Open(const MasterOptions& options);
+  // Stops the auto-rebalance thread (waiting for a rebalance it runs).
+  ~MasterCore();
 
   // The RPCs of proto/master.proto. Each returns OK or the most specific error (see the
   // proto's header comment); on error nothing changed. Thread-safe.
@@ -183,8 +192,14 @@ class MasterCore {
   std::vector<MoveInfo> recent_moves_ ABSL_GUARDED_BY(mu_);
   OperationInfo operation_ ABSL_GUARDED_BY(mu_);
   uint64_t next_operation_ ABSL_GUARDED_BY(mu_) = 0;
+  CheckpointInfo last_checkpoint_ ABSL_GUARDED_BY(mu_);
   absl::Mutex operation_mu_;  // held by the running Drain / Rebalance
   std::atomic<uint64_t> pod_lease_losses_{0}, worker_lease_losses_{0};
+  // --auto_rebalance: a registration sets rebalance_wanted_; the thread runs Rebalance.
+  void RunAutoRebalance();
+  bool rebalance_wanted_ ABSL_GUARDED_BY(mu_) = false;
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  std::thread auto_rebalance_;  // last: started after everything above exists
 };
 
 }  // namespace ps

@@ -28,6 +28,12 @@ class FakePodControl final : public PodControl {
     begun.push_back(address);
     return absl::OkStatus();
   }
+  absl::Status Checkpoint(const std::string& address, const PodCheckpointRequest& req,
+                          PodCheckpointResponse* resp) override {
+    absl::MutexLock lock(&mu);
+    checkpoints.push_back(req.dir());
+    return absl::OkStatus();
+  }
   absl::Status MigrateImport(const std::string& address, const MigrateImportRequest& req,
                              MigrateImportResponse* resp) override {
     absl::MutexLock lock(&mu);
@@ -42,6 +48,7 @@ class FakePodControl final : public PodControl {
   std::map<std::string, Assignment> assignments;
   std::vector<std::string> begun;
   std::vector<MigrateImportRequest> imports;
+  std::vector<std::string> checkpoints;
   absl::Status fail_import;
 };
 
@@ -56,6 +63,7 @@ class MasterCoreTest : public testing::Test {
   void TearDown() override {
     core_.reset();
     std::filesystem::remove_all(dir_);
+    std::filesystem::remove_all(dir_ + "-checkpoints");
   }
 
   MasterOptions Options() {
@@ -68,6 +76,7 @@ class MasterCoreTest : public testing::Test {
     o.clock = [this] { return now_; };
     o.pod_control = pods_;
     o.vshards_per_move = 2;
+    o.checkpoint_dir = dir_ + "-checkpoints";
     return o;
   }
 
@@ -583,6 +592,55 @@ TEST_F(MasterCoreTest, MoveRecordedByADeadMasterIsAbortedOnRestart) {
   // And a new move works after it.
   ASSERT_TRUE(core_->MoveVShards("ps-0", "ps-1", {3}).ok());
   EXPECT_EQ(Counts()["ps-1"], before.at("ps-1") + 1);
+}
+
+TEST_F(MasterCoreTest, ClusterCheckpointCopiesEveryOwnerAndTheMaster) {
+  CheckpointResponse cp;
+  // ps-0 and ps-1 own vshards but never registered: nothing to copy them from.
+  EXPECT_EQ(core_->Checkpoint(CheckpointRequest(), &cp).code(), absl::StatusCode::kUnavailable);
+  AddPod("ps-0");
+  AddPod("ps-1");
+  AddPod("ps-2");  // owns nothing: not part of the checkpoint
+  absl::Status s = core_->Checkpoint(CheckpointRequest(), &cp);
+  ASSERT_TRUE(s.ok()) << s;
+  const CheckpointInfo& info = cp.checkpoint();
+  EXPECT_EQ(info.pods_size(), 2);
+  EXPECT_EQ(pods_->checkpoints,
+            (std::vector<std::string>{info.dir() + "/ps-0", info.dir() + "/ps-1"}));
+  // The master's copy opens as a master with the same state.
+  const uint64_t id = info.checkpoint_id();
+  core_.reset();
+  {
+    MasterOptions o = Options();
+    o.data_dir = info.dir() + "/master";
+    auto copy = MasterCore::Open(o);
+    ASSERT_TRUE(copy.ok()) << copy.status();
+    StatusResponse status;
+    ASSERT_TRUE((*copy)->Status(StatusRequest(), &status).ok());
+    EXPECT_EQ(status.pods_size(), 3);
+    EXPECT_EQ(status.last_checkpoint().checkpoint_id(), id);
+  }
+  Reopen();
+  StatusResponse status;
+  ASSERT_TRUE(core_->Status(StatusRequest(), &status).ok());
+  EXPECT_EQ(status.last_checkpoint().checkpoint_id(), id);
+  ASSERT_TRUE(core_->Checkpoint(CheckpointRequest(), &cp).ok());
+  EXPECT_EQ(cp.checkpoint().checkpoint_id(), id + 1);
+}
+
+TEST_F(MasterCoreTest, AutoRebalanceSpreadsVShardsOntoANewPod) {
+  core_.reset();
+  MasterOptions o = Options();
+  o.auto_rebalance = true;
+  auto core = MasterCore::Open(o);
+  ASSERT_TRUE(core.ok()) << core.status();
+  core_ = *std::move(core);
+  AddPod("ps-0");
+  AddPod("ps-1");  // the initial pods own their ranges: nothing to do
+  AddPod("ps-2");
+  const absl::Time deadline = absl::Now() + absl::Seconds(10);
+  while (Counts()["ps-2"] != 5 && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(10));
+  EXPECT_EQ(Counts()["ps-2"], 5);
 }
 
 TEST_F(MasterCoreTest, LeavingPodIsLostAtOnceAndItsSuccessorWelcome) {

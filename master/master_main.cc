@@ -36,6 +36,12 @@ DEFINE_uint32(max_task_failures, 3,
 DEFINE_int32(threads, 4, "Threads that run master requests.");
 DEFINE_uint32(vshards_per_move, 4,
               "Vshards copied (and fenced) together by one live move of drain/rebalance.");
+DEFINE_string(checkpoint_dir, "",
+              "Directory for cluster checkpoints (ps-admin checkpoint): ckpt-<id>/<pod id> on "
+              "each pod's filesystem, ckpt-<id>/master here. Empty: checkpoints are refused.");
+DEFINE_bool(auto_rebalance, false,
+            "Rebalance by itself when a pod that owns nothing registers (a new pod id, or a "
+            "drained pod started again), as `ps-admin rebalance` would.");
 DEFINE_uint32(fence_rows, 2000,
               "A move's catch-up rounds stop, and its brief fence starts, once a round has "
               "at most this many changed rows.");
@@ -124,6 +130,8 @@ int Main() {
   options.core.max_task_failures = FLAGS_max_task_failures;
   options.core.vshards_per_move = FLAGS_vshards_per_move;
   options.core.fence_rows = FLAGS_fence_rows;
+  options.core.checkpoint_dir = FLAGS_checkpoint_dir;
+  options.core.auto_rebalance = FLAGS_auto_rebalance;
   // SIGTERM/SIGINT are taken by a thread that runs the graceful shutdown.
   ps::ShutdownSignal shutdown_signal;
   // After ShutdownSignal: loading credentials starts gRPC's threads.

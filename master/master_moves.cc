@@ -13,6 +13,7 @@
 #include <glog/logging.h>
 
 #include <algorithm>
+#include <filesystem>
 #include <map>
 #include <set>
 #include <thread>
@@ -412,6 +413,73 @@ absl::Status MasterCore::Rebalance(const RebalanceRequest&, RebalanceResponse* r
   absl::MutexLock lock(&mu_);
   resp->set_epoch(map_.epoch());
   resp->set_moved_vshards(moved);
+  return absl::OkStatus();
+}
+
+absl::Status MasterCore::Checkpoint(const CheckpointRequest&, CheckpointResponse* resp) {
+  if (options_.checkpoint_dir.empty()) {
+    return absl::FailedPreconditionError(
+        "this master has no --checkpoint_dir: start it with one to take cluster checkpoints");
+  }
+  // No move may change the map while the pods copy their state.
+  OperationLock op(&operation_mu_);
+  if (!op.held()) {
+    return absl::AbortedError("a drain or rebalance is running; checkpoint after it");
+  }
+  const absl::Time start = absl::Now();
+  CheckpointInfo info;
+  std::vector<std::pair<std::string, std::string>> pods;  // (id, address)
+  {
+    absl::MutexLock lock(&mu_);
+    const absl::Time now = Now();
+    Counters counters = counters_;
+    counters.set_next_checkpoint_id(counters.next_checkpoint_id() + 1);
+    StoreBatch batch;
+    batch.Put(std::string(keys::kCounters), counters);
+    RETURN_IF_ERROR(store_->Write(batch));
+    counters_ = std::move(counters);
+    info.set_checkpoint_id(counters_.next_checkpoint_id());
+    info.set_dir(absl::StrCat(options_.checkpoint_dir, "/ckpt-", info.checkpoint_id()));
+    info.set_epoch(map_.epoch());
+    for (const std::string& id : KnownPodIds()) {
+      if (OwnedBy(id) == 0) continue;
+      if (!Live(id, now)) {
+        return absl::UnavailableError(absl::StrCat(
+            "pod ", id, " owns vshards but is not live: its state cannot be checkpointed now"));
+      }
+      pods.emplace_back(id, pods_[id].record.address());
+    }
+  }
+  for (const auto& [id, address] : pods) {
+    PodCheckpointRequest req;
+    req.set_dir(absl::StrCat(info.dir(), "/", id));
+    PodCheckpointResponse pod_resp;
+    if (absl::Status s = options_.pod_control->Checkpoint(address, req, &pod_resp); !s.ok()) {
+      return absl::Status(s.code(),
+                          absl::StrCat("checkpoint ", info.checkpoint_id(), ": pod ", id,
+                                       " could not write ", req.dir(), ": ", s.message()));
+    }
+    info.add_pods(id);
+  }
+  info.set_seconds(absl::ToDoubleSeconds(absl::Now() - start));
+  info.set_unix_seconds(absl::ToUnixSeconds(absl::Now()));
+  {
+    // Recorded first, so the master's own copy lists the checkpoint it belongs to.
+    absl::MutexLock lock(&mu_);
+    StoreBatch batch;
+    batch.Put(keys::Checkpoint(info.checkpoint_id()), info);
+    RETURN_IF_ERROR(store_->Write(batch));
+    std::error_code ec;
+    std::filesystem::create_directories(info.dir(), ec);  // pods on other hosts made theirs
+    if (ec) {
+      return absl::InternalError(absl::StrCat("cannot create ", info.dir(), ": ", ec.message()));
+    }
+    RETURN_IF_ERROR(store_->Checkpoint(absl::StrCat(info.dir(), "/master")));
+    last_checkpoint_ = info;
+  }
+  LOG(INFO) << "checkpoint " << info.checkpoint_id() << " in " << info.dir() << " at epoch "
+            << info.epoch() << ": " << info.pods_size() << " pods, " << info.seconds() << " s";
+  *resp->mutable_checkpoint() = info;
   return absl::OkStatus();
 }
 

@@ -3,6 +3,7 @@
 #include <google/protobuf/message_lite.h>
 #include <rocksdb/db.h>
 #include <rocksdb/options.h>
+#include <rocksdb/utilities/checkpoint.h>
 #include <rocksdb/write_batch.h>
 
 #include "absl/strings/str_cat.h"
@@ -27,6 +28,14 @@ rocksdb::Slice ToSlice(absl::string_view s) { return rocksdb::Slice(s.data(), s.
 class RocksMasterStore final : public MasterStore {
  public:
   explicit RocksMasterStore(std::unique_ptr<rocksdb::DB> db) : db_(std::move(db)) {}
+
+  absl::Status Checkpoint(const std::string& dir) override {
+    rocksdb::Checkpoint* raw = nullptr;
+    absl::Status s = FromRocks(rocksdb::Checkpoint::Create(db_.get(), &raw), "checkpoint");
+    if (!s.ok()) return s;
+    std::unique_ptr<rocksdb::Checkpoint> checkpoint(raw);
+    return FromRocks(checkpoint->CreateCheckpoint(dir), "checkpoint to " + dir);
+  }
 
   absl::Status Write(const StoreBatch& batch) override {
     rocksdb::WriteBatch wb;

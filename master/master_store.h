@@ -11,6 +11,7 @@
 //   job/<name>                  JobRecord
 //   task/<job>/<20-digit id>    Task
 //   move/<20-digit id>          MoveRecord (a move being copied)
+//   checkpoint/<20-digit id>    CheckpointInfo (a cluster checkpoint taken)
 #pragma once
 
 #include <functional>
@@ -60,6 +61,9 @@ class MasterStore {
   virtual absl::StatusOr<std::optional<std::string>> Get(absl::string_view key) = 0;
   // Calls fn(key, value) for every key starting with `prefix`, in key order; stops at and
   // returns the first error fn returns. Thread-safe.
+  // A consistent copy of the whole store in `dir` (must not exist), hard-linked where it
+  // can: a master started with --data_dir=<dir> resumes from it. Thread-safe.
+  virtual absl::Status Checkpoint(const std::string& dir) = 0;
   virtual absl::Status Scan(
       absl::string_view prefix,
       const std::function<absl::Status(absl::string_view, absl::string_view)>& fn) = 0;

@@ -23,11 +23,17 @@ class PodControl {
   // Returns once the destination holds the vshards durably (or failed).
   virtual absl::Status MigrateImport(const std::string& address, const MigrateImportRequest& req,
                                      MigrateImportResponse* resp) = 0;
+  // The pod's PodCheckpoint (a cluster checkpoint).
+  virtual absl::Status Checkpoint(const std::string& address, const PodCheckpointRequest& req,
+                                  PodCheckpointResponse* resp) = 0;
 };
 
 struct GrpcPodControlOptions {
   // ApplyAssignment is tiny; a pod that does not answer in 2 s learns it by heartbeat.
   absl::Duration assign_timeout = absl::Seconds(2);
+  // A move or checkpoint waits this long for a pod's connection (a pod restarting at its
+  // address); then it fails (the move is aborted).
+  absl::Duration connect_timeout = absl::Seconds(5);
   // MigrateBegin scans the source's rows for the vshards.
   absl::Duration begin_timeout = absl::Seconds(60);
   // A whole copy; a dead pod fails it at once (the connection breaks), so this only

@@ -32,6 +32,8 @@ absl::StatusOr<uint64_t> CopyPhase(ParameterServer::Stub* stub, PsCore* core,
                                                  req.source(), ": ", s.message()));
     }
     uint64_t rows = 0, bytes = 0;
+    RETURN_IF_ERROR(
+        core->CheckImporting(std::vector<uint32_t>(req.vshards().begin(), req.vshards().end())));
     RETURN_IF_ERROR(core->ImportChunk(chunk, &rows, &bytes));
     resp->set_rows(resp->rows() + rows);
     resp->set_bytes(resp->bytes() + bytes);

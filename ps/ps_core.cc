@@ -3,6 +3,7 @@
 #include <glog/logging.h>
 
 #include <cstring>
+#include <filesystem>
 #include <vector>
 
 #ifdef __SSE2__
@@ -524,6 +525,10 @@ absl::Status PsCore::Checkpoint(const PodCheckpointRequest& req, PodCheckpointRe
   }
   if (req.dir().empty()) return absl::InvalidArgumentError("checkpoint dir is empty");
   const absl::Time start = absl::Now();
+  // A cluster checkpoint names <dir>/<pod id>: the parent may not exist on this host yet.
+  std::error_code ec;
+  const std::filesystem::path parent = std::filesystem::path(req.dir()).parent_path();
+  if (!parent.empty()) std::filesystem::create_directories(parent, ec);
   RETURN_IF_ERROR(storage_->Checkpoint(req.dir()));
   resp->set_seconds(absl::ToDoubleSeconds(absl::Now() - start));
   LOG(INFO) << "checkpoint written to " << req.dir() << " in " << resp->seconds() << " s";

@@ -102,6 +102,9 @@ class PsCore {
   // row count and bytes; FinishImport makes everything imported durable.
   absl::Status BeginImport(uint64_t move_id, absl::Span<const uint32_t> vshards);
   absl::Status ImportChunk(const MigrateExportResponse& chunk, uint64_t* rows, uint64_t* bytes);
+  // ABORTED once any of `vshards` is no longer being received (the master gave up on the
+  // move): the import stops instead of leaving rows nobody drops.
+  absl::Status CheckImporting(absl::Span<const uint32_t> vshards);
   absl::Status FinishImport();
   std::shared_ptr<const ShardOwnership> ownership() const;
 

@@ -237,14 +237,19 @@ absl::Status PsCore::MigrateBegin(const MigrateBeginRequest& req, MigrateBeginRe
   move->move_id = req.move_id();
   move->list.assign(req.vshards().begin(), req.vshards().end());
   move->vshards = BitsOf(move->list, n);
+  std::shared_ptr<OutgoingMove> retried;
   {
     absl::WriterMutexLock fence(&migrate_mu_);
-    if (outgoing_ != nullptr && outgoing_->move_id == req.move_id()) {
-      absl::MutexLock lock(&outgoing_->export_mu);
-      resp->set_rows(outgoing_->rows.size());
-      return absl::OkStatus();  // a retried begin
-    }
-    if (outgoing_ != nullptr) {
+    if (outgoing_ != nullptr && outgoing_->move_id == req.move_id()) retried = outgoing_;
+  }
+  if (retried != nullptr) {  // export_mu is never taken under migrate_mu_
+    absl::MutexLock lock(&retried->export_mu);
+    resp->set_rows(retried->rows.size());
+    return absl::OkStatus();
+  }
+  {
+    absl::WriterMutexLock fence(&migrate_mu_);
+    if (outgoing_ != nullptr && outgoing_->move_id != 0) {  // 0: the fence before a begin
       LOG(WARNING) << "move " << outgoing_->move_id << " replaced by move " << req.move_id();
     }
     outgoing_ = move;  // tracking starts before the snapshot below
@@ -369,6 +374,16 @@ absl::Status PsCore::BeginImport(uint64_t move_id, absl::Span<const uint32_t> vs
   }
   LOG(INFO) << "move " << move_id << ": receiving vshards "
             << VShardList(std::vector<uint32_t>(vshards.begin(), vshards.end()));
+  return absl::OkStatus();
+}
+
+absl::Status PsCore::CheckImporting(absl::Span<const uint32_t> vshards) {
+  absl::ReaderMutexLock fence(&migrate_mu_);
+  for (uint32_t v : vshards) {
+    if (v >= incoming_.size() || !incoming_[v]) {
+      return absl::AbortedError(absl::StrCat("vshard ", v, " is no longer moving to this pod"));
+    }
+  }
   return absl::OkStatus();
 }
 

@@ -148,13 +148,17 @@ class MigrationTest : public testing::Test {
     return integration::WaitForPortFile(port_file, *children_[name], kStartTimeout);
   }
 
-  void StartMaster(int lease_ms) {
-    auto port = StartServer(
-        "master",
-        {Binary("PS_MASTER_BINARY", PS_MASTER_BINARY), "--data_dir=" + Path("master-db"),
-         absl::StrCat("--num_vshards=", kVShards), "--num_ps=2",
-         absl::StrCat("--lease_ms=", lease_ms), "--vshards_per_move=4", "--shutdown_grace_ms=200"});
+  // Starts ps-master (again, on the same data dir and port, when `port` is given).
+  void StartMaster(int lease_ms, int port_wanted = 0) {
+    auto port =
+        StartServer("master",
+                    {Binary("PS_MASTER_BINARY", PS_MASTER_BINARY),
+                     "--data_dir=" + Path("master-db"), absl::StrCat("--num_vshards=", kVShards),
+                     "--num_ps=2", absl::StrCat("--lease_ms=", lease_ms), "--vshards_per_move=4",
+                     "--checkpoint_dir=" + Path("checkpoints"), "--shutdown_grace_ms=200"},
+                    port_wanted);
     ASSERT_TRUE(port.ok()) << port.status();
+    master_port_ = *port;
     master_address_ = absl::StrCat("127.0.0.1:", *port);
     master_ =
         Master::NewStub(grpc::CreateChannel(master_address_, grpc::InsecureChannelCredentials()));
@@ -248,7 +252,40 @@ class MigrationTest : public testing::Test {
 
   integration::TempDir tmp_{"migration_test"};
   std::map<std::string, std::unique_ptr<ChildProcess>> children_;
+  // Rows of a second table, so that moves take long enough to be interrupted.
+  void Preload(PsClient& client, int rows) {
+    TableSpec spec;
+    spec.set_name("big");
+    spec.set_dim(16);
+    spec.mutable_optimizer()->set_kind(OptimizerSpec::ADAGRAD);
+    ASSERT_TRUE(client.CreateTable(spec).ok());
+    std::vector<int64_t> ids(4096);
+    std::vector<float> grads(ids.size() * 16, 0.5f);
+    for (int begin = 0; begin < rows; begin += ids.size()) {
+      for (size_t k = 0; k < ids.size(); ++k) ids[k] = begin + k;
+      ASSERT_TRUE(client.Push({{"big", ids, grads.data()}}).ok());
+    }
+  }
+
+  // Rebalance on another thread; returns its status once done.
+  std::thread RebalanceAsync(absl::Status* out) {
+    return std::thread([this, out] {
+      grpc::ClientContext ctx;
+      ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(40)));
+      RebalanceResponse resp;
+      grpc::Status s = master_->Rebalance(&ctx, RebalanceRequest(), &resp);
+      *out = absl::Status(static_cast<absl::StatusCode>(s.error_code()), s.error_message());
+    });
+  }
+
+  absl::Status Rebalance() {
+    absl::Status s;
+    RebalanceAsync(&s).join();
+    return s;
+  }
+
   std::string master_address_;
+  int master_port_ = 0;
   std::unique_ptr<Master::Stub> master_;
 };
 
@@ -315,6 +352,85 @@ TEST_F(MigrationTest, ScaleOutThenDrainWhileClientsPushIsExact) {
   }
   std::printf("%d moves; longest fence %.1f ms; %lu pushes\n", status.moves_size(), max_fence,
               static_cast<unsigned long>(pushers.pushes()));
+
+  // A cluster checkpoint: each owner's copy and the master's, each a database to start from.
+  grpc::ClientContext cp_ctx;
+  cp_ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(30)));
+  CheckpointResponse cp;
+  grpc::Status s = master_->Checkpoint(&cp_ctx, CheckpointRequest(), &cp);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  EXPECT_EQ(cp.checkpoint().pods_size(), 2);  // ps-2 owns nothing
+  for (const char* part : {"ps-0", "ps-1", "master"}) {
+    EXPECT_EQ(access(absl::StrCat(cp.checkpoint().dir(), "/", part, "/CURRENT").c_str(), F_OK), 0)
+        << part;
+  }
+}
+
+// The destination dies mid-rebalance: its move is aborted (the source keeps the vshards),
+// moves it had finished stay (its copy is durable), and after it restarts a second
+// rebalance completes; rows stay exact and callers see no error.
+TEST_F(MigrationTest, DestinationKilledMidRebalance) {
+  StartMaster(/*lease_ms=*/3000);
+  StartPod(0);
+  StartPod(1);
+  const int port2 = StartPod(2);
+  WaitLive("ps-2");
+  auto client = Client();
+  ASSERT_NE(client, nullptr);
+  CreateTable(*client);
+  Preload(*client, 150000);
+  Pushers pushers(master_address_, 3);
+  absl::SleepFor(absl::Milliseconds(300));
+  absl::Status first;
+  std::thread rebalance = RebalanceAsync(&first);
+  absl::SleepFor(absl::Milliseconds(150));
+  children_["ps-2"]->Kill();
+  // Back at once (a supervisor's restart), while the rebalance notices and aborts.
+  ASSERT_EQ(StartPod(2, port2), port2);
+  rebalance.join();
+  const int moved_before = Owned()["ps-2"];
+  std::printf("rebalance with ps-2 killed: %s; ps-2 owned %d vshards\n", first.ToString().c_str(),
+              moved_before);
+  WaitLive("ps-2");
+  absl::Status second = Rebalance();
+  ASSERT_TRUE(second.ok()) << second;
+  EXPECT_EQ(Owned()["ps-2"], 21);
+  absl::SleepFor(absl::Milliseconds(300));
+  pushers.Stop();
+  EXPECT_TRUE(pushers.errors().empty()) << pushers.errors().front();
+  ExpectRows(*client, pushers.counts());
+}
+
+// The master dies mid-rebalance and restarts on its data dir: the move it was running is
+// aborted (its record is found at start), the pods drop the move's state at their next
+// heartbeat (the source unfences), and a rebalance then completes; rows stay exact.
+TEST_F(MigrationTest, MasterKilledMidRebalance) {
+  StartMaster(/*lease_ms=*/1500);
+  StartPod(0);
+  StartPod(1);
+  StartPod(2);
+  WaitLive("ps-2");
+  auto client = Client();
+  ASSERT_NE(client, nullptr);
+  CreateTable(*client);
+  Preload(*client, 150000);
+  Pushers pushers(master_address_, 3);
+  absl::SleepFor(absl::Milliseconds(300));
+  absl::Status first;
+  std::thread rebalance = RebalanceAsync(&first);
+  absl::SleepFor(absl::Milliseconds(150));
+  children_["master"]->Kill();
+  rebalance.join();
+  EXPECT_FALSE(first.ok());
+  StartMaster(/*lease_ms=*/1500, master_port_);
+  absl::SleepFor(absl::Milliseconds(1000));  // heartbeats bring the pods the aborted state
+  absl::Status second = Rebalance();
+  ASSERT_TRUE(second.ok()) << second;
+  EXPECT_EQ(Owned()["ps-2"], 21);
+  absl::SleepFor(absl::Milliseconds(300));
+  pushers.Stop();
+  EXPECT_TRUE(pushers.errors().empty()) << pushers.errors().front();
+  ExpectRows(*client, pushers.counts());
 }
 
 TEST_F(MigrationTest, PodKilledAndRestartedWhileClientsPush) {
