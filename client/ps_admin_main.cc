@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "client/admin_format.h"
 #include "embedding/binary_init.h"
 #include "embedding/transport_security.h"
@@ -81,32 +82,16 @@ class Admin {
                    address_.c_str(), FLAGS_timeout_ms, s.error_message().c_str());
     } else {
       std::fprintf(stderr, "ps-admin: %s refused by the master at %s: %s: %s\n", what,
-                   address_.c_str(), StatusCodeName(s.error_code()), s.error_message().c_str());
+                   address_.c_str(), StatusCodeName(s.error_code()).c_str(),
+                   s.error_message().c_str());
     }
     return false;
   }
 
  private:
-  static const char* StatusCodeName(grpc::StatusCode code) {
-    static const char* const kNames[] = {"OK",
-                                         "CANCELLED",
-                                         "UNKNOWN",
-                                         "INVALID_ARGUMENT",
-                                         "DEADLINE_EXCEEDED",
-                                         "NOT_FOUND",
-                                         "ALREADY_EXISTS",
-                                         "PERMISSION_DENIED",
-                                         "RESOURCE_EXHAUSTED",
-                                         "FAILED_PRECONDITION",
-                                         "ABORTED",
-                                         "OUT_OF_RANGE",
-                                         "UNIMPLEMENTED",
-                                         "INTERNAL",
-                                         "UNAVAILABLE",
-                                         "DATA_LOSS",
-                                         "UNAUTHENTICATED"};
-    const int c = static_cast<int>(code);
-    return c >= 0 && c < 17 ? kNames[c] : "UNKNOWN";
+  static std::string StatusCodeName(grpc::StatusCode code) {
+    std::string name = absl::StatusCodeToString(static_cast<absl::StatusCode>(code));
+    return name.empty() ? "UNKNOWN" : name;
   }
 
   std::string address_;

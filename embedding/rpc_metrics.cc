@@ -7,6 +7,9 @@
 #include <array>
 #include <chrono>
 #include <cstring>
+#include <string>
+
+#include "absl/status/status.h"
 
 namespace ps {
 
@@ -19,25 +22,10 @@ struct RpcMetrics::Method {
 
 namespace {
 
-const char* CodeName(int code) {
-  static const char* const kNames[] = {"OK",
-                                       "CANCELLED",
-                                       "UNKNOWN",
-                                       "INVALID_ARGUMENT",
-                                       "DEADLINE_EXCEEDED",
-                                       "NOT_FOUND",
-                                       "ALREADY_EXISTS",
-                                       "PERMISSION_DENIED",
-                                       "RESOURCE_EXHAUSTED",
-                                       "FAILED_PRECONDITION",
-                                       "ABORTED",
-                                       "OUT_OF_RANGE",
-                                       "UNIMPLEMENTED",
-                                       "INTERNAL",
-                                       "UNAVAILABLE",
-                                       "DATA_LOSS",
-                                       "UNAUTHENTICATED"};
-  return code >= 0 && code < 17 ? kNames[code] : "UNKNOWN";
+// The canonical name of a gRPC status code (the same codes as absl's).
+std::string CodeName(int code) {
+  std::string name = absl::StatusCodeToString(static_cast<absl::StatusCode>(code));
+  return name.empty() ? "UNKNOWN" : name;
 }
 
 // One per call: notes the start, and at PRE_SEND_STATUS the code and the latency.

@@ -41,14 +41,23 @@ await_live
 read -r old_pid _ <"$DIR/ps-0.pid"
 old_port="$(cat "$DIR/ps-0.port")"
 kill -KILL "$old_pid"
+new_pid="$old_pid"
 for _ in $(seq 1 100); do
-  read -r new_pid _ <"$DIR/ps-0.pid"
-  [ "$new_pid" != "$old_pid" ] && break
+  # The supervisor rewrites the pid file: a read may race with it.
+  read -r new_pid _ <"$DIR/ps-0.pid" 2>/dev/null || true
+  [ -n "$new_pid" ] && [ "$new_pid" != "$old_pid" ] && break
   sleep 0.1
 done
-[ "$new_pid" != "$old_pid" ] || fail "ps-0 was not restarted"
+[ -n "$new_pid" ] && [ "$new_pid" != "$old_pid" ] || fail "ps-0 was not restarted"
+# The restarted pod writes its port file once it serves (the old one is removed first).
+new_port=""
+for _ in $(seq 1 100); do
+  new_port="$(cat "$DIR/ps-0.port" 2>/dev/null || true)"
+  [ -n "$new_port" ] && break
+  sleep 0.1
+done
 await_live
-[ "$(cat "$DIR/ps-0.port")" = "$old_port" ] || fail "ps-0 came back on another port"
+[ "$new_port" = "$old_port" ] || fail "ps-0 came back on another port ('$new_port')"
 status="$("$LC" status --dir="$DIR")"
 grep -q "^ps-0: running" <<<"$status" || fail "status does not show ps-0: $status"
 

@@ -12,8 +12,9 @@ Failures (see docs/python.md):
 - FAILED_PRECONDITION "... which this pod does not own ..." (a stale shard map) refreshes
   the map from the master and re-routes that pod's ids; the pod applied nothing of that
   request, so the re-routed pushes get fresh PushKeys.
-- A pod that stays UNAVAILABLE also makes the client refresh the map: ids whose vshards
-  moved to another pod go there (keeping their PushKey: that attempt's fate is unknown).
+- A pod that stays UNAVAILABLE also makes the client refresh the map and retry the same
+  pod, at the address the master now gives it, with the same PushKey: that attempt's fate
+  is unknown and only that pod can tell (the pods check de-duplication before ownership).
 - Anything else raises PsError(code, message) with the pod's message.
 
 Every push to a pod gets its own PushKey (worker_id, incarnation, sequence): two pods, or
@@ -181,6 +182,15 @@ class ShardMap:
     def pods_of(self, table, ids):
         """Pod index of every id of `table`."""
         return self.owner[routing.vshards(table, ids, self.num_vshards)]
+
+    def address_of_pod_at(self, old, address):
+        """Where the pod that `old` (an earlier map) had at `address` is now: its address
+        in this map, or `address` when it is not in this map."""
+        try:
+            pod_id = old.pod_ids[old.addresses.index(address)]
+            return self.addresses[self.pod_ids.index(pod_id)] or address
+        except ValueError:
+            return address
 
     def pod_of_dense(self, name):
         return int(self.owner[routing.dense_vshard(name, self.num_vshards)])
@@ -666,21 +676,26 @@ class PsClient:
                      details, _pod_epoch(err), seen)
             m = self.refresh_map(seen_epoch=seen)
             # Nothing of the request was applied: re-routed pushes get fresh keys.
-            return self._reroute(op, part, m, keep_key=False)
+            return self._reroute(op, part, m)
         if code in _RETRYABLE:
             if code == grpc.StatusCode.UNAVAILABLE:
                 part.unavailable += 1
                 if self._master is not None and part.unavailable >= _UNAVAILABLE_REFRESH_AFTER:
+                    # The same pod, at the address the master now has for it (a restarted
+                    # pod may listen elsewhere), with the same key: whether it applied the
+                    # attempt is unknown, and only it can tell (it answers a known key as a
+                    # duplicate, and refuses an unknown one for vshards it gave away, after
+                    # which the ids are re-routed under a new key).
+                    old = self._map
                     try:  # one try: a master that is down too must not end the call
                         m = self.refresh_map(attempts=1)
                     except PsError as e:
                         log.info("%s unavailable; shard map refresh failed: %s", where, e)
                         return [part]
-                    moved = self._reroute(op, part, m, keep_key=True)
-                    if len(moved) != 1 or moved[0].address != part.address:
-                        log.warning("%s unavailable; its ids moved to %s", where,
-                                    [p.address for p in moved])
-                        return moved
+                    address = m.address_of_pod_at(old, part.address)
+                    if address != part.address:
+                        log.warning("%s unavailable; the pod is now at %s", where, address)
+                        part.address, part.unavailable = address, 0
             return [part]
         if code == grpc.StatusCode.NOT_FOUND and op.retry_not_found and self._known(op, part):
             # A pod that has not yet taken a new table from the master's catalog.
@@ -690,10 +705,12 @@ class PsClient:
     def _known(self, op, part):
         return all(name in (self._tables if op.sparse else self._dense) for name in op.names(part))
 
-    def _reroute(self, op, part, m, keep_key):
+    def _reroute(self, op, part, m):
+        """The parts of a refused part under map `m`; pushes get new keys (the refusing pod
+        applied nothing of it)."""
         out = []
         for p, its in op.route(part.items, m):
-            key = part.key if keep_key else (self._next_key() if op.keyed else None)
+            key = self._next_key() if op.keyed else None
             np_ = _Part(m.addresses[p], its, key, part.attempt)
             np_.unavailable = part.unavailable if m.addresses[p] == part.address else 0
             out.append(np_)
