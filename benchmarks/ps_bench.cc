@@ -20,6 +20,7 @@
 #include "absl/synchronization/mutex.h"
 #include "benchmarks/workload.h"
 #include "client/ps_client.h"
+#include "client/security_flags.h"
 #include "embedding/binary_init.h"
 #include "embedding/embedding_table.h"
 #include "embedding/hash.h"
@@ -47,10 +48,6 @@ DEFINE_string(optimizer, "adagrad", "sgd | momentum | adagrad | adam | ftrl");
 DEFINE_uint32(num_vshards, 256, "grpc: the pods' --num_vshards.");
 DEFINE_bool(populate, true, "Create every row before timing (steady-state figures).");
 DEFINE_bool(show_stats, false, "grpc: print each pod's counters after the run.");
-DEFINE_string(tls_ca, "", "grpc: PEM CA bundle; set: TLS to the pods and the master.");
-DEFINE_string(tls_cert, "", "grpc: PEM client certificate (mutual TLS).");
-DEFINE_string(tls_key, "", "grpc: PEM private key of --tls_cert.");
-DEFINE_string(auth_token_file, "", "grpc: file holding the cluster's shared token.");
 
 namespace ps {
 namespace {
@@ -104,12 +101,9 @@ class GrpcTarget : public Target {
     o.servers = absl::StrSplit(FLAGS_servers, ',', absl::SkipEmpty());
     o.master = FLAGS_master;
     o.num_vshards = FLAGS_num_vshards;
-    o.security.ca_file = FLAGS_tls_ca;
-    o.security.cert_file = FLAGS_tls_cert;
-    o.security.key_file = FLAGS_tls_key;
-    auto token = ReadAuthTokenFile(FLAGS_auth_token_file);
-    if (!token.ok()) return token.status();
-    o.security.auth_token = *token;
+    auto security = ChannelSecurityFromFlags();
+    if (!security.ok()) return security.status();
+    o.security = *std::move(security);
     auto c = PsClient::Connect(o);
     if (!c.ok()) return c.status();
     client_ = std::move(c).value();

@@ -14,6 +14,7 @@
 
 #include "absl/status/status.h"
 #include "client/admin_format.h"
+#include "client/security_flags.h"
 #include "embedding/binary_init.h"
 #include "embedding/transport_security.h"
 #include "proto/master.grpc.pb.h"
@@ -28,14 +29,6 @@ DEFINE_int32(timeout_ms, 3000,
 DEFINE_int32(move_timeout_ms, 1800000,
              "Deadline of drain and rebalance, which return once their vshard moves are done "
              "(progress shows in `status` meanwhile).");
-DEFINE_string(tls_ca, "",
-              "PEM CA bundle: talk TLS to the master and the pods, verifying them against it.");
-DEFINE_string(tls_cert, "", "PEM client certificate, for a cluster that requires mutual TLS.");
-DEFINE_string(tls_key, "", "PEM private key of --tls_cert.");
-DEFINE_string(tls_server_name, "",
-              "Name to check the servers' certificates for instead of the host dialed.");
-DEFINE_string(auth_token_file, "",
-              "File holding the cluster's shared token, sent as `authorization: Bearer`.");
 
 namespace {
 
@@ -146,15 +139,9 @@ int Main(const std::vector<std::string>& args) {
     return Usage(cmd == "drain" ? "drain takes one pod id, e.g. `drain ps-2`"
                                 : "'" + cmd + "' takes no arguments");
   }
-  ps::ChannelSecurity security;
-  security.ca_file = FLAGS_tls_ca;
-  security.cert_file = FLAGS_tls_cert;
-  security.key_file = FLAGS_tls_key;
-  security.server_name = FLAGS_tls_server_name;
-  absl::StatusOr<std::string> token = ps::ReadAuthTokenFile(FLAGS_auth_token_file);
-  if (!token.ok()) return Usage(std::string(token.status().message()));
-  security.auth_token = *token;
-  absl::StatusOr<ps::ChannelMaker> channels = ps::ChannelMaker::Create(security);
+  absl::StatusOr<ps::ChannelSecurity> security = ps::ChannelSecurityFromFlags();
+  if (!security.ok()) return Usage(std::string(security.status().message()));
+  absl::StatusOr<ps::ChannelMaker> channels = ps::ChannelMaker::Create(*security);
   if (!channels.ok()) return Usage(std::string(channels.status().message()));
   Admin admin(FLAGS_master, *channels);
   using ps::Master;

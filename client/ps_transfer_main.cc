@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "absl/strings/str_split.h"
+#include "client/security_flags.h"
 #include "client/transfer.h"
 #include "embedding/binary_init.h"
 
@@ -18,14 +19,6 @@ DEFINE_string(servers, "",
 DEFINE_string(dir, "",
               "The export directory (required). Export: made on the pods' "
               "filesystems as DIR/part-<i>, plus DIR/export.json here.");
-DEFINE_string(tls_ca, "",
-              "PEM CA bundle: talk TLS to the master and the pods, verifying them against it.");
-DEFINE_string(tls_cert, "", "PEM client certificate, for a cluster that requires mutual TLS.");
-DEFINE_string(tls_key, "", "PEM private key of --tls_cert.");
-DEFINE_string(tls_server_name, "",
-              "Name to check the servers' certificates for instead of the host dialed.");
-DEFINE_string(auth_token_file, "",
-              "File holding the cluster's shared token, sent as `authorization: Bearer`.");
 DEFINE_int32(connect_timeout_ms, 30000, "How long to wait for the pods or the master's map.");
 DEFINE_int32(export_timeout_ms, 3600000, "Deadline of each pod's export.");
 DEFINE_int32(batch_rows, 4096, "Import: rows per ImportRows request.");
@@ -64,16 +57,12 @@ int main(int argc, char** argv) {
     target.servers = absl::StrSplit(FLAGS_servers, ',', absl::SkipEmpty());
   }
   target.connect_timeout_ms = FLAGS_connect_timeout_ms;
-  target.security.ca_file = FLAGS_tls_ca;
-  target.security.cert_file = FLAGS_tls_cert;
-  target.security.key_file = FLAGS_tls_key;
-  target.security.server_name = FLAGS_tls_server_name;
-  absl::StatusOr<std::string> token = ps::ReadAuthTokenFile(FLAGS_auth_token_file);
-  if (!token.ok()) {
-    std::fprintf(stderr, "ps-transfer: %s\n", token.status().ToString().c_str());
+  absl::StatusOr<ps::ChannelSecurity> security = ps::ChannelSecurityFromFlags();
+  if (!security.ok()) {
+    std::fprintf(stderr, "ps-transfer: %s\n", security.status().ToString().c_str());
     return 2;
   }
-  target.security.auth_token = *token;
+  target.security = *std::move(security);
   auto cluster = ps::DiscoverCluster(target);
   if (!cluster.ok()) {
     std::fprintf(stderr, "ps-transfer: %s\n", cluster.status().ToString().c_str());

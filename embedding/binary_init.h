@@ -22,9 +22,14 @@
 namespace ps {
 
 // Parses flags (removing them from argv). `main_file` is __FILE__ of the caller: --help
-// prints `usage` and the flags defined there, then exits 0.
+// prints `usage` and the flags this project defines (in the caller's file, and in shared
+// flag files such as client/security_flags.cc), not gflags' or glog's, then exits 0.
 inline void ParseFlagsWithHelp(int* argc, char*** argv, const char* usage, const char* main_file) {
   gflags::SetUsageMessage(usage);
+  // The source tree's root as this build names it: main_file less "<folder>/<file>".
+  std::string root = main_file;
+  root.resize(root.rfind('/') == std::string::npos ? 0 : root.rfind('/'));
+  root.resize(root.rfind('/') == std::string::npos ? 0 : root.rfind('/') + 1);
   for (int i = 1; i < *argc; ++i) {
     if (std::strcmp((*argv)[i], "--help") == 0 || std::strcmp((*argv)[i], "-help") == 0 ||
         std::strcmp((*argv)[i], "-h") == 0) {
@@ -32,7 +37,7 @@ inline void ParseFlagsWithHelp(int* argc, char*** argv, const char* usage, const
       std::vector<gflags::CommandLineFlagInfo> flags;
       gflags::GetAllFlags(&flags);
       for (const auto& f : flags) {
-        if (f.filename != main_file) continue;
+        if (f.filename != main_file && (root.empty() || f.filename.rfind(root, 0) != 0)) continue;
         std::printf("  --%s (%s, default \"%s\")\n      %s\n", f.name.c_str(), f.type.c_str(),
                     f.default_value.c_str(), f.description.c_str());
       }

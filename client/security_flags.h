@@ -1,0 +1,15 @@
+// The command-line flags of a client binary's transport security (ps-admin, ps-transfer,
+// ps-bench): --tls_ca, --tls_cert, --tls_key, --tls_server_name, --auth_token_file.
+// Linking this library defines them; each main() turns them into a ChannelSecurity.
+#pragma once
+
+#include "absl/status/statusor.h"
+#include "embedding/transport_security.h"
+
+namespace ps {
+
+// The ChannelSecurity the flags describe, with the token read from --auth_token_file.
+// INVALID_ARGUMENT for an unreadable or empty token file. Call after flag parsing.
+absl::StatusOr<ChannelSecurity> ChannelSecurityFromFlags();
+
+}  // namespace ps
