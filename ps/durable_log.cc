@@ -60,6 +60,7 @@ DurableLog::~DurableLog() {
 
 void DurableLog::Append(std::string record, Done done) {
   const size_t bytes = record.size();
+  const uint32_t crc = LogFiles::Checksum(record);
   const absl::Time now = absl::Now();
   bool ack_now = false;
   absl::Status refused;
@@ -83,7 +84,7 @@ void DurableLog::Append(std::string record, Done done) {
         ack_now = now - oldest < absl::Milliseconds(options_.flush_ms) / 2;
       }
       queue_.push_back(
-          Entry{next_lsn_++, std::move(record), ack_now ? nullptr : std::move(done), now});
+          Entry{next_lsn_++, std::move(record), crc, ack_now ? nullptr : std::move(done), now});
       pending_bytes_ += bytes;
     }
   }
@@ -130,7 +131,7 @@ void DurableLog::Run() {
   // loses nothing written); the syncer thread fsyncs every flush_ms.
   const bool sync = options_.durability == Durability::kMachine;
   std::vector<Entry> group;
-  std::vector<std::pair<uint64_t, std::string>> records;
+  std::vector<LogAppend> records;
   for (;;) {
     {
       absl::MutexLock lock(&mu_);
@@ -153,7 +154,7 @@ void DurableLog::Run() {
     size_t bytes = 0;
     for (Entry& e : group) {
       bytes += e.record.size();
-      records.emplace_back(e.lsn, std::move(e.record));
+      records.push_back({e.lsn, e.record, e.crc});
     }
     absl::Status s;
     {

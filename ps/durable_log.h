@@ -1,6 +1,7 @@
 // The pod's push log writer: records of applied pushes are queued by request threads and
-// written by one thread in groups (one RocksDB write, one WAL append, at most one fsync
-// per group), so durability costs a sequential write per group rather than a put per row.
+// written by one thread in groups (one writev to the log files, at most one fsync per
+// group: ps/log_files.h), so durability costs a sequential write per group rather than a
+// put per row. Request threads checksum their records, so the writer only writes.
 #pragma once
 
 #include <cstdint>
@@ -73,7 +74,8 @@ class DurableLog {
   struct Entry {
     uint64_t lsn;
     std::string record;
-    Done done;  // null once acknowledged
+    uint32_t crc;  // LogFiles::Checksum(record), computed by the caller
+    Done done;     // null once acknowledged
     absl::Time queued;
   };
   void Run();

@@ -38,6 +38,7 @@ absl::StatusOr<std::unique_ptr<PodStorage>> PodStorage::Open(const PodStorageOpt
                                                              ModelStore* store, PushDedup* dedup) {
   StorageDbOptions db_options = options.db;
   db_options.rows_point_reads = options.memory_budget_bytes > 0 || options.lazy_start;
+  db_options.sync_log_on_rotate = options.log.durability != Durability::kProcess;
   ASSIGN_OR_RETURN(std::unique_ptr<StorageDb> db, StorageDb::Open(db_options));
   std::unique_ptr<PodStorage> storage(new PodStorage(options, std::move(db), store, dedup));
   RETURN_IF_ERROR(storage->Recover());
@@ -86,12 +87,16 @@ absl::Status PodStorage::Recover() {
   std::vector<LogRecord> records;
   uint64_t next_lsn = catalog.log_base;
   const absl::Time log_start = absl::Now();
-  RETURN_IF_ERROR(db_->ForEachLog([&](uint64_t lsn, absl::string_view bytes) -> absl::Status {
-    ASSIGN_OR_RETURN(LogRecord rec, DecodeLogRecord(bytes));
-    records.push_back(std::move(rec));
-    next_lsn = std::max(next_lsn, lsn + 1);
-    return absl::OkStatus();
-  }));
+  {
+    LogRead log;
+    RETURN_IF_ERROR(db_->ReadLog(catalog.log_base, &log));
+    records.reserve(log.records.size());
+    for (const LogEntryView& e : log.records) {
+      ASSIGN_OR_RETURN(LogRecord rec, DecodeLogRecord(e.record));
+      records.push_back(std::move(rec));
+      next_lsn = std::max(next_lsn, e.lsn + 1);
+    }
+  }
   // A gradient update, or (install != null) a whole row installed by an import.
   struct Update {
     EmbeddingTable* table;
@@ -504,7 +509,7 @@ absl::Status PodStorage::FlushImported() {
   // Imported rows went through the WAL: written survives a process crash; fsync for
   // the modes that promise more.
   if (options_.log.durability == Durability::kProcess) return absl::OkStatus();
-  return db_->SyncLog();
+  return db_->SyncWal();
 }
 
 absl::Status PodStorage::DropRows(

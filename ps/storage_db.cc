@@ -196,6 +196,7 @@ struct StorageDb::Rep {
   rocksdb::ColumnFamilyHandle* meta = nullptr;
   rocksdb::ColumnFamilyHandle* rows = nullptr;
   rocksdb::ColumnFamilyHandle* log = nullptr;
+  std::unique_ptr<LogFiles> log_files;
 
   ~Rep() {
     for (auto* h : handles) db->DestroyColumnFamilyHandle(h);
@@ -284,6 +285,12 @@ absl::StatusOr<std::unique_ptr<StorageDb>> StorageDb::Open(const StorageDbOption
   rep->meta = rep->handles[1];
   rep->rows = rep->handles[2];
   rep->log = rep->handles[3];
+  LogFilesOptions log_files;
+  log_files.dir = options.dir + "/pushlog";
+  log_files.segment_bytes = options.log_segment_bytes;
+  log_files.sync_on_rotate = options.sync_log_on_rotate;
+  log_files.inject_write_error = options.inject_write_error;
+  ASSIGN_OR_RETURN(rep->log_files, LogFiles::Open(log_files));
 
   rocksdb::WriteOptions sync;
   sync.sync = true;
@@ -348,32 +355,39 @@ absl::StatusOr<StorageDb::Catalog> StorageDb::LoadCatalog() {
   return catalog;
 }
 
-absl::Status StorageDb::AppendLog(absl::Span<const std::pair<uint64_t, std::string>> records,
-                                  bool sync) {
-  rocksdb::WriteBatch batch;
-  for (const auto& [lsn, record] : records) {
-    RETURN_IF_ERROR(FromRocks(batch.Put(rep_->log, LogKey(lsn), record), "log batch"));
-  }
-  rocksdb::WriteOptions options;
-  options.sync = sync;
-  return FromRocks(rep_->db->Write(options, &batch), "cannot append to the push log");
+absl::Status StorageDb::AppendLog(absl::Span<const LogAppend> records, bool sync) {
+  return rep_->log_files->Append(records, sync);
 }
 
-absl::Status StorageDb::SyncLog() {
-  return FromRocks(rep_->db->SyncWAL(), "cannot fsync the push log");
+absl::Status StorageDb::SyncLog() { return rep_->log_files->Sync(); }
+
+absl::Status StorageDb::SyncWal() {
+  return FromRocks(rep_->db->SyncWAL(), "cannot fsync the database's WAL");
 }
 
-absl::Status StorageDb::ForEachLog(
-    const std::function<absl::Status(uint64_t, absl::string_view)>& fn) {
+absl::Status StorageDb::ReadLog(uint64_t from, LogRead* out) {
+  // Records of the log column family (an earlier version's log): below the files' records.
   std::unique_ptr<rocksdb::Iterator> it(rep_->db->NewIterator(rocksdb::ReadOptions(), rep_->log));
-  for (it->SeekToFirst(); it->Valid(); it->Next()) {
+  std::vector<std::pair<uint64_t, size_t>> cf_records;  // lsn, buffer index
+  for (it->Seek(LogKey(from)); it->Valid(); it->Next()) {
     if (it->key().size() != 8) {
       return absl::DataLossError(absl::StrCat("log key of ", it->key().size(), " bytes"));
     }
-    RETURN_IF_ERROR(
-        fn(GetBE(it->key().data(), 8), absl::string_view(it->value().data(), it->value().size())));
+    // Each record is its own buffer (at least 25 bytes: never a small-string buffer that
+    // moving the string would relocate).
+    out->buffers.emplace_back(it->value().data(), it->value().size());
+    cf_records.emplace_back(GetBE(it->key().data(), 8), out->buffers.size() - 1);
   }
-  return FromRocks(it->status(), "cannot read the push log");
+  RETURN_IF_ERROR(FromRocks(it->status(), "cannot read the push log"));
+  std::vector<LogEntryView> views;
+  for (const auto& [lsn, index] : cf_records) {
+    views.push_back({lsn, out->buffers[index]});
+    out->bytes += out->buffers[index].size();
+  }
+  RETURN_IF_ERROR(rep_->log_files->ReadAll(from, out));
+  views.insert(views.end(), out->records.begin(), out->records.end());
+  out->records = std::move(views);
+  return absl::OkStatus();
 }
 
 absl::Status StorageDb::TruncateLog(uint64_t cut, absl::string_view dedup, bool sync) {
@@ -384,7 +398,8 @@ absl::Status StorageDb::TruncateLog(uint64_t cut, absl::string_view dedup, bool 
   RETURN_IF_ERROR(FromRocks(batch.Put(rep_->meta, "log_base", LogKey(cut)), "truncate"));
   rocksdb::WriteOptions options;
   options.sync = sync;
-  return FromRocks(rep_->db->Write(options, &batch), "cannot truncate the push log");
+  RETURN_IF_ERROR(FromRocks(rep_->db->Write(options, &batch), "cannot truncate the push log"));
+  return rep_->log_files->DeleteBelow(cut);
 }
 
 RowBatch StorageDb::NewRowBatch() {
@@ -526,7 +541,11 @@ absl::Status StorageDb::Checkpoint(const std::string& dir) {
   rocksdb::Checkpoint* raw = nullptr;
   RETURN_IF_ERROR(FromRocks(rocksdb::Checkpoint::Create(rep_->db.get(), &raw), "checkpoint"));
   std::unique_ptr<rocksdb::Checkpoint> checkpoint(raw);
-  return FromRocks(checkpoint->CreateCheckpoint(dir), absl::StrCat("cannot checkpoint to ", dir));
+  RETURN_IF_ERROR(
+      FromRocks(checkpoint->CreateCheckpoint(dir), absl::StrCat("cannot checkpoint to ", dir)));
+  // The log files after the database: the copy holds every record the database's log base
+  // needs, and perhaps a few newer ones (a slightly later cut, consistent in itself).
+  return rep_->log_files->CopyTo(dir + "/pushlog");
 }
 
 uint64_t StorageDb::disk_bytes() {
@@ -535,7 +554,7 @@ uint64_t StorageDb::disk_bytes() {
     uint64_t v = 0;
     if (rep_->db->GetIntProperty(cf, "rocksdb.live-sst-files-size", &v)) total += v;
   }
-  return total;
+  return total + rep_->log_files->bytes();
 }
 
 }  // namespace ps

@@ -10,8 +10,10 @@
 //         "log_base"      -> u64be: log records below it were deleted
 //   rows  u32be table number, u64be id^2^63 -> u64 step, dim weights, slot floats
 //         ff ff ff ff, dense name           -> u64 step, weights, slot floats
-//   log   u64be log sequence number         -> one push record (ps/log_record.h)
-// Floats and the u64 step in values are little-endian.
+//   log   u64be log sequence number         -> one push record (ps/log_record.h): written
+//                                              by earlier versions only, still read
+// Floats and the u64 step in values are little-endian. The push log itself lives in
+// segment files beside the database, <dir>/pushlog (ps/log_files.h).
 #pragma once
 
 #include <cstdint>
@@ -24,15 +26,19 @@
 #include "absl/strings/string_view.h"
 #include "absl/types/span.h"
 #include "proto/ps.pb.h"
+#include "ps/log_files.h"
 
 namespace ps {
 
 struct StorageDbOptions {
   std::string dir;
-  // Memtable of the log column family. Log records are deleted (by range) soon after they
-  // are written, once the materializer has stored the rows they changed; a large memtable
-  // lets most of them die before ever reaching an SST file.
+  // Memtable of the log column family (only read now: the log is in files, see
+  // log_files.h).
   size_t log_memtable_bytes = size_t{256} << 20;
+  // Push log segment size, and whether a full segment is fsynced when the next one starts
+  // (the durability modes that fsync: see LogFilesOptions).
+  size_t log_segment_bytes = size_t{64} << 20;
+  bool sync_log_on_rotate = false;
   // Rows are read back one by one (ReadRows: a pod with a memory budget): the rows
   // column family then keeps a skiplist memtable, which serves point reads.
   bool rows_point_reads = false;
@@ -96,14 +102,19 @@ class StorageDb {
   };
   absl::StatusOr<Catalog> LoadCatalog();
 
-  // Appends log records in one write (one WAL append: a group commit); `sync` fsyncs it.
-  absl::Status AppendLog(absl::Span<const std::pair<uint64_t, std::string>> records, bool sync);
-  // Fsyncs what AppendLog wrote without sync.
+  // Appends log records in one write (a group commit); `sync` fsyncs them. One caller at
+  // a time.
+  absl::Status AppendLog(absl::Span<const LogAppend> records, bool sync);
+  // Fsyncs what AppendLog wrote without sync. Thread-safe.
   absl::Status SyncLog();
-  // Calls fn(lsn, record) for every log record in order; stops at fn's first error.
-  absl::Status ForEachLog(const std::function<absl::Status(uint64_t, absl::string_view)>& fn);
-  // Deletes log records below `cut` and stores the de-duplication state with them, in one
-  // atomic write.
+  // Fsyncs RocksDB's WAL (rows written with WriteRowsLogged).
+  absl::Status SyncWal();
+  // Every log record from `from` on, in order (records an earlier version wrote to the log
+  // column family first). Call once, before the first AppendLog.
+  absl::Status ReadLog(uint64_t from, LogRead* out);
+  // Stores the de-duplication state and `cut` as the log's base (log records below it are
+  // then dead) in one atomic write, then deletes the log files that hold only records below
+  // it.
   absl::Status TruncateLog(uint64_t cut, absl::string_view dedup, bool sync);
 
   RowBatch NewRowBatch();
@@ -138,7 +149,7 @@ class StorageDb {
   // RocksDB's estimate of the stored rows (keys of the rows column family).
   uint64_t EstimateRows();
 
-  // Bytes of live SST files and memtables, for Stats.
+  // Bytes of live SST files and push log files, for Stats.
   uint64_t disk_bytes();
 
  private:
