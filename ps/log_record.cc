@@ -50,6 +50,26 @@ class Reader {
     in_.remove_prefix(n);
     return s;
   }
+  // Skips n elements of T, returning where they start (null if too few bytes).
+  template <typename T>
+  const char* Skip(size_t n) {
+    if (!ok_ || n > in_.size() / sizeof(T)) {
+      ok_ = false;
+      return nullptr;
+    }
+    const char* p = in_.data();
+    in_.remove_prefix(n * sizeof(T));
+    return p;
+  }
+  absl::string_view GetView(size_t n) {
+    if (!ok_ || n > in_.size()) {
+      ok_ = false;
+      return {};
+    }
+    absl::string_view v = in_.substr(0, n);
+    in_.remove_prefix(n);
+    return v;
+  }
   bool ok() const { return ok_; }
   bool done() const { return in_.empty(); }
 
@@ -170,6 +190,55 @@ absl::StatusOr<LogRecord> DecodeLogRecord(absl::string_view bytes) {
       e.lr = lr;
       e.step = r.Get<uint64_t>();
       r.GetArray(&e.grads, r.Get<uint32_t>());
+    } else {
+      return absl::DataLossError(absl::StrCat("log record entry tag ", tag, " is unknown"));
+    }
+  }
+  if (!r.ok()) {
+    return absl::DataLossError(absl::StrCat("log record of ", bytes.size(), " bytes is truncated"));
+  }
+  return rec;
+}
+
+absl::StatusOr<LogRecordView> ParseLogRecord(absl::string_view bytes) {
+  Reader r(bytes);
+  LogRecordView rec;
+  const uint8_t version = r.Get<uint8_t>();
+  if (r.ok() && version != kVersion) {
+    return absl::DataLossError(absl::StrCat("log record version ", version, " is unknown"));
+  }
+  rec.key.set_worker_id(r.Get<uint64_t>());
+  rec.key.set_incarnation(r.Get<uint64_t>());
+  rec.key.set_sequence(r.Get<uint64_t>());
+  while (r.ok() && !r.done()) {
+    const uint8_t tag = r.Get<uint8_t>();
+    const absl::string_view name = r.GetView(r.Get<uint16_t>());
+    if (tag == kTable) {
+      LogTableView& e = rec.tables.emplace_back();
+      e.table = name;
+      e.lr = r.Get<float>();
+      e.n = r.Get<uint32_t>();
+      e.dim = r.Get<uint32_t>();
+      e.ids.p = r.Skip<int64_t>(e.n);
+      e.steps.p = r.Skip<uint64_t>(e.n);
+      e.grads = r.Skip<float>(size_t{e.n} * e.dim);
+    } else if (tag == kInstall) {
+      LogInstallView& e = rec.installs.emplace_back();
+      e.table = name;
+      e.n = r.Get<uint32_t>();
+      e.row_floats = r.Get<uint32_t>();
+      e.ids.p = r.Skip<int64_t>(e.n);
+      e.steps.p = r.Skip<uint64_t>(e.n);
+      e.values = r.Skip<float>(size_t{e.n} * e.row_floats);
+    } else if (tag == kDense) {
+      rec.has_dense = true;
+      r.Get<float>();
+      r.Get<uint64_t>();
+      r.Skip<float>(r.Get<uint32_t>());
+    } else if (tag == kDenseInstall) {
+      rec.has_dense = true;
+      r.Get<uint64_t>();
+      r.Skip<float>(r.Get<uint32_t>());
     } else {
       return absl::DataLossError(absl::StrCat("log record entry tag ", tag, " is unknown"));
     }

@@ -18,6 +18,7 @@
 #pragma once
 
 #include <cstdint>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -92,5 +93,48 @@ class LogRecordBuilder {
 
 // DATA_LOSS if `bytes` is not a well-formed record.
 absl::StatusOr<LogRecord> DecodeLogRecord(absl::string_view bytes);
+
+// A record parsed in place (recovery): the entries point into the record's bytes, which
+// must outlive the view. Numbers may be unaligned: read ids and steps with the accessors.
+struct LogArrayView {
+  const char* p = nullptr;
+  template <typename T>
+  T Get(size_t i) const {
+    T v;
+    std::memcpy(&v, p + i * sizeof(T), sizeof(T));
+    return v;
+  }
+};
+struct LogTableView {
+  absl::string_view table;
+  float lr = 0;
+  uint32_t n = 0, dim = 0;
+  LogArrayView ids, steps;
+  const char* grads = nullptr;  // n * dim floats
+  int64_t id(size_t i) const { return ids.Get<int64_t>(i); }
+  uint64_t step(size_t i) const { return steps.Get<uint64_t>(i); }
+  const float* grad(size_t i) const {
+    return reinterpret_cast<const float*>(grads + i * dim * sizeof(float));
+  }
+};
+struct LogInstallView {
+  absl::string_view table;
+  uint32_t n = 0, row_floats = 0;
+  LogArrayView ids, steps;
+  const char* values = nullptr;  // n * row_floats floats
+  int64_t id(size_t i) const { return ids.Get<int64_t>(i); }
+  uint64_t step(size_t i) const { return steps.Get<uint64_t>(i); }
+  const float* row(size_t i) const {
+    return reinterpret_cast<const float*>(values + i * row_floats * sizeof(float));
+  }
+};
+struct LogRecordView {
+  PushKey key;
+  std::vector<LogTableView> tables;
+  std::vector<LogInstallView> installs;
+  bool has_dense = false;  // dense entries: use DecodeLogRecord (rare, small)
+};
+// As DecodeLogRecord, without copying the arrays.
+absl::StatusOr<LogRecordView> ParseLogRecord(absl::string_view bytes);
 
 }  // namespace ps

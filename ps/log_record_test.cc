@@ -82,5 +82,53 @@ TEST(LogRecordTest, DamagedRecordsAreDataLoss) {
   EXPECT_EQ(DecodeLogRecord(bad_version).status().code(), absl::StatusCode::kDataLoss);
 }
 
+TEST(LogRecordTest, ParsedInPlaceAsDecoded) {
+  PushKey key;
+  key.set_worker_id(3);
+  key.set_sequence(8);
+  const std::vector<int64_t> ids = {-5, 1LL << 40, 7};
+  const std::vector<uint64_t> steps = {3, 1, 9};
+  const std::vector<float> grads = {1, 2, 3, 4, 5, 6};
+  const std::vector<float> values = {9, 8, 7, 6};
+  LogRecordBuilder b(key, 0);
+  b.AddTable("e", 0.5f, 2, ids, steps, grads.data());  // odd name length: unaligned arrays
+  b.AddDense("bias", 0, 12, {0.25f, -1});
+  b.AddInstall("emb/x", 4, {ids[2]}, {steps[2]}, values);
+  const std::string bytes = b.Finish();
+  auto rec = ParseLogRecord(bytes);
+  ASSERT_TRUE(rec.ok()) << rec.status();
+  EXPECT_EQ(rec->key.worker_id(), 3u);
+  EXPECT_EQ(rec->key.sequence(), 8u);
+  EXPECT_TRUE(rec->has_dense);
+  ASSERT_EQ(rec->tables.size(), 1u);
+  const LogTableView& t = rec->tables[0];
+  EXPECT_EQ(t.table, "e");
+  EXPECT_EQ(t.lr, 0.5f);
+  ASSERT_EQ(t.n, 3u);
+  ASSERT_EQ(t.dim, 2u);
+  for (size_t i = 0; i < 3; ++i) {
+    EXPECT_EQ(t.id(i), ids[i]);
+    EXPECT_EQ(t.step(i), steps[i]);
+    float g[2];
+    std::memcpy(g, t.grad(i), sizeof(g));
+    EXPECT_EQ(g[0], grads[2 * i]);
+    EXPECT_EQ(g[1], grads[2 * i + 1]);
+  }
+  ASSERT_EQ(rec->installs.size(), 1u);
+  EXPECT_EQ(rec->installs[0].table, "emb/x");
+  EXPECT_EQ(rec->installs[0].id(0), 7);
+  EXPECT_EQ(rec->installs[0].step(0), 9u);
+  float v[4];
+  std::memcpy(v, rec->installs[0].row(0), sizeof(v));
+  EXPECT_EQ(std::vector<float>(v, v + 4), values);
+  const size_t after_table = 25 + LogRecordBuilder::TableBytes("e", 3, 2);
+  const size_t after_dense = after_table + 1 + 2 + 4 + 4 + 8 + 4 + 8;
+  for (size_t cut = 26; cut < bytes.size(); ++cut) {
+    if (cut == after_table || cut == after_dense) continue;  // well-formed prefixes
+    EXPECT_EQ(ParseLogRecord(bytes.substr(0, cut)).status().code(), absl::StatusCode::kDataLoss)
+        << "cut at " << cut;
+  }
+}
+
 }  // namespace
 }  // namespace ps

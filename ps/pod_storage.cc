@@ -6,31 +6,136 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "embedding/initializer.h"
+#include "embedding/optimizer.h"
 #include "embedding/row_source.h"
 #include "embedding/status_macros.h"
 #include "ps/log_record.h"
 
 namespace ps {
 
-// Evicted rows of one table: read back from the rows column family.
+namespace {
+
+// One logged row update (or whole row installed by an import), pointing into the log.
+struct PendingUpdate {
+  int64_t id;
+  uint64_t step;
+  const float* data;  // the gradient, or the installed row (weights then slots)
+  float lr;
+  bool install;
+};
+
+// The recovered log's updates of one table, per row in step order.
+class PendingTable {
+ public:
+  explicit PendingTable(std::shared_ptr<EmbeddingTable> t)
+      : table(std::move(t)),
+        optimizer_(table->spec().optimizer()),
+        initializer_(table->spec().initializer()) {}
+
+  // Per row in step order; at equal steps the gradient update first: an install at the
+  // step a row already had was skipped (and so never logged), so an install is never
+  // followed by an update with its own step.
+  void Sort() {
+    std::sort(updates.begin(), updates.end(), [](const PendingUpdate& a, const PendingUpdate& b) {
+      return std::tie(a.id, a.step, a.install) < std::tie(b.id, b.step, b.install);
+    });
+  }
+  std::vector<int64_t> Ids() const {
+    std::vector<int64_t> ids;
+    for (const PendingUpdate& u : updates) {
+      if (ids.empty() || ids.back() != u.id) ids.push_back(u.id);
+    }
+    return ids;
+  }
+  // Applies every update to the table (EmbeddingTable::Replay / Install skip what a row
+  // already holds).
+  void ReplayInto() const {
+    for (const PendingUpdate& u : updates) {
+      if (u.install) {
+        table->Install(u.id, u.data, u.data + table->dim(), u.step);
+      } else {
+        table->Replay(u.id, u.data, u.lr, u.step);
+      }
+    }
+  }
+  // The same arithmetic on a row read back from the database (`*found`) or, if it is not
+  // stored, on its initial value: values holds dim weights then the slots. Returns whether
+  // `id` has logged updates.
+  bool Apply(int64_t id, float* values, uint64_t* step, bool* found) const {
+    auto it = std::lower_bound(updates.begin(), updates.end(), id,
+                               [](const PendingUpdate& u, int64_t v) { return u.id < v; });
+    if (it == updates.end() || it->id != id) return false;
+    const uint32_t dim = table->dim();
+    if (!*found) {  // as EmbeddingTable creates a row
+      initializer_.Fill(table->name_hash(), id, values, dim);
+      optimizer_.InitSlots(values + dim, dim);
+      *step = 0;
+      *found = true;
+    }
+    for (; it != updates.end() && it->id == id; ++it) {
+      if (*step >= it->step) continue;  // already in the stored row
+      if (it->install) {
+        std::memcpy(values, it->data, (dim + table->slot_floats()) * sizeof(float));
+        *step = it->step;
+      } else {
+        uint64_t before = it->step - 1;
+        optimizer_.Apply(it->lr, values, values + dim, &before, it->data, dim);
+        *step = before;
+      }
+    }
+    return true;
+  }
+
+  const std::shared_ptr<EmbeddingTable> table;
+  std::vector<PendingUpdate> updates;
+
+ private:
+  const Optimizer optimizer_;
+  const Initializer initializer_;
+};
+
+}  // namespace
+
+struct PodStorage::Pending {
+  LogRead log;  // the records the updates point into
+  absl::flat_hash_map<uint32_t, std::unique_ptr<PendingTable>> tables;  // by table number
+};
+
+// Rows not in memory (evicted, or not loaded yet at a lazy start): read back from the rows
+// column family, with the recovered log's updates applied during a lazy replay.
 class PodStorage::StoredRowSource final : public RowSource {
  public:
-  StoredRowSource(StorageDb* db, uint32_t table_no) : db_(db), table_no_(table_no) {}
+  StoredRowSource(PodStorage* storage, uint32_t table_no)
+      : storage_(storage), table_no_(table_no) {}
   absl::Status Read(absl::Span<const int64_t> ids, size_t row_floats, float* values,
                     uint64_t* steps, bool* found) override {
-    return db_->ReadRows(table_no_, ids, row_floats, values, steps, found);
+    RETURN_IF_ERROR(storage_->db_->ReadRows(table_no_, ids, row_floats, values, steps, found));
+    std::shared_ptr<const Pending> pending = storage_->pending();
+    if (pending == nullptr) return absl::OkStatus();
+    auto it = pending->tables.find(table_no_);
+    if (it == pending->tables.end()) return absl::OkStatus();
+    for (size_t i = 0; i < ids.size(); ++i) {
+      it->second->Apply(ids[i], values + i * row_floats, &steps[i], &found[i]);
+    }
+    return absl::OkStatus();
   }
 
  private:
-  StorageDb* const db_;
+  PodStorage* const storage_;
   const uint32_t table_no_;
 };
+
+std::shared_ptr<const PodStorage::Pending> PodStorage::pending() {
+  absl::MutexLock lock(&mu_);
+  return pending_;
+}
 
 void PodStorage::AttachSource(uint32_t no, EmbeddingTable& table) {
   absl::MutexLock lock(&mu_);
   auto& source = sources_[no];
   if (source != nullptr) return;
-  source = std::make_unique<StoredRowSource>(db_.get(), no);
+  source = std::make_unique<StoredRowSource>(this, no);
   table.SetRowSource(source.get());
 }
 
@@ -83,30 +188,23 @@ absl::Status PodStorage::Recover() {
   recovery_.dense = catalog.dense.size();
   if (!catalog.dedup.empty()) RETURN_IF_ERROR(dedup_->Restore(catalog.dedup));
 
-  // The log: every row's updates in step order (see log_record.h).
-  std::vector<LogRecord> records;
+  // The log, parsed in place (see log_record.h): every row update, to be replayed per row
+  // in step order.
+  auto pending = std::make_shared<Pending>();
   uint64_t next_lsn = catalog.log_base;
   const absl::Time log_start = absl::Now();
-  {
-    LogRead log;
-    RETURN_IF_ERROR(db_->ReadLog(catalog.log_base, &log));
-    records.reserve(log.records.size());
-    for (const LogEntryView& e : log.records) {
-      ASSIGN_OR_RETURN(LogRecord rec, DecodeLogRecord(e.record));
-      records.push_back(std::move(rec));
-      next_lsn = std::max(next_lsn, e.lsn + 1);
+  RETURN_IF_ERROR(db_->ReadLog(catalog.log_base, &pending->log));
+  absl::flat_hash_map<std::string, uint32_t> numbers;
+  for (const auto& [no, spec] : catalog.tables) numbers[spec.name()] = no;
+  auto pending_table = [&](absl::string_view name) -> PendingTable* {
+    auto it = numbers.find(name);
+    if (it == numbers.end()) return nullptr;
+    auto [pt, inserted] = pending->tables.try_emplace(it->second);
+    if (inserted) {
+      pt->second = std::make_unique<PendingTable>(by_number[it->second]);
     }
-  }
-  // A gradient update, or (install != null) a whole row installed by an import.
-  struct Update {
-    EmbeddingTable* table;
-    int64_t id;
-    uint64_t step;
-    const float* grad;
-    float lr;
-    const float* install = nullptr;  // weights then slots
+    return pt->second.get();
   };
-  std::vector<Update> updates;
   struct DenseUpdate {
     DenseTensor* tensor;
     uint64_t step;
@@ -116,65 +214,78 @@ absl::Status PodStorage::Recover() {
   };
   std::vector<DenseUpdate> dense_updates;
   std::vector<std::shared_ptr<DenseTensor>> keep_dense;
-  for (const LogRecord& rec : records) {
-    for (const LogTableEntry& e : rec.tables) {
-      auto table = store_->FindTable(e.table);
-      if (table == nullptr || table->dim() != e.dim) {
+  // Never reallocated (reserved for every record): dense_updates point into it.
+  std::vector<LogRecord> dense_records;  // decoded copies of the (rare) records with dense parts
+  dense_records.reserve(pending->log.records.size());
+  for (const LogEntryView& entry : pending->log.records) {
+    next_lsn = std::max(next_lsn, entry.lsn + 1);
+    ASSIGN_OR_RETURN(LogRecordView rec, ParseLogRecord(entry.record));
+    for (const LogTableView& e : rec.tables) {
+      PendingTable* pt = pending_table(e.table);
+      if (pt == nullptr || pt->table->dim() != e.dim) {
         return absl::DataLossError(absl::StrCat("log record of worker ", rec.key.worker_id(),
                                                 " names table '", e.table, "' (dim ", e.dim,
                                                 ") which the catalog lacks"));
       }
-      for (size_t i = 0; i < e.ids.size(); ++i) {
-        updates.push_back({table.get(), e.ids[i], e.steps[i], e.grads.data() + i * e.dim, e.lr});
+      for (size_t i = 0; i < e.n; ++i) {
+        pt->updates.push_back({e.id(i), e.step(i), e.grad(i), e.lr, false});
       }
     }
-    for (const LogDenseEntry& e : rec.dense) {
-      auto d = store_->FindDense(e.name);
-      if (d == nullptr || d->numel() != e.grads.size()) {
-        return absl::DataLossError(
-            absl::StrCat("log record names dense tensor '", e.name, "' which the catalog lacks"));
-      }
-      dense_updates.push_back({d.get(), e.step, e.grads.data(), e.lr});
-      keep_dense.push_back(std::move(d));
-    }
-    for (const LogInstallEntry& e : rec.installs) {
-      auto table = store_->FindTable(e.table);
-      if (table == nullptr || table->dim() + table->slot_floats() != e.row_floats) {
+    for (const LogInstallView& e : rec.installs) {
+      PendingTable* pt = pending_table(e.table);
+      if (pt == nullptr || pt->table->dim() + pt->table->slot_floats() != e.row_floats) {
         return absl::DataLossError(absl::StrCat("log record installs rows of table '", e.table,
                                                 "' (", e.row_floats,
                                                 " floats per row) which the catalog lacks"));
       }
-      for (size_t i = 0; i < e.ids.size(); ++i) {
-        updates.push_back(
-            {table.get(), e.ids[i], e.steps[i], nullptr, 0, e.values.data() + i * e.row_floats});
-      }
+      for (size_t i = 0; i < e.n; ++i)
+        pt->updates.push_back({e.id(i), e.step(i), e.row(i), 0, true});
     }
-    for (const LogDenseInstall& e : rec.dense_installs) {
-      auto d = store_->FindDense(e.name);
-      if (d == nullptr || d->numel() + d->slot_floats() != e.values.size()) {
-        return absl::DataLossError(absl::StrCat("log record installs dense tensor '", e.name,
-                                                "' which the catalog lacks"));
+    if (rec.has_dense) {
+      ASSIGN_OR_RETURN(LogRecord full, DecodeLogRecord(entry.record));
+      const LogRecord& kept = dense_records.emplace_back(std::move(full));
+      for (const LogDenseEntry& e : kept.dense) {
+        auto d = store_->FindDense(e.name);
+        if (d == nullptr || d->numel() != e.grads.size()) {
+          return absl::DataLossError(
+              absl::StrCat("log record names dense tensor '", e.name, "' which the catalog lacks"));
+        }
+        dense_updates.push_back({d.get(), e.step, e.grads.data(), e.lr});
+        keep_dense.push_back(std::move(d));
       }
-      dense_updates.push_back({d.get(), e.step, nullptr, 0, &e.values});
-      keep_dense.push_back(std::move(d));
+      for (const LogDenseInstall& e : kept.dense_installs) {
+        auto d = store_->FindDense(e.name);
+        if (d == nullptr || d->numel() + d->slot_floats() != e.values.size()) {
+          return absl::DataLossError(absl::StrCat("log record installs dense tensor '", e.name,
+                                                  "' which the catalog lacks"));
+        }
+        dense_updates.push_back({d.get(), e.step, nullptr, 0, &e.values});
+        keep_dense.push_back(std::move(d));
+      }
     }
     // The push is durable: a retry of its key must not apply it again.
     auto claim = dedup_->Begin(rec.key);
     if (claim.ok() && *claim == PushDedup::Claim::kNew) dedup_->Finish(rec.key, true);
   }
-  const absl::Time log_read = absl::Now();
-  // Stored rows, unless they load lazily (memory budget, lazy start): then each table
-  // reads its rows back from the database on first touch. A lazy start without a budget
-  // loads eagerly anyway when the log updates many rows (a quarter of those stored or
-  // more): one sequential scan then beats reading them back one by one.
-  recovery_.lazy = options_.memory_budget_bytes > 0 || options_.lazy_start;
-  if (recovery_.lazy && options_.memory_budget_bytes == 0 &&
-      updates.size() * 4 >= db_->EstimateRows()) {
-    recovery_.lazy = false;
-    LOG(INFO) << "lazy start skipped: the log updates " << updates.size()
-              << " rows, about a quarter or more of the stored rows";
+  size_t row_updates = 0;
+  for (auto& [no, pt] : pending->tables) {
+    pt->Sort();
+    row_updates += pt->updates.size();
   }
+  const absl::Time log_read = absl::Now();
+
+  // Stored rows, unless they load lazily (memory budget, lazy start): then each table
+  // reads its rows back from the database on first touch.
+  recovery_.lazy = options_.memory_budget_bytes > 0 || options_.lazy_start;
+  // Lazy replay (a lazy start without a budget): the log's updates are applied to each
+  // row when it is first read back (request or background load), not before serving.
+  const bool lazy_replay = recovery_.lazy && options_.memory_budget_bytes == 0 &&
+                           options_.lazy_replay && row_updates > 0;
   if (recovery_.lazy) {
+    if (lazy_replay) {
+      absl::MutexLock lock(&mu_);
+      pending_ = pending;
+    }
     for (auto& [no, table] : by_number) AttachSource(no, *table);
   }
   RETURN_IF_ERROR(db_->ForEachRow(
@@ -204,32 +315,19 @@ absl::Status PodStorage::Recover() {
       },
       /*table_rows=*/!recovery_.lazy));
   const absl::Time rows_done = absl::Now();
-  if (recovery_.lazy) {  // the rows the log updates must be loaded before replaying
-    absl::flat_hash_map<EmbeddingTable*, std::vector<int64_t>> ids;
-    for (const Update& u : updates) ids[u.table].push_back(u.id);
-    for (auto& [table, list] : ids) {
-      std::sort(list.begin(), list.end());
-      list.erase(std::unique(list.begin(), list.end()), list.end());
-      for (size_t i = 0; i < list.size(); i += 65536) {
-        const size_t n = std::min<size_t>(65536, list.size() - i);
-        RETURN_IF_ERROR(table->Load(absl::MakeConstSpan(list).subspan(i, n)));
+  if (recovery_.lazy && !lazy_replay) {  // the rows the log updates must be loaded first
+    for (auto& [no, pt] : pending->tables) {
+      const std::vector<int64_t> ids = pt->Ids();
+      for (size_t i = 0; i < ids.size(); i += 65536) {
+        const size_t n = std::min<size_t>(65536, ids.size() - i);
+        RETURN_IF_ERROR(pt->table->Load(absl::MakeConstSpan(ids).subspan(i, n)));
       }
     }
   }
   const absl::Time loaded = absl::Now();
-  // Per row in step order; at equal steps the gradient update first: an install at the
-  // step a row already had was skipped (and so never logged), so an install is never
-  // followed by an update with its own step.
-  std::sort(updates.begin(), updates.end(), [](const Update& a, const Update& b) {
-    const bool ia = a.install != nullptr, ib = b.install != nullptr;
-    return std::tie(a.table, a.id, a.step, ia) < std::tie(b.table, b.id, b.step, ib);
-  });
-  for (const Update& u : updates) {
-    if (u.install != nullptr) {
-      u.table->Install(u.id, u.install, u.install + u.table->dim(), u.step);
-    } else {
-      u.table->Replay(u.id, u.grad, u.lr, u.step);
-    }
+  if (!lazy_replay) {
+    // Per row in step order (PendingTable::Sort); Replay and Install skip what a row holds.
+    for (auto& [no, pt] : pending->tables) pt->ReplayInto();
   }
   std::sort(dense_updates.begin(), dense_updates.end(),
             [](const DenseUpdate& a, const DenseUpdate& b) {
@@ -243,15 +341,17 @@ absl::Status PodStorage::Recover() {
       u.tensor->Replay(u.grad, u.lr, u.step);
     }
   }
-  recovery_.log_records = records.size();
-  recovery_.replayed_updates = updates.size() + dense_updates.size();
+  recovery_.log_records = pending->log.records.size();
+  recovery_.replayed_updates = row_updates + dense_updates.size();
+  recovery_.lazy_replay = lazy_replay;
   const absl::Time end = absl::Now();
   recovery_.seconds = absl::ToDoubleSeconds(end - start);
   LOG(INFO) << "recovered " << options_.db.dir << " in " << recovery_.seconds
             << " s: " << recovery_.tables << " tables, " << recovery_.dense << " dense tensors, "
             << (recovery_.lazy ? "stored rows load lazily, " : "") << recovery_.rows
-            << " stored rows, " << recovery_.log_records << " log records replayed ("
-            << recovery_.replayed_updates << " row updates)"
+            << " stored rows, " << recovery_.log_records << " log records "
+            << (lazy_replay ? "pending" : "replayed") << " (" << recovery_.replayed_updates
+            << " row updates" << (lazy_replay ? ", applied as rows load" : "") << ")"
             << " [log read " << absl::ToDoubleSeconds(log_read - log_start) << " s, stored rows "
             << absl::ToDoubleSeconds(rows_done - log_read) << " s, rows read back "
             << absl::ToDoubleSeconds(loaded - rows_done) << " s, replay "
@@ -353,7 +453,11 @@ absl::Status PodStorage::MaterializeLocked() {
     dedup = dedup_->Serialize();
   }
   RETURN_IF_ERROR(log_->WaitWritten(dedup_lsn));
-  RETURN_IF_ERROR(db_->TruncateLog(cut, dedup, options_.log.durability != Durability::kProcess));
+  // During a lazy replay the recovered records are the only copy of the updates of rows
+  // not loaded yet: the log stays whole until ApplyPending has stored those rows.
+  if (pending() == nullptr) {
+    RETURN_IF_ERROR(db_->TruncateLog(cut, dedup, options_.log.durability != Durability::kProcess));
+  }
   if (options_.memory_budget_bytes > 0) EvictToBudget();
   const double ms = absl::ToDoubleMilliseconds(absl::Now() - start);
   if (ms > 1000) {
@@ -411,7 +515,62 @@ absl::Status PodStorage::ForEachStoredRow(const std::string& table,
   return db_->ForEachTableRow(no, fn);
 }
 
+bool PodStorage::ApplyPending(const Pending& pending) {
+  const absl::Time start = absl::Now();
+  uint64_t rows = 0;
+  absl::Status status;
+  for (const auto& [no, pt] : pending.tables) {
+    const std::vector<int64_t> ids = pt->Ids();
+    EmbeddingTable& table = *pt->table;
+    const uint32_t dim = table.dim(), slots = table.slot_floats();
+    for (size_t i = 0; i < ids.size() && status.ok(); i += 16384) {
+      {
+        absl::MutexLock lock(&mu_);
+        if (stop_) return false;
+      }
+      const auto chunk =
+          absl::MakeConstSpan(ids).subspan(i, std::min<size_t>(16384, ids.size() - i));
+      // Resident afterwards, with the log's updates applied (StoredRowSource), but not
+      // dirty: store them here, as a materialization round would.
+      status = table.Load(chunk);
+      if (!status.ok()) break;
+      absl::MutexLock round(&materialize_mu_);
+      RowBatch batch = db_->NewRowBatch();
+      for (int64_t id : chunk) {
+        table.Inspect(id, [&, no = no](const RowView& r) {
+          batch.AddRow(no, r.id, r.step, absl::MakeConstSpan(r.weights, dim),
+                       absl::MakeConstSpan(r.slots, slots));
+        });
+      }
+      // As in a round: the rows may hold newer pushes, whose records must be written first.
+      status = log_->WaitWritten(BarrierLsn());
+      if (status.ok()) status = db_->WriteRows(&batch);
+      rows += chunk.size();
+    }
+  }
+  if (status.ok()) {
+    absl::MutexLock round(&materialize_mu_);
+    status = db_->FlushRows();
+  }
+  if (!status.ok()) {
+    // The log stays whole (pending_ stays): a restart replays it again.
+    LOG(ERROR) << "applying the recovered log to its rows failed: " << status;
+    return false;
+  }
+  {
+    absl::MutexLock lock(&mu_);
+    pending_ = nullptr;  // the next round truncates the log
+  }
+  LOG(INFO) << "applied the recovered log to its " << rows
+            << " rows and stored them in the background in "
+            << absl::ToDoubleSeconds(absl::Now() - start) << " s";
+  return true;
+}
+
 void PodStorage::LoadInBackground() {
+  if (std::shared_ptr<const Pending> pending = this->pending(); pending != nullptr) {
+    if (!ApplyPending(*pending)) return;
+  }
   const absl::Time start = absl::Now();
   absl::flat_hash_map<uint32_t, std::shared_ptr<EmbeddingTable>> by_number;
   {

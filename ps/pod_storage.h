@@ -58,11 +58,19 @@ struct PodStorageOptions {
   // Lazy start: load the stored rows in the background (tests turn it off to keep the
   // not-yet-loaded window open).
   bool background_load = true;
+  // Lazy start without a budget: do not replay the log before serving either. Each row's
+  // logged updates are applied when the row is first read back (by a request or the
+  // background load), so time to serving is reading the log, not replaying it. Until the
+  // background load has applied and stored every such row, the log is not truncated.
+  // Off: the rows the log updates are read back and replayed before serving (an export
+  // reads the replayed rows from memory).
+  bool lazy_replay = false;
 };
 
 struct RecoveryStats {
   uint64_t tables = 0, dense = 0, rows = 0, log_records = 0, replayed_updates = 0;
-  bool lazy = false;  // stored rows were left on disk at start (lazy_start, memory budget)
+  bool lazy = false;         // stored rows were left on disk at start (lazy_start, memory budget)
+  bool lazy_replay = false;  // the log's updates were left to apply as rows load
   double seconds = 0;
 };
 
@@ -155,6 +163,14 @@ class PodStorage {
   absl::Mutex mu_;
   absl::flat_hash_map<std::string, uint32_t> table_numbers_ ABSL_GUARDED_BY(mu_);
   class StoredRowSource;
+  struct Pending;
+  // The recovered log's updates not yet applied (lazy replay); null once the background
+  // load has applied and stored them. The log is not truncated meanwhile.
+  std::shared_ptr<const Pending> pending_ ABSL_GUARDED_BY(mu_);
+  std::shared_ptr<const Pending> pending();
+  // Lazy replay: loads every row the recovered log updates (applying its updates) and
+  // stores it, then drops the pending updates. false if stopped or failed.
+  bool ApplyPending(const Pending& pending);
   absl::flat_hash_map<uint32_t, std::unique_ptr<StoredRowSource>> sources_ ABSL_GUARDED_BY(mu_);
   uint32_t next_table_no_ ABSL_GUARDED_BY(mu_) = 1;
   Stats stats_ ABSL_GUARDED_BY(mu_);

@@ -118,6 +118,7 @@ int Main() {
   options.core.storage.memory_budget_bytes =
       static_cast<uint64_t>(FLAGS_memory_budget_mb * 1024 * 1024);
   options.core.storage.lazy_start = FLAGS_lazy_start;
+  options.core.storage.lazy_replay = FLAGS_lazy_start;
   absl::StatusOr<ps::Durability> durability = ps::ParseDurability(FLAGS_durability);
   if (!durability.ok() || FLAGS_flush_ms < 1 || FLAGS_materialize_ms < 1) {
     LOG(ERROR) << "bad durability flags: "
