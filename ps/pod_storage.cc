@@ -398,15 +398,16 @@ absl::Status PodStorage::MaterializeLocked() {
   const uint64_t cut = BarrierLsn();
   RETURN_IF_ERROR(log_->WaitWritten(cut));
 
-  RowBatch batch = db_->NewRowBatch();
+  RowFile file;
+  file.Reserve(options_.materialize_group_bytes + (size_t{1} << 20));
   absl::Status status;
   // Before a group of rows is written, the log records of every update in it must be
   // written (else a crash could keep the update in a row while its key is forgotten).
   auto write_group = [&] {
-    if (!status.ok() || batch.count() == 0) return;
+    if (!status.ok() || file.count() == 0) return;
     status = log_->WaitWritten(BarrierLsn());
-    if (status.ok()) status = db_->WriteRows(&batch);
-    batch.Clear();
+    if (status.ok()) status = db_->IngestRows(&file);
+    file.Clear();
   };
   std::vector<std::pair<uint32_t, std::shared_ptr<EmbeddingTable>>> tables;
   {
@@ -422,21 +423,26 @@ absl::Status PodStorage::MaterializeLocked() {
     const uint32_t slots = table->slot_floats();
     rows += table->CollectDirty(
         [&, no = no](const RowView& r) {
-          batch.AddRow(no, r.id, r.step, absl::MakeConstSpan(r.weights, dim),
-                       absl::MakeConstSpan(r.slots, slots));
+          file.AddRow(no, r.id, r.step, absl::MakeConstSpan(r.weights, dim),
+                      absl::MakeConstSpan(r.slots, slots));
         },
         [&] {
-          if (batch.bytes() >= options_.materialize_group_bytes) write_group();
+          if (file.bytes() >= options_.materialize_group_bytes) write_group();
         });
-    write_group();
   }
+  write_group();
+  // Dense tensors (few, small) through the memtable, flushed below.
+  RowBatch batch = db_->NewRowBatch();
   std::vector<float> values;
   for (auto& d : store_->DenseTensors()) {
     uint64_t step;
     if (d->Snapshot(/*always=*/false, &values, &step)) {
       batch.AddDense(d->spec().name(), step, values);
-      write_group();
     }
+  }
+  if (status.ok() && batch.count() > 0) {
+    status = log_->WaitWritten(BarrierLsn());
+    if (status.ok()) status = db_->WriteRows(&batch);
   }
   RETURN_IF_ERROR(status);
   RETURN_IF_ERROR(db_->FlushRows());
@@ -523,34 +529,30 @@ bool PodStorage::ApplyPending(const Pending& pending) {
     const std::vector<int64_t> ids = pt->Ids();
     EmbeddingTable& table = *pt->table;
     const uint32_t dim = table.dim(), slots = table.slot_floats();
-    for (size_t i = 0; i < ids.size() && status.ok(); i += 16384) {
+    for (size_t i = 0; i < ids.size() && status.ok(); i += 65536) {
       {
         absl::MutexLock lock(&mu_);
         if (stop_) return false;
       }
       const auto chunk =
-          absl::MakeConstSpan(ids).subspan(i, std::min<size_t>(16384, ids.size() - i));
+          absl::MakeConstSpan(ids).subspan(i, std::min<size_t>(65536, ids.size() - i));
       // Resident afterwards, with the log's updates applied (StoredRowSource), but not
       // dirty: store them here, as a materialization round would.
       status = table.Load(chunk);
       if (!status.ok()) break;
       absl::MutexLock round(&materialize_mu_);
-      RowBatch batch = db_->NewRowBatch();
+      RowFile file;
       for (int64_t id : chunk) {
         table.Inspect(id, [&, no = no](const RowView& r) {
-          batch.AddRow(no, r.id, r.step, absl::MakeConstSpan(r.weights, dim),
-                       absl::MakeConstSpan(r.slots, slots));
+          file.AddRow(no, r.id, r.step, absl::MakeConstSpan(r.weights, dim),
+                      absl::MakeConstSpan(r.slots, slots));
         });
       }
       // As in a round: the rows may hold newer pushes, whose records must be written first.
       status = log_->WaitWritten(BarrierLsn());
-      if (status.ok()) status = db_->WriteRows(&batch);
+      if (status.ok()) status = db_->IngestRows(&file);
       rows += chunk.size();
     }
-  }
-  if (status.ok()) {
-    absl::MutexLock round(&materialize_mu_);
-    status = db_->FlushRows();
   }
   if (!status.ok()) {
     // The log stays whole (pending_ stays): a restart replays it again.

@@ -4,9 +4,9 @@
 // How an update becomes durable: a push is applied in memory, then its record (key, ids,
 // row steps, gradients) is appended to the log and the push is acknowledged when the log
 // says so (durable_log.h). The materializer, every `materialize_ms`, writes the rows that
-// changed to the rows column family, flushes them, and deletes the log records they make
-// redundant, storing the push de-duplication state with that deletion. Recovery loads the
-// catalog, the rows and the de-duplication state, then replays the remaining log records,
+// changed to the rows column family (sorted table files, ingested), and deletes the log
+// records they make redundant, storing the push de-duplication state with that deletion. Recovery
+// loads the catalog, the rows and the de-duplication state, then replays the remaining log records,
 // each row's updates in step order, skipping those its stored row already holds.
 //
 // Invariants (docs/architecture.md, "Durability"): a stored row holds only updates whose
@@ -38,8 +38,9 @@ struct PodStorageOptions {
   // How often changed rows are written out and the log truncated. Recovery replays at
   // most about this much of the log; 1 s keeps restarts fast at a small write cost.
   int materialize_ms = 1000;
-  // Row bytes gathered before the materializer writes a group.
-  size_t materialize_group_bytes = size_t{8} << 20;
+  // Row bytes gathered before the materializer writes a group: one sorted table file,
+  // ingested into the rows column family (no memtable, no flush).
+  size_t materialize_group_bytes = size_t{64} << 20;
   // Materialize once more when closing, so the next start replays little. Tests turn it
   // off to leave the log as a crash would.
   bool materialize_on_close = true;

@@ -6,6 +6,7 @@
 #include <rocksdb/file_system.h>
 #include <rocksdb/filter_policy.h>
 #include <rocksdb/memtablerep.h>
+#include <rocksdb/sst_file_writer.h>
 #include <rocksdb/table.h>
 #include <rocksdb/utilities/checkpoint.h>
 #include <rocksdb/write_batch.h>
@@ -197,6 +198,9 @@ struct StorageDb::Rep {
   rocksdb::ColumnFamilyHandle* rows = nullptr;
   rocksdb::ColumnFamilyHandle* log = nullptr;
   std::unique_ptr<LogFiles> log_files;
+  rocksdb::Options rows_file_options;  // for SstFileWriter (IngestRows)
+  std::string ingest_dir;
+  uint64_t next_ingest = 0;
 
   ~Rep() {
     for (auto* h : handles) db->DestroyColumnFamilyHandle(h);
@@ -282,6 +286,18 @@ absl::StatusOr<std::unique_ptr<StorageDb>> StorageDb::Open(const StorageDbOption
     return FromRocks(s, absl::StrCat("cannot open the pod database in ", options.dir));
   }
   rep->db.reset(db);
+  rep->rows_file_options = rocksdb::Options(db_options, rows_options);
+  rep->ingest_dir = options.dir + "/ingest";
+  {
+    // Files a crash left between writing and ingesting: never part of the database.
+    std::error_code ec;
+    std::filesystem::remove_all(rep->ingest_dir, ec);
+    std::filesystem::create_directories(rep->ingest_dir, ec);
+    if (ec) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("cannot create ", rep->ingest_dir, ": ", ec.message()));
+    }
+  }
   rep->meta = rep->handles[1];
   rep->rows = rep->handles[2];
   rep->log = rep->handles[3];
@@ -426,6 +442,59 @@ absl::Status StorageDb::FlushRows() {
   // the log's included, for the flush's duration (seen as multi-second periodic-mode
   // losses in ps-crash-test); the materializer waits instead.
   return FromRocks(rep_->db->Flush(options, rep_->rows), "cannot flush rows");
+}
+
+void RowFile::AddRow(uint32_t table_no, int64_t id, uint64_t step, absl::Span<const float> weights,
+                     absl::Span<const float> slots) {
+  const size_t offset = values_.size();
+  const size_t size = sizeof(step) + (weights.size() + slots.size()) * sizeof(float);
+  values_.append(reinterpret_cast<const char*>(&step), sizeof(step));
+  values_.append(reinterpret_cast<const char*>(weights.data()), weights.size() * sizeof(float));
+  values_.append(reinterpret_cast<const char*>(slots.data()), slots.size() * sizeof(float));
+  entries_.push_back({table_no, static_cast<uint64_t>(id) ^ (uint64_t{1} << 63), offset,
+                      static_cast<uint32_t>(size)});
+}
+
+absl::Status StorageDb::IngestRows(RowFile* rows) {
+  if (rows->count() == 0) return absl::OkStatus();
+  std::vector<RowFile::Entry>& entries = rows->entries_;
+  std::stable_sort(entries.begin(), entries.end(),
+                   [](const RowFile::Entry& a, const RowFile::Entry& b) {
+                     return std::tie(a.table_no, a.key_id) < std::tie(b.table_no, b.key_id);
+                   });
+  const std::string path = absl::StrCat(rep_->ingest_dir, "/", rep_->next_ingest++, ".sst");
+  // Keeps the written pages cached: rows are read back soon (compaction, lazy loads).
+  rocksdb::SstFileWriter writer(rocksdb::EnvOptions(), rep_->rows_file_options, rep_->rows,
+                                /*invalidate_page_cache=*/false);
+  absl::Status status = FromRocks(writer.Open(path), absl::StrCat("cannot create ", path));
+  std::string key;
+  for (size_t i = 0; status.ok() && i < entries.size(); ++i) {
+    const RowFile::Entry& e = entries[i];
+    if (i + 1 < entries.size() && entries[i + 1].table_no == e.table_no &&
+        entries[i + 1].key_id == e.key_id) {
+      continue;  // added again later: the last value wins
+    }
+    key.clear();
+    PutBE32(&key, e.table_no);
+    PutBE64(&key, e.key_id);
+    status = FromRocks(writer.Put(key, rocksdb::Slice(rows->values_.data() + e.offset, e.size)),
+                       absl::StrCat("cannot write ", path));
+  }
+  // Finish syncs the file.
+  if (status.ok()) status = FromRocks(writer.Finish(), absl::StrCat("cannot write ", path));
+  if (status.ok()) {
+    rocksdb::IngestExternalFileOptions ingest;
+    ingest.move_files = true;
+    ingest.allow_blocking_flush = true;
+    status = FromRocks(rep_->db->IngestExternalFile(rep_->rows, {path}, ingest),
+                       absl::StrCat("cannot ingest rows from ", path));
+  }
+  if (!status.ok()) {
+    std::error_code ec;
+    std::filesystem::remove(path, ec);
+  }
+  rows->Clear();
+  return status;
 }
 
 absl::Status StorageDb::ForEachRow(

@@ -72,6 +72,32 @@ class RowBatch {
   size_t count_ = 0;
 };
 
+// Rows gathered for one table file (StorageDb::IngestRows): the materializer's path, which
+// skips the memtable, its sort and its flush. Not thread-safe.
+class RowFile {
+ public:
+  void AddRow(uint32_t table_no, int64_t id, uint64_t step, absl::Span<const float> weights,
+              absl::Span<const float> slots);
+  void Reserve(size_t bytes) { values_.reserve(bytes); }
+  size_t bytes() const { return values_.size(); }
+  size_t count() const { return entries_.size(); }
+  void Clear() {
+    entries_.clear();
+    values_.clear();
+  }
+
+ private:
+  friend class StorageDb;
+  struct Entry {
+    uint32_t table_no;
+    uint64_t key_id;  // id ^ 2^63: orders as the key encoding does
+    size_t offset;    // of the value in values_
+    uint32_t size;
+  };
+  std::vector<Entry> entries_;
+  std::string values_;
+};
+
 // One stored row, as recovery reads it; the spans point into the iterator's buffer and
 // live only during the callback.
 struct StoredRow {
@@ -125,6 +151,11 @@ class StorageDb {
   // loss after SyncLog; no flush needed (rows a live migration brings in).
   absl::Status WriteRowsLogged(RowBatch* batch);
   absl::Status FlushRows();
+  // Writes the rows as one sorted table file and ingests it into the rows column family:
+  // durable when this returns (the file and the manifest are synced), newer than every row
+  // written before. A row added twice keeps its last value. Clears `rows`. One caller at a
+  // time.
+  absl::Status IngestRows(RowFile* rows);
   // Calls fn for every stored table row (unless !table_rows: a lazy start skips them) and
   // fn_dense for every dense tensor.
   absl::Status ForEachRow(const std::function<absl::Status(const StoredRow&)>& fn,
