@@ -6,8 +6,9 @@
 #   benchmarks/recovery.sh [--rows=N] [--push_seconds=S] [--idle_seconds=I] [--modes=eager,lazy]
 #
 # Defaults: 2M rows, dim 64, Adagrad. Every row is stored first (benchmarks/fill_rows.py
-# pushes each id once; a clean stop materializes them), then the pod restarts and takes
-# uniform pushes (batch 4096) for S = 20 s; the kill comes right after the pushes (the log
+# pushes each id once; a clean stop materializes them), then the pod restarts, loads its
+# rows, and takes uniform pushes (batch 4096) for S = 20 s; the kill comes right after the
+# pushes (the log
 # holds what materialization has not caught up with) or after --idle_seconds without
 # pushes (the log is nearly empty).
 set -euo pipefail
@@ -35,6 +36,11 @@ ps_start_server fill "$BIN/ps-server" --data_dir="$PS_RUN_DIR/db"
 PYTHONPATH="$PY_PATH" /usr/bin/python3 benchmarks/fill_rows.py --server="$PS_ADDR" --rows="$ROWS"
 kill -TERM "${PS_PIDS[-1]}"; wait "${PS_PIDS[-1]}" 2>/dev/null || true  # materializes every row
 ps_start_server push "$BIN/ps-server" --data_dir="$PS_RUN_DIR/db" --lazy_start
+# Pushes at full speed only once every row is in memory again.
+for _ in $(seq 1 900); do
+  grep -q -E 'loaded .* in the background in|lazy start skipped' "$PS_RUN_DIR/push.log" && break
+  sleep 1
+done
 "$BIN/ps-bench" --target=grpc --servers="$PS_ADDR" --op=push --optimizer=adagrad --dim=64 \
   --batch=4096 --rows="$ROWS" --inflight=8 --seconds="$PUSH_SECS" --populate=false | tail -1
 sleep "$IDLE_SECS"
@@ -57,7 +63,7 @@ for ((i = 0; i < ${#modes[@]}; i++)); do
   printf '| %s | %.1f | %s |\n' "$mode" "$(echo "$end - $start" | bc)" "$line"
   if [ "$mode" = lazy ]; then
     for _ in $(seq 1 900); do
-      grep -q 'loaded .* in the background in' "$PS_RUN_DIR/$mode.log" && break
+      grep -q -E 'loaded .* in the background in|lazy start skipped' "$PS_RUN_DIR/$mode.log" && break
       sleep 1
     done
     echo

@@ -27,7 +27,11 @@ const char* DurabilityName(Durability d) {
 }
 
 DurableLog::DurableLog(StorageDb* db, uint64_t next_lsn, DurableLogOptions options)
-    : db_(db), options_(options), next_lsn_(next_lsn), written_lsn_(next_lsn) {
+    : db_(db),
+      options_(options),
+      next_lsn_(next_lsn),
+      written_lsn_(next_lsn),
+      max_log_bytes_(options.max_log_bytes) {
   writer_ = std::thread([this] { Run(); });
   if (options_.durability == Durability::kPeriodic) syncer_ = std::thread([this] { RunSyncer(); });
 }
@@ -83,6 +87,8 @@ void DurableLog::Append(std::string record, Done done) {
         if (!queue_.empty()) oldest = std::min(oldest, queue_.front().queued);
         ack_now = now - oldest < absl::Milliseconds(options_.flush_ms) / 2;
       }
+      marks_.emplace_back(next_lsn_, appended_);
+      appended_ += bytes;
       queue_.push_back(
           Entry{next_lsn_++, std::move(record), crc, ack_now ? nullptr : std::move(done), now});
       pending_bytes_ += bytes;
@@ -93,6 +99,26 @@ void DurableLog::Append(std::string record, Done done) {
   } else if (ack_now) {
     done(absl::OkStatus());
   }
+}
+
+void DurableLog::WaitForRoom() {
+  absl::MutexLock lock(&mu_);
+  auto room = [this] {
+    mu_.AssertHeld();
+    return max_log_bytes_ == 0 || marks_.empty() ||
+           appended_ - marks_.front().second <= max_log_bytes_ || !failed_.ok() || stop_;
+  };
+  mu_.Await(absl::Condition(&room));
+}
+
+void DurableLog::Truncated(uint64_t cut) {
+  absl::MutexLock lock(&mu_);
+  while (!marks_.empty() && marks_.front().first < cut) marks_.pop_front();
+}
+
+void DurableLog::SetMaxLogBytes(uint64_t bytes) {
+  absl::MutexLock lock(&mu_);
+  max_log_bytes_ = bytes;
 }
 
 absl::Status DurableLog::health() const {

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <string>
 #include <thread>
@@ -36,6 +37,10 @@ struct DurableLogOptions {
   // Queued bytes beyond which Append blocks until the writer catches up (backpressure:
   // memory stays bounded when the disk is slower than the pushes).
   size_t max_pending_bytes = size_t{512} << 20;
+  // Bytes of records appended since the last truncation (Truncated) beyond which
+  // WaitForRoom blocks: when materialization falls behind the pushes, pushes slow down to
+  // its pace instead of the log (and so recovery) growing without bound. 0: no bound.
+  uint64_t max_log_bytes = uint64_t{1} << 30;
 };
 
 class DurableLog {
@@ -54,6 +59,15 @@ class DurableLog {
   // memory then holds updates that are not durable, and the pod must restart to recover
   // from its log. done may run on the caller's thread or the writer's. Thread-safe.
   void Append(std::string record, Done done);
+
+  // Blocks while the records appended since the last Truncated hold more than
+  // max_log_bytes (returns at once after a failure or when closing). Call before taking
+  // locks the materializer needs. Thread-safe.
+  void WaitForRoom();
+  // Records below `cut` were deleted (a materialization round). Thread-safe.
+  void Truncated(uint64_t cut);
+  // Changes max_log_bytes (0: no bound), e.g. none while a lazy replay keeps the log.
+  void SetMaxLogBytes(uint64_t bytes);
 
   // OK, or UNAVAILABLE once a write has failed (see Append). Thread-safe.
   absl::Status health() const;
@@ -89,6 +103,11 @@ class DurableLog {
   uint64_t next_lsn_ ABSL_GUARDED_BY(mu_);
   uint64_t written_lsn_ ABSL_GUARDED_BY(mu_);  // records below it are written
   size_t pending_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  // Bytes ever appended, and for each record since the last truncation its lsn and the
+  // bytes appended before it: live log bytes = appended_ - the first mark's.
+  uint64_t appended_ ABSL_GUARDED_BY(mu_) = 0;
+  std::deque<std::pair<uint64_t, uint64_t>> marks_ ABSL_GUARDED_BY(mu_);
+  uint64_t max_log_bytes_ ABSL_GUARDED_BY(mu_);
   // When the oldest record of the group being written was queued (InfiniteFuture: none).
   absl::Time writing_since_ ABSL_GUARDED_BY(mu_) = absl::InfiniteFuture();
   absl::Status failed_ ABSL_GUARDED_BY(mu_);

@@ -57,7 +57,9 @@ struct LogEntryView {
 
 // Every record of the log from some lsn on, in order, and the buffers they live in.
 struct LogRead {
-  std::vector<std::string> buffers;  // one per segment file read
+  // What the views point into: a read-only mapping of each segment file (the page cache
+  // itself: no copy), or a record's own buffer.
+  std::vector<std::shared_ptr<const void>> buffers;
   std::vector<LogEntryView> records;
   uint64_t bytes = 0;  // payload bytes
 };

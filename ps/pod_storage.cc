@@ -25,47 +25,80 @@ struct PendingUpdate {
   bool install;
 };
 
-// The recovered log's updates of one table, per row in step order.
+// The recovered log's updates of one table, in log order, with each row's updates
+// chained (no sort of the whole log: a row's chain is put in step order when applied).
+// Rows are split into shards by a hash of the id, so that shards are built in parallel.
 class PendingTable {
  public:
-  explicit PendingTable(std::shared_ptr<EmbeddingTable> t)
+  PendingTable(std::shared_ptr<EmbeddingTable> t, size_t shards)
       : table(std::move(t)),
+        shards_(shards),
         optimizer_(table->spec().optimizer()),
         initializer_(table->spec().initializer()) {}
 
-  // Per row in step order; at equal steps the gradient update first: an install at the
-  // step a row already had was skipped (and so never logged), so an install is never
-  // followed by an update with its own step.
-  void Sort() {
-    std::sort(updates.begin(), updates.end(), [](const PendingUpdate& a, const PendingUpdate& b) {
-      return std::tie(a.id, a.step, a.install) < std::tie(b.id, b.step, b.install);
-    });
+  size_t shards() const { return shards_.size(); }
+  size_t ShardOf(int64_t id) const {
+    return ((static_cast<uint64_t>(id) * 0x9E3779B97F4A7C15ull) >> 32) % shards_.size();
+  }
+  void Reserve(size_t n) {
+    const size_t per_shard = n / shards_.size() + n / 64 + 16;
+    for (Shard& s : shards_) {
+      s.updates.reserve(per_shard);
+      s.next.reserve(per_shard);
+      s.rows.reserve(per_shard / 2);  // rows are usually updated more than once
+    }
+  }
+  // Adds an update of a row of shard `shard` (ShardOf(u.id)). One thread per shard.
+  void Add(size_t shard, const PendingUpdate& u) {
+    Shard& s = shards_[shard];
+    const uint32_t i = static_cast<uint32_t>(s.updates.size());
+    s.updates.push_back(u);
+    s.next.push_back(kEnd);
+    auto [it, inserted] = s.rows.try_emplace(u.id, Chain{i, i});
+    if (!inserted) {
+      s.next[it->second.last] = i;
+      it->second.last = i;
+    }
+  }
+  size_t size() const {
+    size_t n = 0;
+    for (const Shard& s : shards_) n += s.updates.size();
+    return n;
   }
   std::vector<int64_t> Ids() const {
     std::vector<int64_t> ids;
-    for (const PendingUpdate& u : updates) {
-      if (ids.empty() || ids.back() != u.id) ids.push_back(u.id);
+    for (const Shard& s : shards_) {
+      for (const auto& [id, chain] : s.rows) ids.push_back(id);
     }
+    std::sort(ids.begin(), ids.end());
     return ids;
   }
   // Applies every update to the table (EmbeddingTable::Replay / Install skip what a row
   // already holds).
   void ReplayInto() const {
-    for (const PendingUpdate& u : updates) {
-      if (u.install) {
-        table->Install(u.id, u.data, u.data + table->dim(), u.step);
-      } else {
-        table->Replay(u.id, u.data, u.lr, u.step);
+    std::vector<const PendingUpdate*> row;
+    for (const Shard& s : shards_) {
+      for (const auto& [id, chain] : s.rows) {
+        Ordered(s, chain, &row);
+        for (const PendingUpdate* u : row) {
+          if (u->install) {
+            table->Install(u->id, u->data, u->data + table->dim(), u->step);
+          } else {
+            table->Replay(u->id, u->data, u->lr, u->step);
+          }
+        }
       }
     }
   }
   // The same arithmetic on a row read back from the database (`*found`) or, if it is not
   // stored, on its initial value: values holds dim weights then the slots. Returns whether
-  // `id` has logged updates.
+  // `id` has logged updates. Thread-safe.
   bool Apply(int64_t id, float* values, uint64_t* step, bool* found) const {
-    auto it = std::lower_bound(updates.begin(), updates.end(), id,
-                               [](const PendingUpdate& u, int64_t v) { return u.id < v; });
-    if (it == updates.end() || it->id != id) return false;
+    const Shard& s = shards_[ShardOf(id)];
+    auto it = s.rows.find(id);
+    if (it == s.rows.end()) return false;
+    std::vector<const PendingUpdate*> row;
+    Ordered(s, it->second, &row);
     const uint32_t dim = table->dim();
     if (!*found) {  // as EmbeddingTable creates a row
       initializer_.Fill(table->name_hash(), id, values, dim);
@@ -73,14 +106,14 @@ class PendingTable {
       *step = 0;
       *found = true;
     }
-    for (; it != updates.end() && it->id == id; ++it) {
-      if (*step >= it->step) continue;  // already in the stored row
-      if (it->install) {
-        std::memcpy(values, it->data, (dim + table->slot_floats()) * sizeof(float));
-        *step = it->step;
+    for (const PendingUpdate* u : row) {
+      if (*step >= u->step) continue;  // already in the stored row
+      if (u->install) {
+        std::memcpy(values, u->data, (dim + table->slot_floats()) * sizeof(float));
+        *step = u->step;
       } else {
-        uint64_t before = it->step - 1;
-        optimizer_.Apply(it->lr, values, values + dim, &before, it->data, dim);
+        uint64_t before = u->step - 1;
+        optimizer_.Apply(u->lr, values, values + dim, &before, u->data, dim);
         *step = before;
       }
     }
@@ -88,9 +121,33 @@ class PendingTable {
   }
 
   const std::shared_ptr<EmbeddingTable> table;
-  std::vector<PendingUpdate> updates;
 
  private:
+  static constexpr uint32_t kEnd = ~uint32_t{0};
+  struct Chain {
+    uint32_t first, last;
+  };
+  struct Shard {
+    std::vector<PendingUpdate> updates;  // log order
+    std::vector<uint32_t> next;          // the next update of the same row, or kEnd
+    absl::flat_hash_map<int64_t, Chain> rows;
+  };
+  // A row's updates in step order; at equal steps the gradient update first: an install
+  // at the step a row already had was skipped (and so never logged), so an install is
+  // never followed by an update with its own step. The log order is nearly that already
+  // (concurrent pushes of one row may log out of step order).
+  void Ordered(const Shard& s, const Chain& chain, std::vector<const PendingUpdate*>* row) const {
+    row->clear();
+    for (uint32_t i = chain.first; i != kEnd; i = s.next[i]) row->push_back(&s.updates[i]);
+    auto less = [](const PendingUpdate* a, const PendingUpdate* b) {
+      return std::tie(a->step, a->install) < std::tie(b->step, b->install);
+    };
+    if (!std::is_sorted(row->begin(), row->end(), less)) {
+      std::sort(row->begin(), row->end(), less);
+    }
+  }
+
+  std::vector<Shard> shards_;
   const Optimizer optimizer_;
   const Initializer initializer_;
 };
@@ -196,12 +253,13 @@ absl::Status PodStorage::Recover() {
   RETURN_IF_ERROR(db_->ReadLog(catalog.log_base, &pending->log));
   absl::flat_hash_map<std::string, uint32_t> numbers;
   for (const auto& [no, spec] : catalog.tables) numbers[spec.name()] = no;
+  const size_t shards = std::clamp<size_t>(std::thread::hardware_concurrency(), 1, 8);
   auto pending_table = [&](absl::string_view name) -> PendingTable* {
     auto it = numbers.find(name);
     if (it == numbers.end()) return nullptr;
     auto [pt, inserted] = pending->tables.try_emplace(it->second);
     if (inserted) {
-      pt->second = std::make_unique<PendingTable>(by_number[it->second]);
+      pt->second = std::make_unique<PendingTable>(by_number[it->second], shards);
     }
     return pt->second.get();
   };
@@ -217,6 +275,19 @@ absl::Status PodStorage::Recover() {
   // Never reallocated (reserved for every record): dense_updates point into it.
   std::vector<LogRecord> dense_records;  // decoded copies of the (rare) records with dense parts
   dense_records.reserve(pending->log.records.size());
+  {  // Room for every update first: millions after a burst of pushes.
+    absl::flat_hash_map<std::string, size_t> counts;
+    for (const LogEntryView& entry : pending->log.records) {
+      ASSIGN_OR_RETURN(LogRecordView rec, ParseLogRecord(entry.record));
+      for (const LogTableView& e : rec.tables) counts[e.table] += e.n;
+      for (const LogInstallView& e : rec.installs) counts[e.table] += e.n;
+    }
+    for (const auto& [name, count] : counts) {
+      if (PendingTable* pt = pending_table(name); pt != nullptr) pt->Reserve(count);
+    }
+  }
+  std::vector<std::pair<PendingTable*, LogTableView>> table_entries;
+  std::vector<std::pair<PendingTable*, LogInstallView>> install_entries;
   for (const LogEntryView& entry : pending->log.records) {
     next_lsn = std::max(next_lsn, entry.lsn + 1);
     ASSIGN_OR_RETURN(LogRecordView rec, ParseLogRecord(entry.record));
@@ -227,9 +298,7 @@ absl::Status PodStorage::Recover() {
                                                 " names table '", e.table, "' (dim ", e.dim,
                                                 ") which the catalog lacks"));
       }
-      for (size_t i = 0; i < e.n; ++i) {
-        pt->updates.push_back({e.id(i), e.step(i), e.grad(i), e.lr, false});
-      }
+      table_entries.push_back({pt, e});
     }
     for (const LogInstallView& e : rec.installs) {
       PendingTable* pt = pending_table(e.table);
@@ -238,8 +307,7 @@ absl::Status PodStorage::Recover() {
                                                 "' (", e.row_floats,
                                                 " floats per row) which the catalog lacks"));
       }
-      for (size_t i = 0; i < e.n; ++i)
-        pt->updates.push_back({e.id(i), e.step(i), e.row(i), 0, true});
+      install_entries.push_back({pt, e});
     }
     if (rec.has_dense) {
       ASSIGN_OR_RETURN(LogRecord full, DecodeLogRecord(entry.record));
@@ -267,10 +335,29 @@ absl::Status PodStorage::Recover() {
     auto claim = dedup_->Begin(rec.key);
     if (claim.ok() && *claim == PushDedup::Claim::kNew) dedup_->Finish(rec.key, true);
   }
+  {  // Each row's updates in log order, one thread per shard of the rows.
+    auto build = [&](size_t shard) {
+      for (const auto& [pt, e] : table_entries) {
+        for (size_t i = 0; i < e.n; ++i) {
+          const int64_t id = e.id(i);
+          if (pt->ShardOf(id) == shard) pt->Add(shard, {id, e.step(i), e.grad(i), e.lr, false});
+        }
+      }
+      for (const auto& [pt, e] : install_entries) {
+        for (size_t i = 0; i < e.n; ++i) {
+          const int64_t id = e.id(i);
+          if (pt->ShardOf(id) == shard) pt->Add(shard, {id, e.step(i), e.row(i), 0, true});
+        }
+      }
+    };
+    std::vector<std::thread> threads;
+    for (size_t k = 1; k < shards; ++k) threads.emplace_back(build, k);
+    build(0);
+    for (std::thread& t : threads) t.join();
+  }
   size_t row_updates = 0;
   for (auto& [no, pt] : pending->tables) {
-    pt->Sort();
-    row_updates += pt->updates.size();
+    row_updates += pt->size();
   }
   const absl::Time log_read = absl::Now();
 
@@ -326,7 +413,7 @@ absl::Status PodStorage::Recover() {
   }
   const absl::Time loaded = absl::Now();
   if (!lazy_replay) {
-    // Per row in step order (PendingTable::Sort); Replay and Install skip what a row holds.
+    // Per row in step order (PendingTable::Ordered); Replay and Install skip what a row holds.
     for (auto& [no, pt] : pending->tables) pt->ReplayInto();
   }
   std::sort(dense_updates.begin(), dense_updates.end(),
@@ -357,7 +444,9 @@ absl::Status PodStorage::Recover() {
             << absl::ToDoubleSeconds(loaded - rows_done) << " s, replay "
             << absl::ToDoubleSeconds(end - loaded) << " s]";
 
-  log_ = std::make_unique<DurableLog>(db_.get(), next_lsn, options_.log);
+  DurableLogOptions log_options = options_.log;
+  if (lazy_replay) log_options.max_log_bytes = 0;  // no truncation until ApplyPending
+  log_ = std::make_unique<DurableLog>(db_.get(), next_lsn, log_options);
   materializer_ = std::thread([this] { RunMaterializer(); });
   if (recovery_.lazy && options_.memory_budget_bytes == 0 && options_.background_load) {
     loader_ = std::thread([this] { LoadInBackground(); });
@@ -463,6 +552,7 @@ absl::Status PodStorage::MaterializeLocked() {
   // not loaded yet: the log stays whole until ApplyPending has stored those rows.
   if (pending() == nullptr) {
     RETURN_IF_ERROR(db_->TruncateLog(cut, dedup, options_.log.durability != Durability::kProcess));
+    log_->Truncated(cut);
   }
   if (options_.memory_budget_bytes > 0) EvictToBudget();
   const double ms = absl::ToDoubleMilliseconds(absl::Now() - start);
@@ -563,6 +653,7 @@ bool PodStorage::ApplyPending(const Pending& pending) {
     absl::MutexLock lock(&mu_);
     pending_ = nullptr;  // the next round truncates the log
   }
+  log_->SetMaxLogBytes(options_.log.max_log_bytes);
   LOG(INFO) << "applied the recovered log to its " << rows
             << " rows and stored them in the background in "
             << absl::ToDoubleSeconds(absl::Now() - start) << " s";

@@ -257,7 +257,9 @@ void PsCore::ApplyOnce(const PushKey& key, PushResponse* resp, size_t record_byt
   }
   // Applied and logged under the shared apply lock (see PodStorage::apply_mu); the key
   // is marked applied only once the record is durable, so a retry before then is told to
-  // wait (ABORTED) rather than acknowledged early.
+  // wait (ABORTED) rather than acknowledged early. First, while materialization lags
+  // far behind, wait for it (outside the lock, which it needs).
+  storage_->log().WaitForRoom();
   absl::ReaderMutexLock lock(&storage_->apply_mu());
   LogRecordBuilder record(key, record_bytes);
   if (absl::Status s = apply(&record); !s.ok()) {

@@ -50,6 +50,10 @@ DEFINE_string(durability, "process",
               "acknowledged at once, written and fsynced every --flush_ms, so a crash loses "
               "at most the last --flush_ms of acknowledged pushes.");
 DEFINE_int32(flush_ms, 100, "--durability=periodic: most milliseconds of pushes a crash loses.");
+DEFINE_int32(max_log_mb, 1024,
+             "With --data_dir: MB of push log not yet materialized beyond which pushes wait "
+             "for materialization, so a restart never replays more than about this much (about "
+             "2 s of reading here). 0: no bound.");
 DEFINE_int32(materialize_ms, 1000,
              "With --data_dir: how often changed rows are written to the database and the "
              "push log truncated. Recovery replays about this much of the log.");
@@ -59,9 +63,10 @@ DEFINE_double(
     "(CLOCK) after each materialization and read back from the database when "
     "touched; stored rows then load lazily at start. 0: every row stays in memory.");
 DEFINE_bool(lazy_start, false,
-            "With --data_dir: serve as soon as the push log is replayed, and load the stored "
-            "rows in the background (a request for a row not loaded yet reads it from the "
-            "database). Implied by --memory_budget_mb.");
+            "With --data_dir: serve as soon as the push log is read; its updates are applied "
+            "to each row when the row is first read back, and the rows load in the background "
+            "(a request for a row not loaded yet reads it from the database and gets its "
+            "recovered value). Implied by --memory_budget_mb (which replays the log first).");
 DEFINE_string(master, "",
               "The master's HOST:PORT. If set, the pod registers as --pod_id and owns the "
               "vshards the master assigns (--shard must then be empty). Empty: standalone.");
@@ -110,6 +115,7 @@ int Main() {
   options.core.table.num_stripes = FLAGS_table_stripes;
   options.core.storage.db.dir = FLAGS_data_dir;
   options.core.storage.materialize_ms = FLAGS_materialize_ms;
+  options.core.storage.log.max_log_bytes = uint64_t(std::max(FLAGS_max_log_mb, 0)) << 20;
   options.core.storage.log.flush_ms = FLAGS_flush_ms;
   if (FLAGS_memory_budget_mb < 0 || (FLAGS_memory_budget_mb > 0 && FLAGS_data_dir.empty())) {
     LOG(ERROR) << "--memory_budget_mb must be >= 0 and needs --data_dir";

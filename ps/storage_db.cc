@@ -384,22 +384,19 @@ absl::Status StorageDb::SyncWal() {
 absl::Status StorageDb::ReadLog(uint64_t from, LogRead* out) {
   // Records of the log column family (an earlier version's log): below the files' records.
   std::unique_ptr<rocksdb::Iterator> it(rep_->db->NewIterator(rocksdb::ReadOptions(), rep_->log));
-  std::vector<std::pair<uint64_t, size_t>> cf_records;  // lsn, buffer index
+  std::vector<std::pair<uint64_t, absl::string_view>> cf_records;
   for (it->Seek(LogKey(from)); it->Valid(); it->Next()) {
     if (it->key().size() != 8) {
       return absl::DataLossError(absl::StrCat("log key of ", it->key().size(), " bytes"));
     }
-    // Each record is its own buffer (at least 25 bytes: never a small-string buffer that
-    // moving the string would relocate).
-    out->buffers.emplace_back(it->value().data(), it->value().size());
-    cf_records.emplace_back(GetBE(it->key().data(), 8), out->buffers.size() - 1);
+    auto record = std::make_shared<const std::string>(it->value().data(), it->value().size());
+    cf_records.emplace_back(GetBE(it->key().data(), 8), *record);
+    out->bytes += record->size();
+    out->buffers.push_back(std::move(record));
   }
   RETURN_IF_ERROR(FromRocks(it->status(), "cannot read the push log"));
   std::vector<LogEntryView> views;
-  for (const auto& [lsn, index] : cf_records) {
-    views.push_back({lsn, out->buffers[index]});
-    out->bytes += out->buffers[index].size();
-  }
+  for (const auto& [lsn, record] : cf_records) views.push_back({lsn, record});
   RETURN_IF_ERROR(rep_->log_files->ReadAll(from, out));
   views.insert(views.end(), out->records.begin(), out->records.end());
   out->records = std::move(views);
