@@ -1,16 +1,15 @@
 #!/usr/bin/env bash
 # Time from kill -9 to serving for a durable pod holding N stored rows, eager start
 # against --lazy_start (the same database copied). Starts its own ps-server on loopback
-# (data in a temporary dir, or under $PS_RUN_PARENT) and stops it by pid.
+# (data in a temporary dir) and stops it by pid.
 #
 #   benchmarks/recovery.sh [--rows=N] [--push_seconds=S] [--idle_seconds=I] [--modes=eager,lazy]
 #
 # Defaults: 2M rows, dim 64, Adagrad. Every row is stored first (benchmarks/fill_rows.py
 # pushes each id once; a clean stop materializes them), then the pod restarts, loads its
 # rows, and takes uniform pushes (batch 4096) for S = 20 s; the kill comes right after the
-# pushes (the log
-# holds what materialization has not caught up with) or after --idle_seconds without
-# pushes (the log is nearly empty).
+# pushes (the log holds what materialization has not caught up with) or after
+# --idle_seconds without pushes (the log is nearly empty).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BIN="${PS_BUILD_DIR:-build}/bin"
