@@ -199,7 +199,10 @@ void PodStorage::AttachSource(uint32_t no, EmbeddingTable& table) {
 absl::StatusOr<std::unique_ptr<PodStorage>> PodStorage::Open(const PodStorageOptions& options,
                                                              ModelStore* store, PushDedup* dedup) {
   StorageDbOptions db_options = options.db;
-  db_options.rows_point_reads = options.memory_budget_bytes > 0 || options.lazy_start;
+  // Rows reach the database as ingested table files, so the rows memtable only holds the
+  // few rows written through it (dense tensors, live-migration imports, deletes): the
+  // skiplist, which serves point reads (a lazy start, a memory budget), costs nothing.
+  db_options.rows_point_reads = true;
   db_options.sync_log_on_rotate = options.log.durability != Durability::kProcess;
   ASSIGN_OR_RETURN(std::unique_ptr<StorageDb> db, StorageDb::Open(db_options));
   std::unique_ptr<PodStorage> storage(new PodStorage(options, std::move(db), store, dedup));
@@ -363,11 +366,20 @@ absl::Status PodStorage::Recover() {
 
   // Stored rows, unless they load lazily (memory budget, lazy start): then each table
   // reads its rows back from the database on first touch.
-  recovery_.lazy = options_.memory_budget_bytes > 0 || options_.lazy_start;
+  bool lazy_start = options_.lazy_start, lazy_replay_wanted = options_.lazy_replay;
+  if (!lazy_start && options_.memory_budget_bytes == 0 && options_.lazy_start_rows > 0) {
+    const uint64_t stored = db_->EstimateRows();
+    if (stored >= options_.lazy_start_rows) {
+      LOG(INFO) << "lazy start: about " << stored << " stored rows, at least "
+                << options_.lazy_start_rows << " (--lazy_start_rows)";
+      lazy_start = lazy_replay_wanted = true;
+    }
+  }
+  recovery_.lazy = options_.memory_budget_bytes > 0 || lazy_start;
   // Lazy replay (a lazy start without a budget): the log's updates are applied to each
   // row when it is first read back (request or background load), not before serving.
-  const bool lazy_replay = recovery_.lazy && options_.memory_budget_bytes == 0 &&
-                           options_.lazy_replay && row_updates > 0;
+  const bool lazy_replay =
+      recovery_.lazy && options_.memory_budget_bytes == 0 && lazy_replay_wanted && row_updates > 0;
   if (recovery_.lazy) {
     if (lazy_replay) {
       absl::MutexLock lock(&mu_);

@@ -66,12 +66,20 @@ struct PodStorageOptions {
   // Off: the rows the log updates are read back and replayed before serving (an export
   // reads the replayed rows from memory).
   bool lazy_replay = false;
+  // Without lazy_start (and a budget): start lazily, with lazy replay, anyway when the
+  // database holds at least this many rows (RocksDB's estimate), where an eager start
+  // would take seconds. 0: never.
+  uint64_t lazy_start_rows = 0;
 };
 
 struct RecoveryStats {
   uint64_t tables = 0, dense = 0, rows = 0, log_records = 0, replayed_updates = 0;
-  bool lazy = false;         // stored rows were left on disk at start (lazy_start, memory budget)
-  bool lazy_replay = false;  // the log's updates were left to apply as rows load
+  bool lazy = false;  // stored rows were left on disk at start (lazy_start, memory budget)
+  bool lazy_replay = false;
+  // Without lazy_start (and a budget): start lazily, with lazy replay, anyway when the
+  // database holds at least this many rows (RocksDB's estimate), where an eager start
+  // would take seconds. 0: never.
+  uint64_t lazy_start_rows = 0;  // the log's updates were left to apply as rows load
   double seconds = 0;
 };
 

@@ -518,6 +518,44 @@ TEST_F(PodStorageTest, LazyReplayServesRecoveredRowsBeforeApplyingTheLog) {
   EXPECT_EQ(Snapshot(*again), Snapshot(*eager));
 }
 
+// lazy_start_rows: a pod that was not asked to start lazily does so anyway (with lazy
+// replay) once its database holds that many rows; below it, it starts eagerly.
+TEST_F(PodStorageTest, BigDatabaseStartsLazilyByItself) {
+  std::mt19937 rng(21);
+  {
+    auto core = Open(/*materialize_on_close=*/false);
+    CreateTableRequest req;
+    *req.mutable_spec() = Spec(OptimizerSpec::ADAGRAD);
+    CreateTableResponse cr;
+    ASSERT_TRUE(core->CreateTable(req, &cr).ok());
+    PushSome(*core, 1, 20, &rng);
+    ASSERT_TRUE(core->storage()->Materialize().ok());
+    PushSome(*core, 21, 5, &rng);  // in the log only
+  }
+  const std::string copy = root_ + "/copy";
+  std::filesystem::copy(dir_, copy, std::filesystem::copy_options::recursive);
+  auto open = [&](const std::string& dir, uint64_t lazy_start_rows) {
+    PsCoreOptions options;
+    options.storage.db.dir = dir;
+    options.storage.materialize_ms = 600000;
+    options.storage.materialize_on_close = false;
+    options.storage.lazy_start_rows = lazy_start_rows;
+    auto core = PsCore::Open(options, ShardOwnership::All(16));
+    EXPECT_TRUE(core.ok()) << core.status();
+    return core.ok() ? *std::move(core) : nullptr;
+  };
+  auto eager = open(copy, /*lazy_start_rows=*/1000000);
+  EXPECT_FALSE(eager->storage()->recovery().lazy);
+  auto lazy = open(dir_, /*lazy_start_rows=*/10);
+  EXPECT_TRUE(lazy->storage()->recovery().lazy);
+  EXPECT_TRUE(lazy->storage()->recovery().lazy_replay);
+  for (int i = 0; i < 1000 && !lazy->storage()->rows_loaded(); ++i) {
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  ASSERT_TRUE(lazy->storage()->rows_loaded());
+  EXPECT_EQ(Snapshot(*lazy), Snapshot(*eager));
+}
+
 TEST_F(PodStorageTest, RefusesDirectoriesThatAreNotAPodDatabase) {
   std::filesystem::create_directories(dir_);
   std::ofstream(dir_ + "/stray.txt") << "not a database";

@@ -67,6 +67,10 @@ DEFINE_bool(lazy_start, false,
             "to each row when the row is first read back, and the rows load in the background "
             "(a request for a row not loaded yet reads it from the database and gets its "
             "recovered value). Implied by --memory_budget_mb (which replays the log first).");
+DEFINE_int64(lazy_start_rows, 2000000,
+             "With --data_dir and without --lazy_start: start lazily anyway (as --lazy_start) "
+             "when the database holds at least this many rows (RocksDB's estimate); an eager "
+             "start loads about 150k 64-dim rows per second here. 0: never.");
 DEFINE_string(master, "",
               "The master's HOST:PORT. If set, the pod registers as --pod_id and owns the "
               "vshards the master assigns (--shard must then be empty). Empty: standalone.");
@@ -125,6 +129,8 @@ int Main() {
       static_cast<uint64_t>(FLAGS_memory_budget_mb * 1024 * 1024);
   options.core.storage.lazy_start = FLAGS_lazy_start;
   options.core.storage.lazy_replay = FLAGS_lazy_start;
+  options.core.storage.lazy_start_rows =
+      static_cast<uint64_t>(std::max<int64_t>(FLAGS_lazy_start_rows, 0));
   absl::StatusOr<ps::Durability> durability = ps::ParseDurability(FLAGS_durability);
   if (!durability.ok() || FLAGS_flush_ms < 1 || FLAGS_materialize_ms < 1) {
     LOG(ERROR) << "bad durability flags: "
