@@ -64,6 +64,10 @@ for ((i = 0; i < ${#modes[@]}; i++)); do
   end=$(date +%s.%N)
   line=$(grep -o 'recovered .*' "$PS_RUN_DIR/$mode.log" | head -1 | sed "s|$PS_RUN_DIR/||")
   printf '| %s | %.1f | %s |\n' "$mode" "$(echo "$end - $start" | bc)" "$line"
+  # Right away (a lazy start is still loading): a sample of rows, compared at the end.
+  pulled=$(PYTHONPATH="$PY_PATH" /usr/bin/python3 benchmarks/pull_rows.py --server="$PS_ADDR" \
+    --rows="$ROWS" --out="$PS_RUN_DIR/pull-$mode.npy")
+  echo "  $mode: $pulled"
   if [ "$mode" = lazy ]; then
     for _ in $(seq 1 900); do
       grep -q -E 'loaded .* in the background in|lazy start skipped' "$PS_RUN_DIR/$mode.log" && break
@@ -75,3 +79,7 @@ for ((i = 0; i < ${#modes[@]}; i++)); do
   kill -TERM "${PS_PIDS[-1]}"; wait "${PS_PIDS[-1]}" 2>/dev/null || true
   [ "$i" -gt 0 ] && rm -rf "$dir"
 done
+if [ "${#modes[@]}" -gt 1 ]; then
+  /usr/bin/python3 benchmarks/pull_rows.py --compare "$PS_RUN_DIR/pull-${modes[0]}.npy" \
+    "$PS_RUN_DIR/pull-${modes[1]}.npy"
+fi
