@@ -56,7 +56,8 @@ for ((i = 0; i < ${#modes[@]}; i++)); do
   [ "$i" -gt 0 ] && dir="$PS_RUN_DIR/db-$mode"
   [ "$mode" = lazy ] && args=(--lazy_start)
   # An eager start of a big table, also where the pod would start lazily by itself.
-  if [ "$mode" = eager ] && "$BIN/ps-server" --help 2>&1 | grep -q lazy_start_rows; then
+  help=$("$BIN/ps-server" --help 2>&1 || true)
+  if [ "$mode" = eager ] && [[ "$help" == *lazy_start_rows* ]]; then
     args=(--lazy_start_rows=0)
   fi
   start=$(date +%s.%N)

@@ -87,7 +87,7 @@ void DurableLog::Append(std::string record, Done done) {
         if (!queue_.empty()) oldest = std::min(oldest, queue_.front().queued);
         ack_now = now - oldest < absl::Milliseconds(options_.flush_ms) / 2;
       }
-      marks_.emplace_back(next_lsn_, appended_);
+      if (max_log_bytes_ > 0) marks_.emplace_back(next_lsn_, appended_);  // else unbounded
       appended_ += bytes;
       queue_.push_back(
           Entry{next_lsn_++, std::move(record), crc, ack_now ? nullptr : std::move(done), now});

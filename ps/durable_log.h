@@ -67,6 +67,7 @@ class DurableLog {
   // Records below `cut` were deleted (a materialization round). Thread-safe.
   void Truncated(uint64_t cut);
   // Changes max_log_bytes (0: no bound), e.g. none while a lazy replay keeps the log.
+  // Records appended while there was no bound do not count against a later one.
   void SetMaxLogBytes(uint64_t bytes);
 
   // OK, or UNAVAILABLE once a write has failed (see Append). Thread-safe.
