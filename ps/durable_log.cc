@@ -89,6 +89,7 @@ void DurableLog::Append(std::string record, Done done) {
       }
       if (max_log_bytes_ > 0) marks_.emplace_back(next_lsn_, appended_);  // else unbounded
       appended_ += bytes;
+      if (!ack_now) ++waiting_;
       queue_.push_back(
           Entry{next_lsn_++, std::move(record), crc, ack_now ? nullptr : std::move(done), now});
       pending_bytes_ += bytes;
@@ -169,11 +170,18 @@ void DurableLog::Run() {
         // Gather for a quarter of the bound: a record acknowledged at once is written
         // within flush_ms unless the write itself takes more than half of it, and Append
         // stops acknowledging at once when the oldest unwritten record nears the bound.
-        mu_.AwaitWithTimeout(absl::Condition(&stop_), absl::Milliseconds(options_.flush_ms) / 4);
+        // Records whose pushes wait for their write (the writer lagged) are written at
+        // once, as in process mode.
+        auto wake = [this] {
+          mu_.AssertHeld();
+          return stop_ || waiting_ > 0;
+        };
+        mu_.AwaitWithTimeout(absl::Condition(&wake), absl::Milliseconds(options_.flush_ms) / 4);
       }
       mu_.Await(absl::Condition(&ready));
       if (queue_.empty() && stop_) return;
       group.swap(queue_);
+      waiting_ = 0;
       writing_since_ = group.front().queued;
     }
     records.clear();

@@ -104,6 +104,7 @@ class DurableLog {
   uint64_t next_lsn_ ABSL_GUARDED_BY(mu_);
   uint64_t written_lsn_ ABSL_GUARDED_BY(mu_);  // records below it are written
   size_t pending_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  size_t waiting_ ABSL_GUARDED_BY(mu_) = 0;  // queued records not acknowledged yet
   // Bytes ever appended, and for each record since the last truncation its lsn and the
   // bytes appended before it: live log bytes = appended_ - the first mark's.
   uint64_t appended_ ABSL_GUARDED_BY(mu_) = 0;
