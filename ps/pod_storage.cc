@@ -73,11 +73,12 @@ class PendingTable {
     std::sort(ids.begin(), ids.end());
     return ids;
   }
-  // Applies every update to the table (EmbeddingTable::Replay / Install skip what a row
-  // already holds).
-  void ReplayInto() const {
+  // Applies every update of the rows of `shard` to the table (EmbeddingTable::Replay /
+  // Install skip what a row already holds). Shards may be replayed in parallel.
+  void ReplayInto(size_t shard) const {
     std::vector<const PendingUpdate*> row;
-    for (const Shard& s : shards_) {
+    {
+      const Shard& s = shards_[shard];
       for (const auto& [id, chain] : s.rows) {
         Ordered(s, chain, &row);
         for (const PendingUpdate* u : row) {
@@ -426,7 +427,14 @@ absl::Status PodStorage::Recover() {
   const absl::Time loaded = absl::Now();
   if (!lazy_replay) {
     // Per row in step order (PendingTable::Ordered); Replay and Install skip what a row holds.
-    for (auto& [no, pt] : pending->tables) pt->ReplayInto();
+    for (auto& [no, pt] : pending->tables) {
+      std::vector<std::thread> threads;
+      for (size_t k = 1; k < pt->shards(); ++k) {
+        threads.emplace_back([pt = pt.get(), k] { pt->ReplayInto(k); });
+      }
+      pt->ReplayInto(0);
+      for (std::thread& t : threads) t.join();
+    }
   }
   std::sort(dense_updates.begin(), dense_updates.end(),
             [](const DenseUpdate& a, const DenseUpdate& b) {
