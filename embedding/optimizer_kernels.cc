@@ -2,9 +2,11 @@
 
 #include <cmath>
 
-// Built with -O3 -ffp-contract=off -fno-math-errno (embedding/CMakeLists.txt): -O3 lets
-// GCC vectorize the loops, the other two keep every operation separately rounded and let
-// sqrt vectorize. Each function exists for the baseline ISA and for x86-64-v3 (AVX2).
+// Built with -O3 -ffp-contract=off -fno-math-errno -fno-trapping-math (embedding/
+// CMakeLists.txt): -O3 lets GCC vectorize the loops; no contraction keeps every operation
+// separately rounded; the last two let sqrt vectorize and FTRL's select be computed on
+// both sides (FP exceptions are masked: nothing traps; no result changes). Each function exists for
+// the baseline ISA and for x86-64-v3 (AVX2).
 #define PS_KERNEL __attribute__((target_clones("arch=x86-64-v3", "default")))
 
 namespace ps::kernels {
@@ -56,9 +58,11 @@ PS_KERNEL void Ftrl(float* __restrict w, float* __restrict z, float* __restrict 
     z[j] += g[j] - (sqrt_new - std::sqrt(acc[j])) / alpha * w[j];
     acc[j] = new_acc;
     // w = 0 where |z| <= l1, else -(z - sign(z) l1) / ((beta + sqrt(n)) / alpha + l2).
+    // Both computed, then one picked: a loop without branches vectorizes (the unused
+    // quotient may be 0/0 for a row never updated; FP exceptions are masked).
     const float zj = z[j];
-    w[j] = std::fabs(zj) <= l1 ? 0.0f
-                               : -(zj - std::copysign(l1, zj)) / ((beta + sqrt_new) / alpha + l2);
+    const float shrunk = -(zj - std::copysign(l1, zj)) / ((beta + sqrt_new) / alpha + l2);
+    w[j] = std::fabs(zj) <= l1 ? 0.0f : shrunk;
   }
 }
 

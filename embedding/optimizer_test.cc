@@ -156,6 +156,21 @@ std::vector<float> ScalarReference(const OptimizerSpec& spec, std::vector<float>
           w[j] = w[j] - lr * (m / c1) / (std::sqrt(v / c2) + eps);
           break;
         }
+        case OptimizerSpec::FTRL: {
+          const float alpha = lr, beta = spec.ftrl_beta(), l1 = spec.ftrl_l1(), l2 = spec.ftrl_l2();
+          float& z = slots[j];
+          float& acc = slots[n + j];
+          const float new_acc = acc + g[j] * g[j];
+          const float sqrt_new = std::sqrt(new_acc);
+          z = z + (g[j] - (sqrt_new - std::sqrt(acc)) / alpha * w[j]);
+          acc = new_acc;
+          if (std::fabs(z) <= l1) {
+            w[j] = 0.0f;
+          } else {
+            w[j] = -(z - std::copysign(l1, z)) / ((beta + sqrt_new) / alpha + l2);
+          }
+          break;
+        }
         default:
           ADD_FAILURE() << "no reference for " << OptimizerSpec::Kind_Name(spec.kind());
       }
@@ -174,6 +189,8 @@ TEST(OptimizerTest, VectorizedUpdatesAreBitwiseTheScalarFormulas) {
       OptimizerSpec raw = Spec(kind);
       raw.set_momentum(0.9f);
       raw.set_nesterov(nesterov);
+      raw.set_ftrl_l1(0.3f);  // some weights shrink to 0, some not
+      raw.set_ftrl_l2(0.01f);
       auto spec = NormalizeOptimizer(raw);
       ASSERT_TRUE(spec.ok()) << spec.status();
       const Optimizer opt(*spec);
