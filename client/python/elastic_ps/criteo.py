@@ -368,3 +368,32 @@ def read_all(path, first=0, end=None):
     else:
         labels, dense, cat = (np.concatenate(x) for x in zip(*parts))
     return Batch(labels, dense, cat, first)
+
+
+STATS_SAMPLE = 100_000
+
+
+def dense_stats(files, sample=STATS_SAMPLE):
+    """Per-feature mean and standard deviation of the 13 ``dense`` features (after the
+    reader's ``log(1 + max(x, 0))``) over a deterministic sample of the training files
+    ``[(path, records)]``: the first ``max(1000, sample // len(files))`` records of each.
+    Returns two lists of 13 floats; a standard deviation below 1e-3 is reported as 1.
+    Everyone who passes the same files gets the same numbers (the model's input
+    standardization, see examples/deepfm.py)."""
+    if not files:
+        raise ValueError("dense_stats needs at least one file")
+    per_file = max(1000, sample // len(files))
+    total = np.zeros(NUM_DENSE)
+    total_sq = np.zeros(NUM_DENSE)
+    n = 0
+    for path, records in files:
+        d = read_all(path, 0, min(int(records), per_file)).dense.astype(np.float64)
+        total += d.sum(0)
+        total_sq += (d * d).sum(0)
+        n += len(d)
+    if n == 0:
+        raise ValueError("dense_stats: the files hold no records")
+    mean = total / n
+    std = np.sqrt(np.maximum(total_sq / n - mean * mean, 0.0))
+    std = np.where(std < 1e-3, 1.0, std)
+    return [float(x) for x in mean], [float(x) for x in std]

@@ -48,11 +48,14 @@ def baseline(data):
     import torch
 
     import baseline as bl
+    import deepfm
 
     torch.set_num_threads(1)
+    files = [(e["path"], e["records"]) for e in data["files"]]
+    prepared = bl.prepare(files, data["holdout"]["path"], deepfm.input_stats(data))
     # The mean over a few initial states, so one lucky or unlucky seed does not decide.
-    runs = [bl.train_baseline([(e["path"], e["records"]) for e in data["files"]],
-                              data["holdout"]["path"], seed=s, log=lambda m: None)
+    runs = [bl.train_baseline(files, data["holdout"]["path"], seed=s, log=lambda m: None,
+                              prepared=prepared)
             for s in range(3)]
     return {"auc": sum(r["auc"] for r in runs) / len(runs),
             "aucs": [r["auc"] for r in runs]}
@@ -166,11 +169,12 @@ def test_two_workers_train_every_record_once_and_match_the_baseline(cluster, dat
 
     # The model on the PS, evaluated directly (read-only pulls), is the one the eval tasks
     # saw: training had ended before them.
+    import deepfm
     from evaluate import from_ps
 
     from elastic_ps.metrics import auc
 
-    labels, probs = from_ps(master, data["holdout"]["path"])
+    labels, probs = from_ps(master, data["holdout"]["path"], deepfm.input_stats(data))
     assert abs(auc(labels, probs) - auc_ps) < 1e-4
 
 
