@@ -163,3 +163,29 @@ def test_random_lines_match_a_plain_python_parse(tmp_path):
     b = criteo.read_all(p)
     np.testing.assert_allclose(b.dense, np.array(expect_dense, np.float32), rtol=1e-6)
     assert b.cat.tolist() == expect_cat
+
+
+def test_dense_stats_over_the_first_records_of_each_file(tmp_path):
+    m = synth.generate(str(tmp_path), records=6000, files=2, seed=3, holdout=0)
+    files = [(e["path"], e["records"]) for e in m["files"]]
+    # 2 files, sample 4000: the first 2000 records of each.
+    mean, std = criteo.dense_stats(files, sample=4000)
+    x = np.concatenate([criteo.read_all(p, 0, 2000).dense for p, _ in files]).astype(np.float64)
+    np.testing.assert_allclose(mean, x.mean(0), rtol=1e-9)
+    np.testing.assert_allclose(std, x.std(0), rtol=1e-6)
+    assert (criteo.dense_stats(files, sample=4000)) == (mean, std)  # deterministic
+    # The manifest holds the stats of the default sample (here every record).
+    full = np.concatenate([criteo.read_all(p).dense for p, _ in files]).astype(np.float64)
+    np.testing.assert_allclose(m["dense_mean"], full.mean(0), rtol=1e-9)
+    np.testing.assert_allclose(m["dense_std"], full.std(0), rtol=1e-6)
+
+
+def test_dense_stats_of_a_constant_feature_is_std_one(tmp_path):
+    p = tmp_path / "c.tsv"
+    p.write_text("".join("1\t" + "\t".join(["7"] * 13) + "\t" + "\t".join([""] * 26) + "\n"
+                         for _ in range(10)))
+    mean, std = criteo.dense_stats([(str(p), 10)])
+    np.testing.assert_allclose(mean, [np.log(8.0)] * 13, rtol=1e-6)
+    assert std == [1.0] * 13
+    with pytest.raises(ValueError):
+        criteo.dense_stats([])
