@@ -32,7 +32,7 @@ import deepfm  # noqa: E402
 
 
 def simulate(prepared, seed=0, staleness=0, max_staleness=0, stale=("sparse", "dense"),
-             batch=deepfm.BATCH, order_seed=None):
+             batch=deepfm.BATCH, order_seed=None, task_records=None):
     """Trains like baseline.train_baseline with stale reads; returns the held-out AUC."""
     model, opts = deepfm.local_model(prepared.num_rows, prepared.stats, seed)
     work, _ = deepfm.local_model(prepared.num_rows, prepared.stats, seed)
@@ -45,7 +45,8 @@ def simulate(prepared, seed=0, staleness=0, max_staleness=0, stale=("sparse", "d
     emb, wemb = model.embedding.weight, work.embedding.weight
     dparams = list(model.dense_net.parameters())
     wparams = list(work.dense_net.parameters())
-    for dense, cat, labels in bl.batches(prepared, batch, order_seed=order_seed):
+    for dense, cat, labels in bl.batches(prepared, batch, order_seed=order_seed,
+                                               task_records=task_records):
         s = staleness if hi == staleness else int(rng.integers(staleness, hi + 1))
         if hi == 0:
             net = model
@@ -81,6 +82,8 @@ def main():
     ap.add_argument("--seeds", default="0,1,2", help="initialisation seeds")
     ap.add_argument("--order_seed", type=int, default=None,
                     help="shuffle the batches' order with this seed (default: file order)")
+    ap.add_argument("--task_records", type=int, default=None,
+                    help="minibatches within tasks of this many records, as the workers")
     ap.add_argument("--set", action="append", default=[],
                     help="NAME=VALUE: override a deepfm hyperparameter (e.g. SPARSE_LR=0.2)")
     ap.add_argument("--no_standardize", action="store_true",
@@ -98,7 +101,8 @@ def main():
     prepared = bl.prepare([(e["path"], e["records"]) for e in m["files"]],
                           m["holdout"]["path"], stats)
     aucs = [simulate(prepared, int(s), args.staleness, args.max_staleness,
-                     tuple(args.stale.split(",")), order_seed=args.order_seed)
+                     tuple(args.stale.split(",")), order_seed=args.order_seed,
+                     task_records=args.task_records)
             for s in args.seeds.split(",")]
     print(f"staleness {args.staleness}..{max(args.staleness, args.max_staleness)} "
           f"stale={args.stale} {' '.join(args.set)}: AUC "

@@ -1,9 +1,10 @@
 """Single-process baseline: the same DeepFM as the PS workers, trained with
 torch.nn.EmbeddingBag and torch's Adagrad (same learning rates and initial accumulator as
-the servers) on the same files in the same record order, then evaluated on held-out data.
+the servers) on the same files in the same record order and the same minibatches as the
+workers (with --records_per_task, the job's task size), then evaluated on held-out data.
 
     /usr/bin/python3 examples/baseline.py --manifest DIR/manifest.json [--epochs 1]
-        [--batch 256] [--json OUT]
+        [--batch 256] [--records_per_task N] [--seed S] [--json OUT]
 
 Feature ids are mapped to compact row indices over the training and held-out ids (an
 unseen held-out id keeps its initial row, as a read-only PS pull would return). Prints
@@ -55,18 +56,27 @@ def prepare(train_files, holdout, stats=None):
     return Prepared(data, test, compact, len(vocab), stats)
 
 
-def batches(prepared, batch, order_seed=None):
-    """Yields (dense, cat, labels) tensors: every file in order, in minibatches of
-    ``batch`` records (the last one of a file smaller); ``order_seed``: shuffled batch
-    order instead."""
-    spans = [(i, s) for i, d in enumerate(prepared.data)
-             for s in range(0, len(d.labels), batch)]
+def batches(prepared, batch, order_seed=None, task_records=None):
+    """Yields (dense, cat, labels) tensors over every file in order, the minibatches the
+    workers train: each file cut into tasks of ``task_records`` records (None: one task
+    per file), each task into ``ceil(n / batch)`` minibatches of nearly equal size
+    (``criteo.batch_sizes(n, batch, balanced=True)``). ``order_seed``: the minibatches in
+    a shuffled order instead."""
+    spans = []
+    for i, d in enumerate(prepared.data):
+        n = len(d.labels)
+        step = task_records or n
+        for t in range(0, n, step):
+            s = t
+            for size in criteo.batch_sizes(min(n, t + step) - t, batch, balanced=True):
+                spans.append((i, s, s + size))
+                s += size
     if order_seed is not None:
         np.random.default_rng(order_seed).shuffle(spans)
-    for i, s in spans:
+    for i, s, e in spans:
         d, c = prepared.data[i], prepared.compact[i]
-        yield (torch.from_numpy(d.dense[s:s + batch]), torch.from_numpy(c[s:s + batch]),
-               torch.from_numpy(d.labels[s:s + batch]))
+        yield (torch.from_numpy(d.dense[s:e]), torch.from_numpy(c[s:e]),
+               torch.from_numpy(d.labels[s:e]))
 
 
 def evaluate(model, prepared):
@@ -84,18 +94,19 @@ def evaluate(model, prepared):
 
 
 def train_baseline(train_files, holdout, epochs=1, batch=deepfm.BATCH, seed=0, log=print,
-                   prepared=None, stats=None):
+                   prepared=None, stats=None, task_records=None):
     """Trains on [(path, records)] and evaluates on holdout (path). Returns a dict with
     auc, logloss, records, seconds, records_per_s. ``prepared``: the result of
     :func:`prepare` for these files, to read them once for several runs; ``stats``: as
-    for :func:`prepare`."""
+    for :func:`prepare`; ``task_records``: the job's task size, so that the minibatches
+    are the workers' (:func:`batches`)."""
     prepared = prepared or prepare(train_files, holdout, stats)
     model, opts = deepfm.local_model(prepared.num_rows, prepared.stats, seed)
     t0 = time.time()
     records = 0
     losses = []
     for epoch in range(epochs):
-        for dense, cat, labels in batches(prepared, batch):
+        for dense, cat, labels in batches(prepared, batch, task_records=task_records):
             loss = deepfm.loss_fn(model(dense, cat), labels)
             for o in opts:
                 o.zero_grad()
@@ -119,6 +130,9 @@ def main():
     ap.add_argument("--epochs", type=int, default=1, help="passes over the training files")
     ap.add_argument("--batch", type=int, default=deepfm.BATCH, help="minibatch size")
     ap.add_argument("--seed", type=int, default=0, help="torch seed (initial rows)")
+    ap.add_argument("--records_per_task", type=int, default=None,
+                    help="the PS job's task size: train on the workers' minibatches "
+                    "(default: one task per file)")
     ap.add_argument("--threads", type=int, default=1, help="torch threads")
     ap.add_argument("--json", help="write the result here as JSON")
     args = ap.parse_args()
@@ -127,7 +141,7 @@ def main():
         m = json.load(f)
     res = train_baseline([(e["path"], e["records"]) for e in m["files"]],
                          m["holdout"]["path"], args.epochs, args.batch, args.seed,
-                         stats=deepfm.input_stats(m))
+                         stats=deepfm.input_stats(m), task_records=args.records_per_task)
     print(f"baseline: AUC {res['auc']:.4f}  logloss {res['logloss']:.4f}  "
           f"{res['records']} records in {res['seconds']:.1f} s "
           f"({res['records_per_s']:.0f} records/s, 1 process)", flush=True)

@@ -49,7 +49,7 @@ def staleness(step_trace):
     return np.array(out)
 
 
-def baseline_auc(manifest, seeds):
+def baseline_auc(manifest, seeds, task_records):
     import torch
 
     import baseline as bl
@@ -61,7 +61,8 @@ def baseline_auc(manifest, seeds):
     files = [(e["path"], e["records"]) for e in m["files"]]
     prepared = bl.prepare(files, m["holdout"]["path"], deepfm.input_stats(m))
     return [bl.train_baseline(files, m["holdout"]["path"], seed=s, log=lambda x: None,
-                              prepared=prepared)["auc"] for s in seeds]
+                              prepared=prepared, task_records=task_records)["auc"]
+            for s in seeds]
 
 
 def run_once(manifest, workers, per_task, tmp):
@@ -117,7 +118,7 @@ def main():
         with open(args.manifest, "w") as f:
             json.dump(m, f)
     seeds = [int(s) for s in args.baseline_seeds.split(",")]
-    base = baseline_auc(args.manifest, seeds)
+    base = baseline_auc(args.manifest, seeds, args.records_per_task)
     b = float(np.mean(base))
     print(f"baseline AUC {b:.4f} (seeds {' '.join(f'{a:.4f}' for a in base)}, "
           f"std {np.std(base):.4f})", flush=True)

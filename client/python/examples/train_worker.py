@@ -9,7 +9,8 @@ may pass the same definition; ``--no_create`` only joins it), takes the model's 
 standardization from the manifest (deepfm.input_stats), then takes tasks until the job
 is done:
 
-- train task: records [first, end) of its file in minibatches; each step pulls the batch's
+- train task: records [first, end) of its file in ``ceil(n / batch)`` minibatches of
+  nearly equal size (criteo.batch_sizes, balanced); each step pulls the batch's
   unique rows, computes the loss, and pushes the row and dense gradients (asynchronous
   SGD: other workers push concurrently, the servers' Adagrad applies each push). The task
   is reported with its record count and pushes per table.
@@ -74,7 +75,10 @@ def train_task(task, model, ps_opt, batch, progress, steps=None):
     model.train()
     ps_opt.take_pushes()
     records, losses = 0, []
-    for b in criteo.read_range(task.file, task.first_record, task.end_record, batch):
+    # Balanced minibatches: no small last batch whose noisy gradient takes a full step
+    # (tasks of 10000 records in batches of 256 ended in a batch of 16: -0.003 AUC).
+    for b in criteo.read_range(task.file, task.first_record, task.end_record, batch,
+                               balanced=True):
         dense, cat, labels = deepfm.to_tensors(b)
         t0 = time.time()
         loss = deepfm.loss_fn(model(dense, cat), labels)

@@ -189,3 +189,30 @@ def test_dense_stats_of_a_constant_feature_is_std_one(tmp_path):
     assert std == [1.0] * 13
     with pytest.raises(ValueError):
         criteo.dense_stats([])
+
+
+def test_batch_sizes_plain_and_balanced():
+    assert criteo.batch_sizes(10000, 256) == [256] * 39 + [16]
+    assert criteo.batch_sizes(10000, 256, drop_last=True) == [256] * 39
+    assert criteo.batch_sizes(10000, 256, balanced=True) == [250] * 40
+    assert criteo.batch_sizes(5000, 256, balanced=True) == [250] * 20
+    sizes = criteo.batch_sizes(1001, 100, balanced=True)
+    assert sum(sizes) == 1001 and len(sizes) == 11 and max(sizes) - min(sizes) <= 1
+    assert criteo.batch_sizes(0, 256, balanced=True) == []
+    assert criteo.batch_sizes(3, 256, balanced=True) == [3]
+    with pytest.raises(ValueError):
+        criteo.batch_sizes(10, 0)
+
+
+@pytest.mark.parametrize("first,end", [(0, 10000), (17, 4113), (4095, 4097)])
+def test_balanced_read_range_reads_its_records_in_nearly_equal_batches(tmp_path, first, end):
+    p = str(tmp_path / "n.tsv")
+    _numbered_file(p, 10000)
+    got, sizes = [], []
+    for b in criteo.read_range(p, first, end, batch_size=256, balanced=True):
+        ids = np.rint(np.expm1(b.dense[:, 0])).astype(int)
+        assert ids.tolist() == list(range(b.first_record, b.first_record + len(b)))
+        got.extend(ids.tolist())
+        sizes.append(len(b))
+    assert got == list(range(first, end))
+    assert sizes == criteo.batch_sizes(end - first, 256, balanced=True)

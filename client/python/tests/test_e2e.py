@@ -56,7 +56,7 @@ def baseline(data):
     prepared = bl.prepare(files, data["holdout"]["path"], deepfm.input_stats(data))
     # The mean over a few initial states, so one lucky or unlucky seed does not decide.
     runs = [bl.train_baseline(files, data["holdout"]["path"], seed=s, log=lambda m: None,
-                              prepared=prepared)
+                              prepared=prepared, task_records=PER_TASK)
             for s in range(3)]
     return {"auc": sum(r["auc"] for r in runs) / len(runs),
             "aucs": [r["auc"] for r in runs]}
