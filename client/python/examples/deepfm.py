@@ -94,20 +94,22 @@ class DeepFM(nn.Module):
         return first + fm + deep + self.dense_net["linear"](dense).squeeze(1)
 
 
-def ps_model(client, stats, pull_every=1, create=True):
+def ps_model(client, stats, pull_every=1, create=True, init_seed=0):
     """A DeepFM whose embedding rows and dense parameters live on the PS; ``stats`` as
     for :class:`DeepFM`. Returns (model, PsOptimizer). Creating the table and tensors is
-    idempotent."""
+    idempotent (for the same ``init_seed``: the seed of the PS initializers, the PS's
+    counterpart of the baseline's torch seed; every worker of a job must pass the same)."""
+    seed = {"seed": int(init_seed)} if init_seed else {}
     from elastic_ps.torch_modules import PsDense, PsEmbeddingBag, PsOptimizer
 
     emb = PsEmbeddingBag(client, TABLE, 1 + K, mode="sum", create=create,
                          optimizer="adagrad", learning_rate=SPARSE_LR,
                          initial_accumulator=INITIAL_ACCUMULATOR, initializer="normal",
-                         stddev=EMB_STDDEV)
+                         stddev=EMB_STDDEV, **seed)
     model = DeepFM(emb, stats)
     dense = PsDense(client, model.dense_net, DENSE_PREFIX, pull_every=pull_every,
                     create=create, optimizer="adagrad", learning_rate=DENSE_LR,
-                    initial_accumulator=INITIAL_ACCUMULATOR)
+                    initial_accumulator=INITIAL_ACCUMULATOR, **seed)
     return model, PsOptimizer(model, dense=[dense])
 
 

@@ -3,7 +3,7 @@
     PS_BUILD_DIR=build PYTHONPATH=client/python:build/python /usr/bin/python3 \\
         client/python/examples/measure_gap.py --manifest DIR/manifest.json \\
         [--workers 2] [--runs 3] [--records_per_task 5000] [--baseline_seeds 0,1,2]
-        [--no_standardize]
+        [--init_seeds 0,1,2] [--no_standardize]
 
 Per run: a fresh local cluster (ps-master and two durable pods, as in the tests), N
 ``train_worker.py`` processes on the job (1 epoch, the manifest's held-out file as eval
@@ -65,7 +65,7 @@ def baseline_auc(manifest, seeds, task_records):
             for s in seeds]
 
 
-def run_once(manifest, workers, per_task, tmp):
+def run_once(manifest, workers, per_task, tmp, init_seed=0):
     from conftest import Cluster
 
     from elastic_ps.metrics import auc
@@ -84,7 +84,8 @@ def run_once(manifest, workers, per_task, tmp):
                 [sys.executable, os.path.join(HERE, "train_worker.py"),
                  f"--master={c.master.address}", "--job=gap", f"--manifest={manifest}",
                  f"--records_per_task={per_task}", f"--eval_dir={tmp / 'eval'}",
-                 f"--step_trace={tmp / 'steps.jsonl'}", f"--name=w{i}"],
+                 f"--step_trace={tmp / 'steps.jsonl'}", f"--name=w{i}",
+                 f"--init_seed={init_seed}"],
                 stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env))
             log.close()
         t0 = time.time()
@@ -106,6 +107,8 @@ def main():
     ap.add_argument("--runs", type=int, default=3, help="PS runs")
     ap.add_argument("--records_per_task", type=int, default=5000, help="task size")
     ap.add_argument("--baseline_seeds", default="0,1,2", help="baseline initial states")
+    ap.add_argument("--init_seeds", default="0",
+                    help="PS initializer seeds, run r uses the (r mod len)-th")
     ap.add_argument("--no_standardize", action="store_true",
                     help="the model without input standardization (mean 0, std 1 in a copy "
                     "of the manifest), as before it was added")
@@ -126,10 +129,12 @@ def main():
     for r in range(args.runs):
         with tempfile.TemporaryDirectory(prefix="gap-") as d:
             load = os.getloadavg()[0]
+            init_seeds = [int(x) for x in args.init_seeds.split(",")]
+            init_seed = init_seeds[r % len(init_seeds)]
             a, st, secs = run_once(args.manifest, args.workers, args.records_per_task,
-                                   Path(d))
+                                   Path(d), init_seed)
         gaps.append(b - a)
-        print(f"run {r}: {args.workers} workers, AUC {a:.4f}, gap {b - a:+.4f}, "
+        print(f"run {r}: {args.workers} workers, init seed {init_seed}, AUC {a:.4f}, gap {b - a:+.4f}, "
               f"{secs:.1f} s, load {load:.1f}; staleness mean {st.mean():.2f} "
               f"p50 {np.percentile(st, 50):.0f} p90 {np.percentile(st, 90):.0f} "
               f"p99 {np.percentile(st, 99):.0f} max {st.max()}", flush=True)

@@ -135,6 +135,8 @@ def main():
     ap.add_argument("--trace", help="append one JSON line per accepted task here")
     ap.add_argument("--step_trace", help="append one JSON line per training task here: the "
                     "wall-clock times of each step's start and end (staleness analysis)")
+    ap.add_argument("--init_seed", type=int, default=0,
+                    help="seed of the PS initializers (the same in every worker of a job)")
     ap.add_argument("--threads", type=int, default=1, help="torch threads")
     ap.add_argument("--log_every_s", type=float, default=5.0, help="progress line interval")
     ap.add_argument("--name", default=None, help="name in progress lines")
@@ -157,7 +159,8 @@ def main():
                               records_per_task=args.records_per_task, eval_files=evals)
         print(f"{name}: job {args.job}: {n} tasks", flush=True)
     client = worker.client
-    model, ps_opt = deepfm.ps_model(client, stats, pull_every=args.pull_every)
+    model, ps_opt = deepfm.ps_model(client, stats, pull_every=args.pull_every,
+                                    init_seed=args.init_seed)
     dense_binder = ps_opt.dense[0]
     progress = Progress(name, args.log_every_s)
     done = {"train": 0, "eval": 0}
