@@ -3,6 +3,7 @@
     /usr/bin/python3 examples/train_worker.py --master HOST:PORT --job NAME \\
         --manifest DIR/manifest.json [--records_per_task N --epochs E] [--no_create]
         [--batch 256] [--eval_dir DIR] [--trace FILE] [--step_trace FILE] [--pull_every 1]
+        [--init_seed S]
 
 Registers with the master, creates the job from the manifest (idempotent: every worker
 may pass the same definition; ``--no_create`` only joins it), takes the model's input
