@@ -7,11 +7,16 @@ and its push); the update is applied to the current parameters, as the servers d
 
     /usr/bin/python3 examples/async_sim.py --manifest DIR/manifest.json \\
         [--staleness 1] [--max_staleness 0] [--stale sparse,dense] [--seeds 0,1,2]
+        [--task_records N] [--order_seed S] [--no_standardize] [--set NAME=VALUE]
 
 ``--staleness S``: every step reads S updates late (2 evenly paced workers: S = 1).
 ``--max_staleness M`` > S: s_t uniform in [S, M] (uneven workers on a busy machine).
 ``--stale``: which parameters are read stale (the others are read fresh), to locate the
-cost. Prints the held-out AUC per seed and their mean. For measurement only.
+cost: ``sparse``, ``dense``, or the dense parts ``mlp`` / ``linear``. ``--task_records``:
+the workers' minibatches (tasks of N records); ``--order_seed``: a shuffled minibatch
+order; ``--no_standardize``: the model without its input standardization; ``--set``: a
+deepfm hyperparameter. Prints the held-out AUC per seed and their mean. For measurement
+only.
 """
 
 import argparse
