@@ -99,9 +99,9 @@ def ps_model(client, stats, pull_every=1, create=True, init_seed=0):
     for :class:`DeepFM`. Returns (model, PsOptimizer). Creating the table and tensors is
     idempotent (for the same ``init_seed``: the seed of the PS initializers, the PS's
     counterpart of the baseline's torch seed; every worker of a job must pass the same)."""
-    seed = {"seed": int(init_seed)} if init_seed else {}
     from elastic_ps.torch_modules import PsDense, PsEmbeddingBag, PsOptimizer
 
+    seed = {"seed": int(init_seed)} if init_seed else {}
     emb = PsEmbeddingBag(client, TABLE, 1 + K, mode="sum", create=create,
                          optimizer="adagrad", learning_rate=SPARSE_LR,
                          initial_accumulator=INITIAL_ACCUMULATOR, initializer="normal",

@@ -5,8 +5,8 @@ single-process torch.nn.EmbeddingBag baseline (examples/baseline.py) on the same
 - Without failures: the job succeeds, every training record of the epoch is trained
   exactly once (the accepted task reports tile every file; the master's records_done is
   the epoch's size), and the held-out AUC is within 0.01 of the baseline's (the issue's
-  bound; measured gaps are 0.0003-0.0011 since DeepFM standardizes its dense inputs,
-  see docs/training.md, "AUC and asynchrony").
+  bound; measured gaps are 0.0000-0.0015 since DeepFM standardizes its dense inputs and
+  tasks train in balanced minibatches, see docs/training.md, "AUC and asynchrony").
 - A worker SIGKILLed mid-task: its task is handed out again after its lease expires, the
   job still succeeds, and every record is trained at least once (exactly once in the
   master's accounting, which counts accepted reports only). Another worker gets SIGTERM:
@@ -164,9 +164,9 @@ def test_two_workers_train_every_record_once_and_match_the_baseline(cluster, dat
     print(f"AUC: PS {auc_ps:.4f}, baseline {baseline['auc']:.4f} (seeds: "
           f"{', '.join(f'{a:.4f}' for a in baseline['aucs'])})")
     assert baseline["auc"] > 0.65  # the model learns
-    # Two asynchronous workers read parameters about one update stale (up to 3-5 on a busy
-    # machine); with standardized inputs that costs this model about 0.001 AUC here
-    # (docs/training.md, "AUC and asynchrony"), the baseline's seeds spread 0.0015.
+    # Two asynchronous workers read parameters about one update stale (p99 2-3, max up to
+    # 10 on a busy machine); with standardized inputs that costs this model about 0.001
+    # AUC here (docs/training.md, "AUC and asynchrony"); the baseline's seeds spread 0.0014.
     assert abs(auc_ps - baseline["auc"]) < AUC_TOLERANCE, (auc_ps, baseline["auc"])
 
     # The model on the PS, evaluated directly (read-only pulls), is the one the eval tasks
