@@ -7,7 +7,7 @@
 #   for i in 1 2 3; do benchmarks/ab.sh /tmp/old/bin pull; benchmarks/ab.sh build/bin pull; done
 #   benchmarks/ab.sh BINDIR push --optimizer=adagrad      # extra args go to ps-bench
 #
-# Env: SECS (timed seconds, default 5). A 0.5 s run with --populate precedes the timed
+# Env: SECS (timed seconds, default 5), SERVER_ARGS (extra ps-server flags). A 0.5 s run with --populate precedes the timed
 # run (--populate=false), so row creation is not timed. The server is stopped by pid.
 set -euo pipefail
 BIN=$1
@@ -15,7 +15,8 @@ OP=$2
 shift 2
 PORT_FILE=$(mktemp)
 rm -f "$PORT_FILE"
-"$BIN/ps-server" --port=0 --port_file="$PORT_FILE" >/dev/null 2>&1 &
+# shellcheck disable=SC2086
+"$BIN/ps-server" --port=0 --port_file="$PORT_FILE" ${SERVER_ARGS:-} >/dev/null 2>&1 &
 SPID=$!
 trap 'kill $SPID 2>/dev/null; wait $SPID 2>/dev/null; rm -f "$PORT_FILE"' EXIT
 for _ in $(seq 1 100); do [ -s "$PORT_FILE" ] && break; sleep 0.1; done

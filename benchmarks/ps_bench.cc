@@ -46,6 +46,7 @@ DEFINE_int32(threads, 2,
 DEFINE_double(seconds, 10, "Timed duration.");
 DEFINE_string(optimizer, "adagrad", "sgd | momentum | adagrad | adam | ftrl");
 DEFINE_uint32(num_vshards, 256, "grpc: the pods' --num_vshards.");
+DEFINE_int32(channels, 2, "grpc: connections the client opens to each pod.");
 DEFINE_bool(populate, true, "Create every row before timing (steady-state figures).");
 DEFINE_bool(show_stats, false, "grpc: print each pod's counters after the run.");
 
@@ -101,6 +102,7 @@ class GrpcTarget : public Target {
     o.servers = absl::StrSplit(FLAGS_servers, ',', absl::SkipEmpty());
     o.master = FLAGS_master;
     o.num_vshards = FLAGS_num_vshards;
+    o.channels_per_server = FLAGS_channels;
     auto security = ChannelSecurityFromFlags();
     if (!security.ok()) return security.status();
     o.security = *std::move(security);

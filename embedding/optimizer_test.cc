@@ -1,5 +1,8 @@
 #include "embedding/optimizer.h"
 
+#include <cmath>
+#include <cstring>
+#include <random>
 #include <vector>
 
 #include "embedding/spec.h"
@@ -114,6 +117,105 @@ TEST(OptimizerTest, AdamBiasCorrectionUsesPerRowStep) {
   EXPECT_NEAR(wb, -0.1f, 1e-6);
   EXPECT_EQ(step_a, 5u);
   EXPECT_EQ(step_b, 1u);
+}
+
+// The update loops are vectorized and dispatched by CPU (optimizer_kernels.h); on any
+// machine they must give the same bits as one scalar, separately rounded evaluation of the
+// formulas, here written out in the test. 67 weights: full vectors and a remainder.
+std::vector<float> ScalarReference(const OptimizerSpec& spec, std::vector<float> w,
+                                   std::vector<float> slots, const std::vector<float>& g,
+                                   int steps) {
+  const size_t n = w.size();
+  const float lr = spec.learning_rate(), eps = spec.epsilon();
+  for (int t = 1; t <= steps; ++t) {
+    for (size_t j = 0; j < n; ++j) {
+      switch (spec.kind()) {
+        case OptimizerSpec::SGD:
+          w[j] = w[j] - lr * g[j];
+          break;
+        case OptimizerSpec::MOMENTUM: {
+          float& v = slots[j];
+          v = spec.momentum() * v + g[j];
+          w[j] = w[j] - lr * (spec.nesterov() ? g[j] + spec.momentum() * v : v);
+          break;
+        }
+        case OptimizerSpec::ADAGRAD: {
+          float& acc = slots[j];
+          acc = acc + g[j] * g[j];
+          w[j] = w[j] - lr * g[j] / (std::sqrt(acc) + eps);
+          break;
+        }
+        case OptimizerSpec::ADAM: {
+          const float b1 = spec.beta1(), b2 = spec.beta2();
+          const float c1 = static_cast<float>(1.0 - std::pow(static_cast<double>(b1), t));
+          const float c2 = static_cast<float>(1.0 - std::pow(static_cast<double>(b2), t));
+          float& m = slots[j];
+          float& v = slots[n + j];
+          m = b1 * m + (1 - b1) * g[j];
+          v = b2 * v + (1 - b2) * (g[j] * g[j]);
+          w[j] = w[j] - lr * (m / c1) / (std::sqrt(v / c2) + eps);
+          break;
+        }
+        case OptimizerSpec::FTRL: {
+          const float alpha = lr, beta = spec.ftrl_beta(), l1 = spec.ftrl_l1(), l2 = spec.ftrl_l2();
+          float& z = slots[j];
+          float& acc = slots[n + j];
+          const float new_acc = acc + g[j] * g[j];
+          const float sqrt_new = std::sqrt(new_acc);
+          z = z + (g[j] - (sqrt_new - std::sqrt(acc)) / alpha * w[j]);
+          acc = new_acc;
+          if (std::fabs(z) <= l1) {
+            w[j] = 0.0f;
+          } else {
+            w[j] = -(z - std::copysign(l1, z)) / ((beta + sqrt_new) / alpha + l2);
+          }
+          break;
+        }
+        default:
+          ADD_FAILURE() << "no reference for " << OptimizerSpec::Kind_Name(spec.kind());
+      }
+    }
+  }
+  std::vector<float> out = w;
+  out.insert(out.end(), slots.begin(), slots.end());
+  return out;
+}
+
+TEST(OptimizerTest, VectorizedUpdatesAreBitwiseTheScalarFormulas) {
+  for (auto kind :
+       {OptimizerSpec::SGD, OptimizerSpec::MOMENTUM, OptimizerSpec::ADAGRAD, OptimizerSpec::ADAM}) {
+    for (bool nesterov : {false, true}) {
+      if (nesterov && kind != OptimizerSpec::MOMENTUM) continue;
+      OptimizerSpec raw = Spec(kind);
+      raw.set_momentum(0.9f);
+      raw.set_nesterov(nesterov);
+      raw.set_ftrl_l1(0.3f);  // some weights shrink to 0, some not
+      raw.set_ftrl_l2(0.01f);
+      auto spec = NormalizeOptimizer(raw);
+      ASSERT_TRUE(spec.ok()) << spec.status();
+      const Optimizer opt(*spec);
+      const size_t n = 67;
+      std::mt19937 rng(7);
+      std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
+      std::vector<float> w(n), g(n), slots(opt.slots() * n);
+      for (float& x : w) x = dist(rng);
+      for (float& x : g) x = dist(rng);
+      opt.InitSlots(slots.data(), n);
+      const std::vector<float> expected = ScalarReference(*spec, w, slots, g, 3);
+      uint64_t step = 0;
+      for (int t = 0; t < 3; ++t) opt.Apply(0, w.data(), slots.data(), &step, g.data(), n);
+      std::vector<float> got = w;
+      got.insert(got.end(), slots.begin(), slots.end());
+      ASSERT_EQ(got.size(), expected.size());
+      for (size_t j = 0; j < got.size(); ++j) {
+        uint32_t a, b;
+        std::memcpy(&a, &got[j], 4);
+        std::memcpy(&b, &expected[j], 4);
+        ASSERT_EQ(a, b) << OptimizerSpec::Kind_Name(kind) << (nesterov ? " nesterov" : "")
+                        << " float " << j << ": " << got[j] << " vs " << expected[j];
+      }
+    }
+  }
 }
 
 }  // namespace

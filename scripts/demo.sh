@@ -125,7 +125,8 @@ echo "   task reports accepted: $(grep -c '"kind": "train"' "$RUN/trace.jsonl") 
 echo "== held-out AUC of the PS-trained model (from the workers' eval tasks)"
 $PY "$EX/evaluate.py" --eval_dir="$RUN/eval" --json="$RUN/auc_ps.json"
 echo "== baseline: the same DeepFM in one process with torch.nn.EmbeddingBag + torch Adagrad"
-$PY "$EX/baseline.py" --manifest="$MANIFEST" --json="$RUN/auc_baseline.json"
+$PY "$EX/baseline.py" --manifest="$MANIFEST" --records_per_task="$PER_TASK" \
+  --json="$RUN/auc_baseline.json"
 
 echo "== ps-admin status"
 "$BIN/ps-admin" --master="$MASTER" status

@@ -331,11 +331,29 @@ def iter_line_chunks(path, first, end, chunk_bytes=_CHUNK_BYTES):
             line += n
 
 
-def read_range(path, first, end, batch_size=1024, drop_last=False):
-    """Yields :class:`Batch` es covering records [first, end) of ``path`` exactly once, in
-    order, each of ``batch_size`` records (the last one smaller unless ``drop_last``)."""
+def batch_sizes(n, batch_size, balanced=False, drop_last=False):
+    """The minibatch sizes :func:`read_range` uses for ``n`` records: ``batch_size``
+    each and a smaller last one (none with ``drop_last``); or, ``balanced``, ``ceil(n /
+    batch_size)`` sizes that differ by at most one (no small last batch: a task of 10000
+    records with batch 256 is 40 batches of 250, not 39 of 256 and one of 16)."""
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    if n <= 0:
+        return []
+    if balanced:
+        k = -(-n // batch_size)
+        base, extra = divmod(n, k)
+        return [base + 1] * extra + [base] * (k - extra)
+    full, rest = divmod(n, batch_size)
+    return [batch_size] * full + ([rest] if rest and not drop_last else [])
+
+
+def read_range(path, first, end, batch_size=1024, drop_last=False, balanced=False):
+    """Yields :class:`Batch` es covering records [first, end) of ``path`` exactly once, in
+    order, each of ``batch_size`` records (the last one smaller unless ``drop_last``), or
+    with ``balanced`` of the nearly equal sizes of :func:`batch_sizes`."""
+    sizes = iter(batch_sizes(end - first, batch_size, balanced, drop_last))
+    want = next(sizes, None)
     pend = []  # parsed arrays not yet emitted
     pend_n = 0
     pend_first = first
@@ -343,16 +361,18 @@ def read_range(path, first, end, batch_size=1024, drop_last=False):
         labels, dense, cat = parse_lines(buf, path, line0)
         pend.append((labels, dense, cat))
         pend_n += len(labels)
-        if pend_n < batch_size:
+        if want is None or pend_n < want:
             continue
         labels, dense, cat = (np.concatenate(x) for x in zip(*pend))
-        k = (pend_n // batch_size) * batch_size
-        for s in range(0, k, batch_size):
-            yield Batch(labels[s:s + batch_size], dense[s:s + batch_size],
-                        cat[s:s + batch_size], pend_first + s)
-        pend = [(labels[k:], dense[k:], cat[k:])]
-        pend_first += k
-        pend_n -= k
+        s = 0
+        while want is not None and pend_n - s >= want:
+            yield Batch(labels[s:s + want], dense[s:s + want], cat[s:s + want],
+                        pend_first + s)
+            s += want
+            want = next(sizes, None)
+        pend = [(labels[s:], dense[s:], cat[s:])]
+        pend_first += s
+        pend_n -= s
     if pend_n and not drop_last:
         labels, dense, cat = (np.concatenate(x) for x in zip(*pend))
         yield Batch(labels, dense, cat, pend_first)
@@ -368,3 +388,32 @@ def read_all(path, first=0, end=None):
     else:
         labels, dense, cat = (np.concatenate(x) for x in zip(*parts))
     return Batch(labels, dense, cat, first)
+
+
+STATS_SAMPLE = 100_000
+
+
+def dense_stats(files, sample=STATS_SAMPLE):
+    """Per-feature mean and standard deviation of the 13 ``dense`` features (after the
+    reader's ``log(1 + max(x, 0))``) over a deterministic sample of the training files
+    ``[(path, records)]``: the first ``max(1000, sample // len(files))`` records of each.
+    Returns two lists of 13 floats; a standard deviation below 1e-3 is reported as 1.
+    Everyone who passes the same files gets the same numbers (the model's input
+    standardization, see examples/deepfm.py)."""
+    if not files:
+        raise ValueError("dense_stats needs at least one file")
+    per_file = max(1000, sample // len(files))
+    total = np.zeros(NUM_DENSE)
+    total_sq = np.zeros(NUM_DENSE)
+    n = 0
+    for path, records in files:
+        d = read_all(path, 0, min(int(records), per_file)).dense.astype(np.float64)
+        total += d.sum(0)
+        total_sq += (d * d).sum(0)
+        n += len(d)
+    if n == 0:
+        raise ValueError("dense_stats: the files hold no records")
+    mean = total / n
+    std = np.sqrt(np.maximum(total_sq / n - mean * mean, 0.0))
+    std = np.where(std < 1e-3, 1.0, std)
+    return [float(x) for x in mean], [float(x) for x in std]

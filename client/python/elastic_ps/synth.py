@@ -7,7 +7,11 @@ writes ``DIR/train-00000.tsv`` .. (K files, N records in all), ``DIR/holdout.tsv
 records from the same distribution) and ``DIR/manifest.json``::
 
     {"files": [{"path": ..., "records": n}, ...], "holdout": {"path": ..., "records": m},
-     "seed": S, "bayes_auc": ..., "ctr": ..., ...}
+     "seed": S, "bayes_auc": ..., "ctr": ..., "dense_mean": [13 floats],
+     "dense_std": [13 floats], ...}
+
+(``dense_mean`` / ``dense_std``: ``criteo.dense_stats`` of the training files, the input
+standardization of examples/deepfm.py, stored so readers need not recompute it.)
 
 The hidden model (all of it a pure function of the seed):
 
@@ -207,6 +211,8 @@ def generate(out, records, files, seed, holdout, vocab_scale=1.0, log=None):
         pos += n
     hpath = os.path.join(out, "holdout.tsv")
     hlabels, hp = write_file(model, hpath, holdout, stream=0)
+    mean, std = (criteo.dense_stats([(e["path"], e["records"]) for e in entries])
+                 if records else (None, None))
     manifest = {
         "files": entries,
         "records": records,
@@ -215,6 +221,8 @@ def generate(out, records, files, seed, holdout, vocab_scale=1.0, log=None):
         "vocab_scale": vocab_scale,
         "ctr": labels_sum / records if records else 0.0,
         "bayes_auc": auc(hlabels, hp) if holdout and 0 < hlabels.sum() < holdout else None,
+        "dense_mean": mean,
+        "dense_std": std,
         "seconds": round(time.time() - t0, 3),
     }
     with open(os.path.join(out, "manifest.json.tmp"), "w") as f:

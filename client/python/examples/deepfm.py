@@ -6,10 +6,19 @@ never collide, **one** table holds every field's rows; each row has ``1 + k`` fl
 column 0 is the feature's first-order (linear) weight, columns 1..k its factor vector.
 One table means one pull and one push per step for all 26 fields.
 
+    x     = (dense - mean) / std                        (fixed input standardization)
     logit = sum_f w_f                                   (first order)
           + 1/2 (|sum_f v_f|^2 - sum_f |v_f|^2)          (FM, pairwise interactions)
-          + MLP([v_1 .. v_26, dense])                    (deep part)
-          + <a, dense>                                   (linear in the dense features)
+          + MLP([v_1 .. v_26, x])                        (deep part)
+          + <a, x>                                       (linear in the dense features)
+
+The standardization (``mean``, ``std``: :func:`input_stats`, per feature over a fixed
+sample of the training files, identical for every worker and the baseline) is part of
+the model, not trained. Without it the 13 log-count inputs average about 3.5, so the
+linear term and the first MLP layer move the logit of every example together by a large
+step per update; with gradients computed on parameters a few updates old (asynchronous
+workers) those steps overshoot and the AUC after one epoch dropped by 0.03-0.06 at a
+staleness of 2-3 updates (examples/async_sim.py; docs/training.md).
 
 The embedding is any module mapping a (N, 1) id tensor to (N, 1 + k): ``PsEmbeddingBag``
 (rows on the PS) or ``torch.nn.EmbeddingBag`` (the single-process baseline, over compact
@@ -37,11 +46,30 @@ TABLE = "deepfm.emb"
 DENSE_PREFIX = "deepfm.dense/"
 
 
+def input_stats(manifest):
+    """(mean, std) of the dense features for a manifest dict of elastic_ps.synth (or any
+    dict with ``files``): its ``dense_mean`` / ``dense_std`` when present, else
+    ``criteo.dense_stats`` of its training files (the same numbers)."""
+    if manifest.get("dense_mean") and manifest.get("dense_std"):
+        return list(manifest["dense_mean"]), list(manifest["dense_std"])
+    return criteo.dense_stats([(e["path"], e["records"]) for e in manifest["files"]])
+
+
 class DeepFM(nn.Module):
-    def __init__(self, embedding, k=K, hidden=HIDDEN):
+    """``stats``: (mean, std) of the 13 dense features (:func:`input_stats`); kept as
+    buffers, not parameters, so they are neither trained nor bound to the PS."""
+
+    def __init__(self, embedding, stats, k=K, hidden=HIDDEN):
         super().__init__()
         self.k = k
         self.embedding = embedding
+        mean, std = stats
+        self.register_buffer("dense_mean", torch.tensor(mean, dtype=torch.float32))
+        self.register_buffer("dense_std", torch.tensor(std, dtype=torch.float32))
+        if self.dense_mean.shape != (criteo.NUM_DENSE,) or self.dense_std.shape != (
+                criteo.NUM_DENSE,) or not bool((self.dense_std > 0).all()):
+            raise ValueError(f"stats must be {criteo.NUM_DENSE} means and {criteo.NUM_DENSE} "
+                             f"positive standard deviations, got {stats}")
         layers = []
         width = criteo.NUM_CAT * k + criteo.NUM_DENSE
         for h in hidden:
@@ -56,6 +84,7 @@ class DeepFM(nn.Module):
     def forward(self, dense, cat):
         """Logits (B,) for dense (B, 13) float32 and cat (B, 26) int64."""
         b, f = cat.shape
+        dense = (dense - self.dense_mean) / self.dense_std
         e = self.embedding(cat.reshape(-1, 1)).view(b, f, 1 + self.k)
         w, v = e[..., 0], e[..., 1:]
         first = w.sum(1)
@@ -65,29 +94,32 @@ class DeepFM(nn.Module):
         return first + fm + deep + self.dense_net["linear"](dense).squeeze(1)
 
 
-def ps_model(client, pull_every=1, create=True):
-    """A DeepFM whose embedding rows and dense parameters live on the PS. Returns
-    (model, PsOptimizer). Creating the table and tensors is idempotent."""
+def ps_model(client, stats, pull_every=1, create=True, init_seed=0):
+    """A DeepFM whose embedding rows and dense parameters live on the PS; ``stats`` as
+    for :class:`DeepFM`. Returns (model, PsOptimizer). Creating the table and tensors is
+    idempotent (for the same ``init_seed``: the seed of the PS initializers, the PS's
+    counterpart of the baseline's torch seed; every worker of a job must pass the same)."""
     from elastic_ps.torch_modules import PsDense, PsEmbeddingBag, PsOptimizer
 
+    seed = {"seed": int(init_seed)} if init_seed else {}
     emb = PsEmbeddingBag(client, TABLE, 1 + K, mode="sum", create=create,
                          optimizer="adagrad", learning_rate=SPARSE_LR,
                          initial_accumulator=INITIAL_ACCUMULATOR, initializer="normal",
-                         stddev=EMB_STDDEV)
-    model = DeepFM(emb)
+                         stddev=EMB_STDDEV, **seed)
+    model = DeepFM(emb, stats)
     dense = PsDense(client, model.dense_net, DENSE_PREFIX, pull_every=pull_every,
                     create=create, optimizer="adagrad", learning_rate=DENSE_LR,
-                    initial_accumulator=INITIAL_ACCUMULATOR)
+                    initial_accumulator=INITIAL_ACCUMULATOR, **seed)
     return model, PsOptimizer(model, dense=[dense])
 
 
-def local_model(num_rows, seed=0):
+def local_model(num_rows, stats, seed=0):
     """The baseline: the same DeepFM over ``torch.nn.EmbeddingBag(num_rows, 1 + K)`` (ids
     must be compact indices), with its torch Adagrad optimizers (sparse rows, dense)."""
     torch.manual_seed(seed)
     emb = nn.EmbeddingBag(num_rows, 1 + K, mode="sum", sparse=True)
     nn.init.normal_(emb.weight, std=EMB_STDDEV)
-    model = DeepFM(emb)
+    model = DeepFM(emb, stats)
     opts = [
         torch.optim.Adagrad(emb.parameters(), lr=SPARSE_LR,
                             initial_accumulator_value=INITIAL_ACCUMULATOR, eps=1e-10),

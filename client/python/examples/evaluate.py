@@ -3,8 +3,10 @@
     /usr/bin/python3 examples/evaluate.py --eval_dir DIR [--epoch E]
         AUC over the predictions the workers' eval tasks wrote (the newest epoch by
         default; every eval task's range once).
-    /usr/bin/python3 examples/evaluate.py --master HOST:PORT --file holdout.tsv
-        evaluates the model on the PS directly (read-only pulls, nothing created).
+    /usr/bin/python3 examples/evaluate.py --master HOST:PORT --manifest M [--file F]
+        evaluates the model on the PS directly (read-only pulls, nothing created) on F
+        (default: the manifest's held-out file); the manifest gives the model's input
+        standardization.
 
 Prints ``AUC <f> logloss <f> records <n>``; --json OUT writes them as JSON.
 """
@@ -46,7 +48,9 @@ def from_eval_dir(eval_dir, epoch=None):
     return np.concatenate(labels), np.concatenate(probs)
 
 
-def from_ps(master, path, batch=4096):
+def from_ps(master, path, stats, batch=4096):
+    """(labels, probs) of the PS model on ``path``; ``stats``: deepfm.input_stats of the
+    job's manifest."""
     import torch
 
     from elastic_ps import criteo
@@ -55,7 +59,7 @@ def from_ps(master, path, batch=4096):
     import deepfm
 
     client = PsClient(master=master)
-    model, _ = deepfm.ps_model(client, create=False)
+    model, _ = deepfm.ps_model(client, stats, create=False)
     model.eval()
     labels, probs = [], []
     with torch.no_grad():
@@ -70,16 +74,23 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--eval_dir", help="directory of the eval tasks' outputs")
     ap.add_argument("--epoch", type=int, help="with --eval_dir: which epoch (default newest)")
-    ap.add_argument("--master", help="evaluate the PS model directly (with --file)")
-    ap.add_argument("--file", help="held-out Criteo file (with --master)")
+    ap.add_argument("--master", help="evaluate the PS model directly (with --manifest)")
+    ap.add_argument("--manifest", help="with --master: the job's manifest.json")
+    ap.add_argument("--file", help="with --master: this Criteo file instead of the "
+                    "manifest's held-out file")
     ap.add_argument("--json", help="write the result here")
     args = ap.parse_args()
     if args.eval_dir:
         labels, probs = from_eval_dir(args.eval_dir, args.epoch)
-    elif args.master and args.file:
-        labels, probs = from_ps(args.master, args.file)
+    elif args.master and args.manifest:
+        import deepfm
+
+        with open(args.manifest) as f:
+            m = json.load(f)
+        labels, probs = from_ps(args.master, args.file or m["holdout"]["path"],
+                                deepfm.input_stats(m))
     else:
-        ap.error("give --eval_dir, or --master and --file")
+        ap.error("give --eval_dir, or --master and --manifest")
     res = {"auc": auc(labels, probs), "logloss": logloss(labels, probs),
            "records": int(len(labels))}
     print(f"AUC {res['auc']:.4f} logloss {res['logloss']:.4f} records {res['records']}",

@@ -163,3 +163,56 @@ def test_random_lines_match_a_plain_python_parse(tmp_path):
     b = criteo.read_all(p)
     np.testing.assert_allclose(b.dense, np.array(expect_dense, np.float32), rtol=1e-6)
     assert b.cat.tolist() == expect_cat
+
+
+def test_dense_stats_over_the_first_records_of_each_file(tmp_path):
+    m = synth.generate(str(tmp_path), records=6000, files=2, seed=3, holdout=0)
+    files = [(e["path"], e["records"]) for e in m["files"]]
+    # 2 files, sample 4000: the first 2000 records of each.
+    mean, std = criteo.dense_stats(files, sample=4000)
+    x = np.concatenate([criteo.read_all(p, 0, 2000).dense for p, _ in files]).astype(np.float64)
+    np.testing.assert_allclose(mean, x.mean(0), rtol=1e-9)
+    np.testing.assert_allclose(std, x.std(0), rtol=1e-6)
+    assert (criteo.dense_stats(files, sample=4000)) == (mean, std)  # deterministic
+    # The manifest holds the stats of the default sample (here every record).
+    full = np.concatenate([criteo.read_all(p).dense for p, _ in files]).astype(np.float64)
+    np.testing.assert_allclose(m["dense_mean"], full.mean(0), rtol=1e-9)
+    np.testing.assert_allclose(m["dense_std"], full.std(0), rtol=1e-6)
+
+
+def test_dense_stats_of_a_constant_feature_is_std_one(tmp_path):
+    p = tmp_path / "c.tsv"
+    p.write_text("".join("1\t" + "\t".join(["7"] * 13) + "\t" + "\t".join([""] * 26) + "\n"
+                         for _ in range(10)))
+    mean, std = criteo.dense_stats([(str(p), 10)])
+    np.testing.assert_allclose(mean, [np.log(8.0)] * 13, rtol=1e-6)
+    assert std == [1.0] * 13
+    with pytest.raises(ValueError):
+        criteo.dense_stats([])
+
+
+def test_batch_sizes_plain_and_balanced():
+    assert criteo.batch_sizes(10000, 256) == [256] * 39 + [16]
+    assert criteo.batch_sizes(10000, 256, drop_last=True) == [256] * 39
+    assert criteo.batch_sizes(10000, 256, balanced=True) == [250] * 40
+    assert criteo.batch_sizes(5000, 256, balanced=True) == [250] * 20
+    sizes = criteo.batch_sizes(1001, 100, balanced=True)
+    assert sum(sizes) == 1001 and len(sizes) == 11 and max(sizes) - min(sizes) <= 1
+    assert criteo.batch_sizes(0, 256, balanced=True) == []
+    assert criteo.batch_sizes(3, 256, balanced=True) == [3]
+    with pytest.raises(ValueError):
+        criteo.batch_sizes(10, 0)
+
+
+@pytest.mark.parametrize("first,end", [(0, 10000), (17, 4113), (4095, 4097)])
+def test_balanced_read_range_reads_its_records_in_nearly_equal_batches(tmp_path, first, end):
+    p = str(tmp_path / "n.tsv")
+    _numbered_file(p, 10000)
+    got, sizes = [], []
+    for b in criteo.read_range(p, first, end, batch_size=256, balanced=True):
+        ids = np.rint(np.expm1(b.dense[:, 0])).astype(int)
+        assert ids.tolist() == list(range(b.first_record, b.first_record + len(b)))
+        got.extend(ids.tolist())
+        sizes.append(len(b))
+    assert got == list(range(first, end))
+    assert sizes == criteo.batch_sizes(end - first, 256, balanced=True)

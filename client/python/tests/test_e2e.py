@@ -4,8 +4,9 @@ single-process torch.nn.EmbeddingBag baseline (examples/baseline.py) on the same
 
 - Without failures: the job succeeds, every training record of the epoch is trained
   exactly once (the accepted task reports tile every file; the master's records_done is
-  the epoch's size), and the held-out AUC is within 0.015 of the baseline's
-  (asynchrony costs 0.005-0.012 here; see docs/training.md).
+  the epoch's size), and the held-out AUC is within 0.01 of the baseline's (the issue's
+  bound; measured gaps are 0.0000-0.0015 since DeepFM standardizes its dense inputs and
+  tasks train in balanced minibatches, see docs/training.md, "AUC and asynchrony").
 - A worker SIGKILLed mid-task: its task is handed out again after its lease expires, the
   job still succeeds, and every record is trained at least once (exactly once in the
   master's accounting, which counts accepted reports only). Another worker gets SIGTERM:
@@ -34,7 +35,7 @@ pytestmark = pytest.mark.integration
 RECORDS = 60_000
 HOLDOUT = 20_000
 PER_TASK = 5_000
-AUC_TOLERANCE = 0.015
+AUC_TOLERANCE = 0.01
 
 
 @pytest.fixture(scope="module")
@@ -48,11 +49,14 @@ def baseline(data):
     import torch
 
     import baseline as bl
+    import deepfm
 
     torch.set_num_threads(1)
+    files = [(e["path"], e["records"]) for e in data["files"]]
+    prepared = bl.prepare(files, data["holdout"]["path"], deepfm.input_stats(data))
     # The mean over a few initial states, so one lucky or unlucky seed does not decide.
-    runs = [bl.train_baseline([(e["path"], e["records"]) for e in data["files"]],
-                              data["holdout"]["path"], seed=s, log=lambda m: None)
+    runs = [bl.train_baseline(files, data["holdout"]["path"], seed=s, log=lambda m: None,
+                              prepared=prepared, task_records=PER_TASK)
             for s in range(3)]
     return {"auc": sum(r["auc"] for r in runs) / len(runs),
             "aucs": [r["auc"] for r in runs]}
@@ -160,17 +164,19 @@ def test_two_workers_train_every_record_once_and_match_the_baseline(cluster, dat
     print(f"AUC: PS {auc_ps:.4f}, baseline {baseline['auc']:.4f} (seeds: "
           f"{', '.join(f'{a:.4f}' for a in baseline['aucs'])})")
     assert baseline["auc"] > 0.65  # the model learns
-    # Asynchrony costs this model 0.005-0.012 AUC here (docs/training.md, "Training
-    # figures"): the bound leaves room for CPU contention, which makes rows staler.
+    # Two asynchronous workers read parameters about one update stale (p99 2-3, max up to
+    # 10 on a busy machine); with standardized inputs that costs this model about 0.001
+    # AUC here (docs/training.md, "AUC and asynchrony"); the baseline's seeds spread 0.0014.
     assert abs(auc_ps - baseline["auc"]) < AUC_TOLERANCE, (auc_ps, baseline["auc"])
 
     # The model on the PS, evaluated directly (read-only pulls), is the one the eval tasks
     # saw: training had ended before them.
+    import deepfm
     from evaluate import from_ps
 
     from elastic_ps.metrics import auc
 
-    labels, probs = from_ps(master, data["holdout"]["path"])
+    labels, probs = from_ps(master, data["holdout"]["path"], deepfm.input_stats(data))
     assert abs(auc(labels, probs) - auc_ps) < 1e-4
 
 

@@ -1,0 +1,28 @@
+// The element-wise update loops of the server-side optimizers (embedding/optimizer.h), for
+// one row or tensor of n weights. Plain loops in their own file, built with -O3 and
+// compiled twice (target_clones): once for the build's baseline ISA and once for AVX2
+// (x86-64-v3), picked at load time by the CPU, so the Docker image stays portable while a
+// pod on an AVX2 machine updates 8 floats per instruction. Floating-point contraction is
+// off in that file, so both versions round every operation alike: results are bitwise the
+// same on any x86-64 machine, which keeps a replayed log equal to the original updates.
+#pragma once
+
+#include <cstddef>
+
+namespace ps::kernels {
+
+// w -= lr * g
+void Sgd(float* w, const float* g, size_t n, float lr);
+// v = mu * v + g; w -= lr * (g + mu * v) if nesterov, else lr * v
+void Momentum(float* w, float* v, const float* g, size_t n, float lr, float mu, bool nesterov);
+// acc += g * g; w -= lr * g / (sqrt(acc) + eps)
+void Adagrad(float* w, float* acc, const float* g, size_t n, float lr, float eps);
+// m = b1 m + (1 - b1) g; v = b2 v + (1 - b2) g^2; w -= lr (m / c1) / (sqrt(v / c2) + eps),
+// with the bias corrections c1 = 1 - b1^t and c2 = 1 - b2^t computed by the caller.
+void Adam(float* w, float* m, float* v, const float* g, size_t n, float lr, float b1, float b2,
+          float c1, float c2, float eps);
+// FTRL-Proximal (McMahan et al. 2013) with z and the accumulated squared gradients n.
+void Ftrl(float* w, float* z, float* acc, const float* g, size_t n, float alpha, float beta,
+          float l1, float l2);
+
+}  // namespace ps::kernels
