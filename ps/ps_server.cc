@@ -7,6 +7,7 @@
 #include <grpcpp/resource_quota.h>
 
 #include <atomic>
+#include <limits>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/strings/str_cat.h"
@@ -21,6 +22,14 @@
 namespace ps {
 namespace {
 
+// The effective PsServerOptions::inline_request_bytes: -1 picks by whether the pod is
+// durable (see there).
+size_t InlineRequestBytes(const PsServerOptions& options, PsCore& core) {
+  if (options.inline_request_bytes >= 0) return static_cast<size_t>(options.inline_request_bytes);
+  if (core.storage() == nullptr) return std::numeric_limits<size_t>::max();
+  return static_cast<size_t>(PsServerOptions::kDurableInlineBytes);
+}
+
 class PsServerImpl final : public PsServer {
  public:
   PsServerImpl(const PsServerOptions& options, std::unique_ptr<PsCore> core,
@@ -28,7 +37,8 @@ class PsServerImpl final : public PsServer {
       : core_(std::move(core)),
         pool_(WorkPoolOptions{options.threads, 1024}),
         auth_(options.security.auth_token),
-        service_(core_.get(), &pool_, options.inline_request_bytes, &auth_, std::move(migrate)),
+        service_(core_.get(), &pool_, InlineRequestBytes(options, *core_), &auth_,
+                 std::move(migrate)),
         transfer_(core_.get(), &pool_, &auth_),
         ready_(options.start_ready) {}
 

@@ -21,9 +21,11 @@ DEFINE_string(port_file, "",
 DEFINE_int32(threads, 2,
              "Threads that execute pull/push work. Pulls and pushes are memory-bound: use "
              "about one per core the pod is given.");
-DEFINE_uint64(inline_request_bytes, 1024,
-              "Pulls and pushes whose request is at most this many bytes run on gRPC's "
-              "thread instead of the work pool (saves a thread hand-off); 0: never.");
+DEFINE_int64(inline_request_bytes, -1,
+             "Pulls and pushes whose request is at most this many bytes run on gRPC's "
+             "thread instead of the --threads pool (saves a thread hand-off); 0: never. "
+             "-1 (default): every call for a pod in memory only (it never waits), 1024 "
+             "for a pod with --data_dir (its calls may wait on disk).");
 DEFINE_int32(max_message_mb, 256, "Largest gRPC request or response, in MiB.");
 DEFINE_int32(memory_quota_mb, 2048,
              "Memory gRPC may hold in request/response buffers; above it the pod stops "
@@ -162,6 +164,10 @@ int Main() {
     *ownership = ps::ShardOwnership::All(FLAGS_num_vshards);
   }
 
+  if (FLAGS_inline_request_bytes < -1) {
+    LOG(ERROR) << "--inline_request_bytes must be -1 (by durability), 0 (never) or a size";
+    return 2;
+  }
   if (FLAGS_metrics_port < -1 || FLAGS_metrics_port > 65535 || FLAGS_port < 0 ||
       FLAGS_port > 65535) {
     LOG(ERROR) << "--port must be in [0, 65535] and --metrics_port in [-1, 65535]";
