@@ -32,24 +32,6 @@ class Reader {
     Copy(&v, sizeof(T));
     return v;
   }
-  template <typename T>
-  void GetArray(std::vector<T>* v, size_t n) {
-    if (n > in_.size() / sizeof(T)) {
-      ok_ = false;
-      return;
-    }
-    v->resize(n);
-    Copy(v->data(), n * sizeof(T));
-  }
-  std::string GetString(size_t n) {
-    if (n > in_.size()) {
-      ok_ = false;
-      return "";
-    }
-    std::string s(in_.substr(0, n));
-    in_.remove_prefix(n);
-    return s;
-  }
   // Skips n elements of T, returning where they start (null if too few bytes).
   template <typename T>
   const char* Skip(size_t n) {
@@ -144,62 +126,6 @@ void LogRecordBuilder::AddDenseInstall(absl::string_view name, uint64_t step,
   PutBytes(&out_, values.data(), values.size() * sizeof(float));
 }
 
-absl::StatusOr<LogRecord> DecodeLogRecord(absl::string_view bytes) {
-  Reader r(bytes);
-  LogRecord rec;
-  const uint8_t version = r.Get<uint8_t>();
-  if (r.ok() && version != kVersion) {
-    return absl::DataLossError(absl::StrCat("log record version ", version, " is unknown"));
-  }
-  rec.key.set_worker_id(r.Get<uint64_t>());
-  rec.key.set_incarnation(r.Get<uint64_t>());
-  rec.key.set_sequence(r.Get<uint64_t>());
-  while (r.ok() && !r.done()) {
-    const uint8_t tag = r.Get<uint8_t>();
-    const std::string name = r.GetString(r.Get<uint16_t>());
-    if (tag == kInstall) {
-      LogInstallEntry& e = rec.installs.emplace_back();
-      e.table = name;
-      const uint32_t n = r.Get<uint32_t>();
-      e.row_floats = r.Get<uint32_t>();
-      r.GetArray(&e.ids, n);
-      r.GetArray(&e.steps, n);
-      r.GetArray(&e.values, size_t{n} * e.row_floats);
-      continue;
-    }
-    if (tag == kDenseInstall) {
-      LogDenseInstall& e = rec.dense_installs.emplace_back();
-      e.name = name;
-      e.step = r.Get<uint64_t>();
-      r.GetArray(&e.values, r.Get<uint32_t>());
-      continue;
-    }
-    const float lr = r.Get<float>();
-    if (tag == kTable) {
-      LogTableEntry& e = rec.tables.emplace_back();
-      e.table = name;
-      e.lr = lr;
-      const uint32_t n = r.Get<uint32_t>();
-      e.dim = r.Get<uint32_t>();
-      r.GetArray(&e.ids, n);
-      r.GetArray(&e.steps, n);
-      r.GetArray(&e.grads, size_t{n} * e.dim);
-    } else if (tag == kDense) {
-      LogDenseEntry& e = rec.dense.emplace_back();
-      e.name = name;
-      e.lr = lr;
-      e.step = r.Get<uint64_t>();
-      r.GetArray(&e.grads, r.Get<uint32_t>());
-    } else {
-      return absl::DataLossError(absl::StrCat("log record entry tag ", tag, " is unknown"));
-    }
-  }
-  if (!r.ok()) {
-    return absl::DataLossError(absl::StrCat("log record of ", bytes.size(), " bytes is truncated"));
-  }
-  return rec;
-}
-
 absl::StatusOr<LogRecordView> ParseLogRecord(absl::string_view bytes) {
   Reader r(bytes);
   LogRecordView rec;
@@ -232,19 +158,76 @@ absl::StatusOr<LogRecordView> ParseLogRecord(absl::string_view bytes) {
       e.values = r.Skip<float>(size_t{e.n} * e.row_floats);
     } else if (tag == kDense) {
       rec.has_dense = true;
-      r.Get<float>();
-      r.Get<uint64_t>();
-      r.Skip<float>(r.Get<uint32_t>());
+      LogDenseView& e = rec.dense.emplace_back();
+      e.name = name;
+      e.lr = r.Get<float>();
+      e.step = r.Get<uint64_t>();
+      e.n = r.Get<uint32_t>();
+      e.grads = r.Skip<float>(e.n);
     } else if (tag == kDenseInstall) {
       rec.has_dense = true;
-      r.Get<uint64_t>();
-      r.Skip<float>(r.Get<uint32_t>());
+      LogDenseInstallView& e = rec.dense_installs.emplace_back();
+      e.name = name;
+      e.step = r.Get<uint64_t>();
+      e.n = r.Get<uint32_t>();
+      e.values = r.Skip<float>(e.n);
     } else {
       return absl::DataLossError(absl::StrCat("log record entry tag ", tag, " is unknown"));
     }
   }
   if (!r.ok()) {
     return absl::DataLossError(absl::StrCat("log record of ", bytes.size(), " bytes is truncated"));
+  }
+  return rec;
+}
+
+namespace {
+
+template <typename T>
+std::vector<T> CopyArray(const LogArrayView& a, size_t n) {
+  std::vector<T> out(n);
+  if (n > 0) std::memcpy(out.data(), a.p, n * sizeof(T));
+  return out;
+}
+
+std::vector<float> CopyFloats(const char* p, size_t n) { return CopyArray<float>({p}, n); }
+
+}  // namespace
+
+absl::StatusOr<LogRecord> DecodeLogRecord(absl::string_view bytes) {
+  absl::StatusOr<LogRecordView> view = ParseLogRecord(bytes);
+  if (!view.ok()) return view.status();
+  LogRecord rec;
+  rec.key = view->key;
+  for (const LogTableView& v : view->tables) {
+    LogTableEntry& e = rec.tables.emplace_back();
+    e.table = std::string(v.table);
+    e.lr = v.lr;
+    e.dim = v.dim;
+    e.ids = CopyArray<int64_t>(v.ids, v.n);
+    e.steps = CopyArray<uint64_t>(v.steps, v.n);
+    e.grads = CopyFloats(v.grads, size_t{v.n} * v.dim);
+  }
+  for (const LogInstallView& v : view->installs) {
+    LogInstallEntry& e = rec.installs.emplace_back();
+    e.table = std::string(v.table);
+    e.row_floats = v.row_floats;
+    e.ids = CopyArray<int64_t>(v.ids, v.n);
+    e.steps = CopyArray<uint64_t>(v.steps, v.n);
+    e.values = CopyFloats(v.values, size_t{v.n} * v.row_floats);
+  }
+  for (const LogDenseView& v : view->dense) {
+    LogDenseEntry& e = rec.dense.emplace_back();
+    e.name = std::string(v.name);
+    e.lr = v.lr;
+    e.step = v.step;
+    e.grads = CopyFloats(v.grads, v.n);
+  }
+  for (const LogDenseInstallView& v : view->dense_installs) {
+    LogDenseInstall& e = rec.dense_installs.emplace_back();
+    e.name = std::string(v.name);
+    e.step = v.step;
+    e.values = CopyFloats(v.values, v.n);
   }
   return rec;
 }

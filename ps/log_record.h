@@ -91,7 +91,8 @@ class LogRecordBuilder {
   std::string out_;
 };
 
-// DATA_LOSS if `bytes` is not a well-formed record.
+// DATA_LOSS if `bytes` is not a well-formed record. The record with its arrays copied out
+// (ParseLogRecord reads it in place).
 absl::StatusOr<LogRecord> DecodeLogRecord(absl::string_view bytes);
 
 // A record parsed in place (recovery): the entries point into the record's bytes, which
@@ -128,13 +129,28 @@ struct LogInstallView {
     return reinterpret_cast<const float*>(values + i * row_floats * sizeof(float));
   }
 };
+struct LogDenseView {
+  absl::string_view name;
+  float lr = 0;
+  uint64_t step = 0;
+  uint32_t n = 0;
+  const char* grads = nullptr;  // n floats
+};
+struct LogDenseInstallView {
+  absl::string_view name;
+  uint64_t step = 0;
+  uint32_t n = 0;
+  const char* values = nullptr;  // n floats
+};
 struct LogRecordView {
   PushKey key;
   std::vector<LogTableView> tables;
   std::vector<LogInstallView> installs;
-  bool has_dense = false;  // dense entries: use DecodeLogRecord (rare, small)
+  std::vector<LogDenseView> dense;
+  std::vector<LogDenseInstallView> dense_installs;
+  bool has_dense = false;  // dense or dense_installs is not empty (rare, small: decode them)
 };
-// As DecodeLogRecord, without copying the arrays.
+// The one parser of the format: DecodeLogRecord is this plus copies of the arrays.
 absl::StatusOr<LogRecordView> ParseLogRecord(absl::string_view bytes);
 
 }  // namespace ps
