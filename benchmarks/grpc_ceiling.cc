@@ -25,7 +25,6 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
-#include <deque>
 #include <memory>
 #include <string>
 #include <thread>
@@ -35,6 +34,7 @@
 #include "absl/synchronization/mutex.h"
 #include "embedding/binary_init.h"
 #include "gflags/gflags.h"
+#include "ps/work_pool.h"
 
 DEFINE_int32(batch, 1024, "Rows per call (the request carries 8 bytes per row).");
 DEFINE_int32(dim, 64, "Floats per row.");
@@ -65,7 +65,7 @@ grpc::ByteBuffer FixedBuffer(size_t bytes) {
 // Answers each call with `response` (copies of a ByteBuffer share its slices).
 class Reactor final : public grpc::ServerGenericBidiReactor {
  public:
-  Reactor(const grpc::ByteBuffer& response, class Pool* pool) : response_(response), pool_(pool) {
+  Reactor(const grpc::ByteBuffer& response, ps::WorkPool* pool) : response_(response), pool_(pool) {
     StartRead(&request_);
   }
   void OnReadDone(bool ok) override;
@@ -76,37 +76,7 @@ class Reactor final : public grpc::ServerGenericBidiReactor {
  private:
   grpc::ByteBuffer request_;
   grpc::ByteBuffer response_;
-  class Pool* pool_;
-};
-
-// A minimal hand-off pool, like ps-server's work pool: a queue and N threads.
-class Pool {
- public:
-  explicit Pool(int threads) {
-    for (int i = 0; i < threads; ++i) threads_.emplace_back([this] { Run(); });
-  }
-  void Submit(Reactor* r) {
-    absl::MutexLock lock(&mu_);
-    queue_.push_back(r);
-  }
-
- private:
-  void Run() {
-    for (;;) {
-      Reactor* r;
-      {
-        absl::MutexLock lock(&mu_);
-        mu_.Await(absl::Condition(
-            +[](std::deque<Reactor*>* q) { return !q->empty(); }, &queue_));
-        r = queue_.front();
-        queue_.pop_front();
-      }
-      r->Answer();
-    }
-  }
-  absl::Mutex mu_;
-  std::deque<Reactor*> queue_ ABSL_GUARDED_BY(mu_);
-  std::vector<std::thread> threads_;
+  ps::WorkPool* pool_;
 };
 
 void Reactor::OnReadDone(bool ok) {
@@ -115,7 +85,10 @@ void Reactor::OnReadDone(bool ok) {
     return;
   }
   if (pool_ != nullptr) {
-    pool_->Submit(this);
+    // ps-server's own work pool, as its pulls and pushes use it.
+    if (!pool_->TrySubmit([this] { Answer(); })) {
+      Finish(grpc::Status(grpc::StatusCode::UNAVAILABLE, "work queue is full"));
+    }
   } else {
     Answer();
   }
@@ -123,7 +96,7 @@ void Reactor::OnReadDone(bool ok) {
 
 class Service final : public grpc::CallbackGenericService {
  public:
-  Service(size_t response_bytes, Pool* pool)
+  Service(size_t response_bytes, ps::WorkPool* pool)
       : response_(FixedBuffer(response_bytes)), pool_(pool) {}
   grpc::ServerGenericBidiReactor* CreateReactor(grpc::GenericCallbackServerContext*) override {
     return new Reactor(response_, pool_);  // deletes itself in OnDone
@@ -131,12 +104,14 @@ class Service final : public grpc::CallbackGenericService {
 
  private:
   const grpc::ByteBuffer response_;
-  Pool* pool_;
+  ps::WorkPool* pool_;
 };
 
 [[noreturn]] void Serve(int port_pipe, size_t response_bytes) {
-  std::unique_ptr<Pool> pool;
-  if (FLAGS_server_threads > 0) pool = std::make_unique<Pool>(FLAGS_server_threads);
+  std::unique_ptr<ps::WorkPool> pool;
+  if (FLAGS_server_threads > 0) {
+    pool = std::make_unique<ps::WorkPool>(ps::WorkPoolOptions{FLAGS_server_threads, 1024});
+  }
   Service service(response_bytes, pool.get());
   grpc::ServerBuilder builder;
   int port = 0;
