@@ -49,6 +49,12 @@ DEFINE_uint32(num_vshards, 256, "grpc: the pods' --num_vshards.");
 DEFINE_int32(channels, 2, "grpc: connections the client opens to each pod.");
 DEFINE_bool(populate, true, "Create every row before timing (steady-state figures).");
 DEFINE_bool(show_stats, false, "grpc: print each pod's counters after the run.");
+DEFINE_string(drive, "callbacks",
+              "grpc: how the in-flight operations are kept going. callbacks: each of the "
+              "--inflight chains starts its next operation from the completion callback "
+              "of the last (Handle::Then), on the client's threads; threads: --threads "
+              "driver threads each wait on their handles in turn (Handle::Wait) and start "
+              "the next.");
 
 namespace ps {
 namespace {
@@ -68,6 +74,14 @@ class Target {
   // Operations each driver thread keeps outstanding.
   virtual int inflight_per_thread() const { return 1; }
   virtual int threads() const { return FLAGS_threads; }
+  // Targets that can run an operation with a completion callback (RunChains drives them
+  // without driver threads): starts it and returns; done(status) runs when it finishes,
+  // on another thread or on this one.
+  virtual bool has_callbacks() const { return false; }
+  virtual void StartThen(bool pull, const std::vector<int64_t>& ids, float* out,
+                         const float* grads, std::function<void(absl::Status)> done) {
+    done(absl::UnimplementedError("no completion callbacks"));
+  }
 };
 
 Waiter Done(absl::Status s = absl::OkStatus()) {
@@ -122,6 +136,13 @@ class GrpcTarget : public Target {
   }
   int inflight_per_thread() const override {
     return std::max(1, FLAGS_inflight / std::max(1, FLAGS_threads));
+  }
+  bool has_callbacks() const override { return FLAGS_drive == "callbacks"; }
+  void StartThen(bool pull, const std::vector<int64_t>& ids, float* out, const float* grads,
+                 std::function<void(absl::Status)> done) override {
+    Handle h = pull ? client_->PullAsync({{table_, ids, out}})
+                    : client_->PushAsync({{table_, ids, grads}});
+    h.Then(std::move(done));
   }
 
   void PrintStats() {
@@ -311,12 +332,59 @@ struct Result {
   absl::Status status;
 };
 
+// Keeps --inflight operations going with completion callbacks: chain c starts its next
+// batch from the callback of its last, until `stop`; returns when every chain has ended.
+// A chain's callbacks run one after another (each starts the next), so its Result needs
+// no lock.
+void RunChains(Target* target, const Workload& workload, const std::vector<float>& grads,
+               const std::atomic<bool>& stop, std::vector<Result>* results) {
+  struct Chain {
+    std::vector<float> out;
+    size_t next_batch = 0;
+    uint64_t issued = 0;
+    Clock::time_point started;
+    std::function<void()> issue;
+  };
+  absl::Mutex mu;
+  int live = FLAGS_inflight;
+  std::vector<Chain> chains(FLAGS_inflight);
+  results->assign(FLAGS_inflight, Result());
+  for (int c = 0; c < FLAGS_inflight; ++c) {
+    Chain& chain = chains[c];
+    Result& r = (*results)[c];
+    chain.out.resize(static_cast<size_t>(FLAGS_batch) * FLAGS_dim);
+    chain.next_batch = static_cast<size_t>(c) * 7;
+    chain.issue = [&, target] {
+      const auto& ids = workload.batches[chain.next_batch++ % workload.batches.size()];
+      const bool pull = FLAGS_op == "pull" || (FLAGS_op == "mixed" && chain.issued % 2 == 0);
+      ++chain.issued;
+      chain.started = Clock::now();
+      target->StartThen(pull, ids, chain.out.data(), grads.data(), [&](absl::Status s) {
+        if (s.ok()) {
+          r.rows += FLAGS_batch;
+          r.latencies_us.push_back(
+              std::chrono::duration<double, std::micro>(Clock::now() - chain.started).count());
+        } else {
+          r.status = s;
+        }
+        if (s.ok() && !stop.load(std::memory_order_relaxed)) return chain.issue();
+        absl::MutexLock lock(&mu);
+        --live;
+      });
+    };
+  }
+  for (Chain& chain : chains) chain.issue();
+  absl::MutexLock lock(&mu);
+  mu.Await(absl::Condition(+[](int* n) { return *n == 0; }, &live));
+}
+
 int Run() {
   auto kind = ParseOptimizer(FLAGS_optimizer);
   if (!kind.ok() || FLAGS_dim < 1 || FLAGS_batch < 1 || FLAGS_threads < 1 || FLAGS_inflight < 1 ||
-      !(FLAGS_seconds > 0) || (FLAGS_op != "pull" && FLAGS_op != "push" && FLAGS_op != "mixed")) {
+      !(FLAGS_seconds > 0) || (FLAGS_op != "pull" && FLAGS_op != "push" && FLAGS_op != "mixed") ||
+      (FLAGS_drive != "callbacks" && FLAGS_drive != "threads")) {
     std::fprintf(stderr, "ps-bench: bad flags (%s); see --help\n",
-                 kind.ok() ? "check op/dim/batch/threads/inflight/seconds"
+                 kind.ok() ? "check op/dim/batch/threads/inflight/seconds/drive"
                            : std::string(kind.status().message()).c_str());
     return 2;
   }
@@ -346,6 +414,7 @@ int Run() {
 
   const int threads = target->threads();
   const int per_thread = target->inflight_per_thread();
+  const bool callbacks = target->has_callbacks();
   // Enough batches to cover the id space (up to 4096 of them), so the rows a run touches
   // are not just a cache-resident few.
   const size_t num_batches = std::clamp<size_t>(FLAGS_rows / FLAGS_batch, 64, 4096);
@@ -386,7 +455,10 @@ int Run() {
   std::atomic<bool> stop{false};
   std::vector<std::thread> drivers;
   const auto start = Clock::now();
-  for (int t = 0; t < threads; ++t) {
+  if (callbacks) {
+    drivers.emplace_back([&] { RunChains(target.get(), *workload, grads, stop, &results); });
+  }
+  for (int t = 0; !callbacks && t < threads; ++t) {
     drivers.emplace_back([&, t] {
       Result& r = results[t];
       std::vector<std::vector<float>> outs(
@@ -456,10 +528,11 @@ int Run() {
               static_cast<unsigned long>(lat.size()), pct(0.5), pct(0.99));
   std::printf(
       "{\"target\":\"%s\",\"op\":\"%s\",\"dim\":%d,\"batch\":%d,\"inflight\":%d,\"threads\":%d,"
-      "\"rows\":%lu,\"dist\":\"%s\",\"optimizer\":\"%s\",\"seconds\":%.2f,\"rows_per_s\":%.0f,"
+      "\"drive\":\"%s\",\"rows\":%lu,\"dist\":\"%s\",\"optimizer\":\"%s\",\"seconds\":%.2f,\"rows_per_s\":%.0f,"
       "\"mb_per_s\":%.1f,\"p50_us\":%.0f,\"p99_us\":%.0f}\n",
-      FLAGS_target.c_str(), FLAGS_op.c_str(), FLAGS_dim, FLAGS_batch, threads * per_thread, threads,
-      static_cast<unsigned long>(FLAGS_rows), FLAGS_dist.c_str(), FLAGS_optimizer.c_str(), elapsed,
+      FLAGS_target.c_str(), FLAGS_op.c_str(), FLAGS_dim, FLAGS_batch,
+      callbacks ? FLAGS_inflight : threads * per_thread, callbacks ? 0 : threads,
+      callbacks ? "callbacks" : "threads", static_cast<unsigned long>(FLAGS_rows), FLAGS_dist.c_str(), FLAGS_optimizer.c_str(), elapsed,
       rows_per_s, mb_per_s, pct(0.5), pct(0.99));
   return 0;
 }

@@ -32,9 +32,17 @@ class Op {
   explicit Op(int pending) : pending_(pending) {}
 
   void RpcDone(const absl::Status& s) {
-    absl::MutexLock lock(&mu_);
-    if (!s.ok() && status_.ok()) status_ = s;
-    --pending_;
+    std::function<void(absl::Status)> then;
+    absl::Status result;
+    {
+      absl::MutexLock lock(&mu_);
+      if (!s.ok() && status_.ok()) status_ = s;
+      if (--pending_ == 0 && then_) {
+        result = FinishLocked();
+        then = std::move(then_);
+      }
+    }
+    if (then) then(std::move(result));
   }
 
   // More RPCs joined the op (a re-routed part); call before the RPC they replace is done.
@@ -52,6 +60,29 @@ class Op {
     absl::MutexLock lock(&mu_);
     mu_.Await(absl::Condition(
         +[](int* pending) { return *pending == 0; }, &pending_));
+    return FinishLocked();
+  }
+
+  // Runs done(status) once every RPC is done: at once, on this thread, if they already
+  // are; otherwise on the thread that finishes the last one (after its scatter).
+  void Then(std::function<void(absl::Status)> done) {
+    absl::Status result;
+    {
+      absl::MutexLock lock(&mu_);
+      if (pending_ != 0) {
+        then_ = std::move(done);
+        return;
+      }
+      result = FinishLocked();
+    }
+    done(std::move(result));
+  }
+
+  void set_finish(std::function<absl::Status()> f) { finish_ = std::move(f); }
+
+ private:
+  // The call's status, running the finish step the first time (pending_ must be 0).
+  absl::Status FinishLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     if (!finished_) {
       finished_ = true;
       if (status_.ok() && finish_) status_ = finish_();
@@ -60,15 +91,13 @@ class Op {
     return status_;
   }
 
-  void set_finish(std::function<absl::Status()> f) { finish_ = std::move(f); }
-
- private:
   absl::Mutex mu_;
   int pending_ ABSL_GUARDED_BY(mu_);
   absl::Status status_ ABSL_GUARDED_BY(mu_);
   bool finished_ ABSL_GUARDED_BY(mu_) = false;
   std::function<absl::Status()> finish_;  // set before any RPC starts
   std::vector<std::shared_ptr<void>> keep_ ABSL_GUARDED_BY(mu_);
+  std::function<void(absl::Status)> then_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace internal
@@ -76,6 +105,11 @@ class Op {
 absl::Status Handle::Wait() {
   if (op_ == nullptr) return absl::FailedPreconditionError("Wait on an empty Handle");
   return op_->Wait();
+}
+
+void Handle::Then(std::function<void(absl::Status)> done) {
+  if (op_ == nullptr) return done(absl::FailedPreconditionError("Then on an empty Handle"));
+  op_->Then(std::move(done));
 }
 
 namespace {

@@ -9,6 +9,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -90,6 +91,14 @@ class Handle {
   Handle() = default;
   explicit Handle(std::shared_ptr<internal::Op> op) : op_(std::move(op)) {}
   absl::Status Wait();
+  // The completion-callback form of Wait: runs done(status) once, when Wait would return,
+  // with the status Wait would return. If the call has already finished, done runs at
+  // once on this thread; otherwise it runs on the client's thread that finishes the
+  // call, so it must not block (it may start other calls: a driver keeps a pipeline
+  // full by starting the next call from the callback, with no thread waking up to do
+  // it). The handle may be dropped after Then; the call's buffers must stay valid until
+  // done runs. At most one Then per handle; Wait may still be called.
+  void Then(std::function<void(absl::Status)> done);
 
  private:
   std::shared_ptr<internal::Op> op_;

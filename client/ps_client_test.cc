@@ -134,6 +134,75 @@ TEST_F(ClientTest, AsyncCallsInFlightTogether) {
   for (float v : out) ASSERT_EQ(v, 16.0f);
 }
 
+// Then: a chain of pushes, each started from the completion callback of the last (on
+// the client's thread), all applied; a pull's duplicate ids are filled in before its
+// callback runs; a call that failed before any RPC, or an empty handle, calls back at
+// once on the calling thread with the error.
+TEST_F(ClientTest, ThenRunsOnCompletionAndCanStartTheNextCall) {
+  StartPods(2);
+  auto client = Connect();
+  ASSERT_NE(client, nullptr);
+  TableSpec spec = Spec("emb", 4, OptimizerSpec::SGD);
+  spec.mutable_initializer()->set_kind(InitializerSpec::ZEROS);
+  spec.mutable_optimizer()->set_learning_rate(1.0f);
+  ASSERT_TRUE(client->CreateTable(spec).ok());
+  std::vector<int64_t> ids(100);
+  for (int i = 0; i < 100; ++i) ids[i] = i;
+  std::vector<float> ones(400, -1.0f);
+
+  constexpr int kChain = 20;
+  absl::Mutex mu;
+  int done = 0;
+  absl::Status first_error;
+  std::function<void()> next = [&] {
+    client->PushAsync({{"emb", ids, ones.data()}}).Then([&](absl::Status s) {
+      absl::MutexLock lock(&mu);
+      if (!s.ok() && first_error.ok()) first_error = s;
+      if (++done < kChain && s.ok()) {
+        mu.Unlock();
+        next();
+        mu.Lock();
+      }
+    });
+  };
+  next();
+  {
+    absl::MutexLock lock(&mu);
+    mu.Await(absl::Condition(
+        +[](int* n) { return *n >= kChain; }, &done));
+    ASSERT_TRUE(first_error.ok()) << first_error;
+  }
+
+  // Duplicates (id 7 three times) are copied from their first row before the callback.
+  std::vector<int64_t> pull_ids = {7, 1, 7, 99, 7};
+  std::vector<float> out(pull_ids.size() * 4, 0.0f);
+  absl::Notification pulled;
+  std::vector<float> seen;
+  absl::Status pull_status;
+  client->PullAsync({{"emb", pull_ids, out.data()}}).Then([&](absl::Status s) {
+    pull_status = s;
+    seen = out;
+    pulled.Notify();
+  });
+  pulled.WaitForNotification();
+  ASSERT_TRUE(pull_status.ok()) << pull_status;
+  for (float v : seen) EXPECT_EQ(v, static_cast<float>(kChain));
+
+  // Failed before any RPC: the callback runs at once, on this thread.
+  bool called = false;
+  client->PullAsync({{"missing", pull_ids, out.data()}}).Then([&](absl::Status s) {
+    EXPECT_EQ(s.code(), absl::StatusCode::kNotFound) << s;
+    called = true;
+  });
+  EXPECT_TRUE(called);
+  called = false;
+  Handle().Then([&](absl::Status s) {
+    EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+    called = true;
+  });
+  EXPECT_TRUE(called);
+}
+
 TEST_F(ClientTest, ErrorsSurfaceWithTheirCodes) {
   StartPods(2);
   auto client = Connect();
