@@ -45,11 +45,27 @@ DEFINE_string(op, "pull",
 DEFINE_int32(inflight, 8, "Calls kept in flight.");
 DEFINE_int32(channels, 2, "Connections from the client to the server.");
 DEFINE_double(seconds, 5, "Timed duration (after a 0.5 s warm-up).");
+DEFINE_int32(client_cq_threads, 0,
+             "0: the client uses gRPC's callback API; N: the completion-queue API, with N "
+             "threads each polling its own queue.");
+DEFINE_int32(server_cq_threads, 0,
+             "0: the server uses gRPC's callback API; N: the completion-queue API, with N "
+             "threads each polling its own queue and answering the calls it receives.");
+DEFINE_int32(server_work_us, 0, "CPU time the server spins per call before answering (a stand-in for the table's work).");
 DEFINE_int32(server_threads, 0,
              "If > 0, the server hands each call to one of this many threads before "
              "answering (as ps-server's --threads pool does); 0: it answers on gRPC's thread.");
 
 namespace {
+
+void Work() {
+  if (FLAGS_server_work_us <= 0) return;
+  timespec t0, t;
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t0);
+  do {
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
+  } while ((t.tv_sec - t0.tv_sec) * 1000000 + (t.tv_nsec - t0.tv_nsec) / 1000 < FLAGS_server_work_us);
+}
 
 double CpuSeconds(const rusage& u) {
   return u.ru_utime.tv_sec + u.ru_utime.tv_usec * 1e-6 + u.ru_stime.tv_sec +
@@ -69,7 +85,7 @@ class Reactor final : public grpc::ServerGenericBidiReactor {
     StartRead(&request_);
   }
   void OnReadDone(bool ok) override;
-  void Answer() { StartWriteAndFinish(&response_, grpc::WriteOptions(), grpc::Status::OK); }
+  void Answer() { Work(); StartWriteAndFinish(&response_, grpc::WriteOptions(), grpc::Status::OK); }
   void OnWriteDone(bool) override {}
   void OnDone() override { delete this; }  // gRPC's reactor contract: the reactor owns itself
 
@@ -107,7 +123,78 @@ class Service final : public grpc::CallbackGenericService {
   ps::WorkPool* pool_;
 };
 
+// A call of the completion-queue server: requested, read, answered, then requested again.
+struct CqCall {
+  grpc::AsyncGenericService* service;
+  grpc::ServerCompletionQueue* cq;
+  const grpc::ByteBuffer* response;
+  std::unique_ptr<grpc::GenericServerContext> ctx;
+  std::unique_ptr<grpc::GenericServerAsyncReaderWriter> stream;
+  grpc::ByteBuffer request;
+  enum { kRequested, kRead, kFinished } state = kRequested;
+
+  void Request() {
+    ctx = std::make_unique<grpc::GenericServerContext>();
+    stream = std::make_unique<grpc::GenericServerAsyncReaderWriter>(ctx.get());
+    state = kRequested;
+    service->RequestCall(ctx.get(), stream.get(), cq, cq, this);
+  }
+  void Proceed(bool ok) {
+    switch (state) {
+      case kRequested:
+        if (!ok) return;
+        state = kRead;
+        stream->Read(&request, this);
+        return;
+      case kRead:
+        state = kFinished;
+        Work();
+        stream->WriteAndFinish(*response, grpc::WriteOptions(), grpc::Status::OK, this);
+        return;
+      case kFinished:
+        Request();
+        return;
+    }
+  }
+};
+
+[[noreturn]] void ServeCq(int port_pipe, size_t response_bytes) {
+  const grpc::ByteBuffer response = FixedBuffer(response_bytes);
+  grpc::AsyncGenericService service;
+  grpc::ServerBuilder builder;
+  int port = 0;
+  builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+  builder.SetMaxReceiveMessageSize(64 << 20);
+  builder.SetMaxSendMessageSize(64 << 20);
+  builder.RegisterAsyncGenericService(&service);
+  std::vector<std::unique_ptr<grpc::ServerCompletionQueue>> cqs;
+  for (int t = 0; t < FLAGS_server_cq_threads; ++t) cqs.push_back(builder.AddCompletionQueue());
+  auto server = builder.BuildAndStart();
+  if (server == nullptr) _exit(1);
+  std::vector<std::unique_ptr<CqCall>> calls;
+  std::vector<std::thread> threads;
+  for (auto& cq : cqs) {
+    for (int k = 0; k < 16; ++k) {
+      calls.push_back(std::make_unique<CqCall>());
+      calls.back()->service = &service;
+      calls.back()->cq = cq.get();
+      calls.back()->response = &response;
+      calls.back()->Request();
+    }
+    threads.emplace_back([q = cq.get()] {
+      void* tag;
+      bool ok;
+      while (q->Next(&tag, &ok)) static_cast<CqCall*>(tag)->Proceed(ok);
+    });
+  }
+  if (write(port_pipe, &port, sizeof(port)) != sizeof(port)) _exit(1);
+  close(port_pipe);
+  pause();
+  _exit(0);
+}
+
 [[noreturn]] void Serve(int port_pipe, size_t response_bytes) {
+  if (FLAGS_server_cq_threads > 0) ServeCq(port_pipe, response_bytes);
   std::unique_ptr<ps::WorkPool> pool;
   if (FLAGS_server_threads > 0) {
     pool = std::make_unique<ps::WorkPool>(ps::WorkPoolOptions{FLAGS_server_threads, 1024});
@@ -138,6 +225,7 @@ struct ClientState {
   std::atomic<bool> failed{false};
   size_t response_bytes = 0;
   absl::Mutex mu;
+  std::vector<std::unique_ptr<grpc::CompletionQueue>> cqs;
 };
 
 // One call slot: issues a call, and on completion copies the response out and issues the
@@ -148,10 +236,20 @@ struct Slot {
   grpc::ByteBuffer response;
   std::vector<char> out;
 
+  grpc::CompletionQueue* cq = nullptr;
+  std::unique_ptr<grpc::GenericClientAsyncResponseReader> call;
+  grpc::Status status;
+
   void Start() {
     ctx = std::make_unique<grpc::ClientContext>();
     const uint64_t n = state->started.fetch_add(1);
     grpc::GenericStub& stub = *state->stubs[n % state->stubs.size()];
+    if (cq != nullptr) {
+      call = stub.PrepareUnaryCall(ctx.get(), "/bench.Ceiling/Pull", state->request, cq);
+      call->StartCall();
+      call->Finish(&response, &status, this);
+      return;
+    }
     stub.UnaryCall(ctx.get(), "/bench.Ceiling/Pull", grpc::StubOptions(), &state->request,
                    &response, [this](grpc::Status s) { Done(s); });
   }
@@ -235,15 +333,30 @@ int main(int argc, char** argv) {
                                              grpc::InsecureChannelCredentials(), args);
     state.stubs.push_back(std::make_unique<grpc::GenericStub>(channel));
   }
+  std::vector<std::thread> pollers;
+  for (int t = 0; t < FLAGS_client_cq_threads; ++t) {
+    state.cqs.push_back(std::make_unique<grpc::CompletionQueue>());
+  }
   std::vector<std::unique_ptr<Slot>> slots;
   for (int i = 0; i < FLAGS_inflight; ++i) {
     auto slot = std::make_unique<Slot>();
     slot->state = &state;
+    if (!state.cqs.empty()) slot->cq = state.cqs[i % state.cqs.size()].get();
     slot->out.resize(response_bytes);
     slots.push_back(std::move(slot));
   }
   state.live = FLAGS_inflight;
   for (auto& s : slots) s->Start();
+  for (auto& cq : state.cqs) {
+    pollers.emplace_back([q = cq.get()] {
+      void* tag;
+      bool ok;
+      while (q->Next(&tag, &ok)) {
+        Slot* slot = static_cast<Slot*>(tag);
+        slot->Done(ok ? slot->status : grpc::Status(grpc::StatusCode::UNKNOWN, "cq"));
+      }
+    });
+  }
 
   using Clock = std::chrono::steady_clock;
   std::this_thread::sleep_for(std::chrono::milliseconds(500));
@@ -277,6 +390,8 @@ int main(int argc, char** argv) {
   const double server1 = child_cpu();
   state.stop = true;
   while (state.live.load() > 0) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  for (auto& cq : state.cqs) cq->Shutdown();
+  for (auto& t : pollers) t.join();
   kill(child, SIGTERM);
   waitpid(child, nullptr, 0);
   if (state.failed || calls == 0) return 1;

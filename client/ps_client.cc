@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
+#include "client/completion_threads.h"
 #include "client/id_index.h"
 #include "client/shard_map.h"
 #include "client/timer.h"
@@ -116,11 +117,11 @@ namespace {
 
 using internal::Op;
 using Stub = ParameterServer::Stub;
-using AsyncIface = ParameterServer::StubInterface::async_interface;
 
+// A typed method of the pods' service, in its completion-queue form.
 template <typename Req, typename Resp>
-using AsyncMethod = void (AsyncIface::*)(grpc::ClientContext*, const Req*, Resp*,
-                                         std::function<void(grpc::Status)>);
+using AsyncMethod = std::unique_ptr<grpc::ClientAsyncResponseReader<Resp>> (Stub::*)(
+    grpc::ClientContext*, const Req&, grpc::CompletionQueue*);
 
 // A method called with raw messages (grpc::ByteBuffer both ways, encoded and decoded by
 // proto/wire.h), by its full name.
@@ -189,16 +190,25 @@ struct Pod {
   }
 };
 
+// Every call to a pod runs on the client's completion threads.
 template <typename Req, typename Resp>
 void Invoke(Pod& pod, AsyncMethod<Req, Resp> method, grpc::ClientContext* ctx, const Req* req,
-            Resp* resp, std::function<void(grpc::Status)> done) {
-  (pod.stubs[pod.NextChannel()]->async()->*method)(ctx, req, resp, std::move(done));
+            Resp* resp, std::function<void(grpc::Status)> done, CompletionThreads& completions) {
+  Stub* stub = pod.stubs[pod.NextChannel()].get();
+  completions.Start(
+      [&](grpc::CompletionQueue* queue) { return (stub->*method)(ctx, *req, queue); }, resp,
+      std::move(done));
 }
 
 void Invoke(Pod& pod, RawMethod method, grpc::ClientContext* ctx, const grpc::ByteBuffer* req,
-            grpc::ByteBuffer* resp, std::function<void(grpc::Status)> done) {
-  pod.raw_stubs[pod.NextChannel()]->UnaryCall(ctx, method.name, grpc::StubOptions(), req, resp,
-                                              std::move(done));
+            grpc::ByteBuffer* resp, std::function<void(grpc::Status)> done,
+            CompletionThreads& completions) {
+  grpc::GenericStub* stub = pod.raw_stubs[pod.NextChannel()].get();
+  completions.Start(
+      [&](grpc::CompletionQueue* queue) {
+        return stub->PrepareUnaryCall(ctx, method.name, *req, queue);
+      },
+      resp, std::move(done));
 }
 
 // The channels of `options.security`; its files were read once already by Connect, so a
@@ -221,7 +231,10 @@ struct Routing {
 class PsClientImpl final : public PsClient {
  public:
   PsClientImpl(const ClientOptions& options, std::shared_ptr<const Routing> routing)
-      : options_(options), worker_id_(options.worker_id), routing_(std::move(routing)) {
+      : options_(options),
+        worker_id_(options.worker_id),
+        routing_(std::move(routing)),
+        completions_(std::make_unique<CompletionThreads>(options.completion_threads)) {
     if (worker_id_ == 0) {
       std::random_device rd;
       while (worker_id_ == 0) worker_id_ = (uint64_t{rd()} << 32) | rd();
@@ -304,7 +317,7 @@ class PsClientImpl final : public PsClient {
       if (!r->up[p]) continue;
       rpcs.push_back(MakeRpc<DescribeRequest, DescribeResponse>(r->pods[p], r->map.epoch()));
     }
-    RETURN_IF_ERROR(RunAll(&AsyncIface::Describe, &rpcs));
+    RETURN_IF_ERROR(RunAll(&Stub::PrepareAsyncDescribe, &rpcs));
     for (size_t i = 0; i < rpcs.size(); ++i) {
       const DescribeResponse& d = rpcs[i]->resp;
       const std::string& where = rpcs[i]->pod->address;
@@ -341,7 +354,7 @@ class PsClientImpl final : public PsClient {
       CreateTableResponse resp;
       RETURN_IF_ERROR(CallMaster(&Master::Stub::CreateTable, req, &resp));
     }
-    return CreateOnEveryPod<CreateTableRequest, CreateTableResponse>(&AsyncIface::CreateTable,
+    return CreateOnEveryPod<CreateTableRequest, CreateTableResponse>(&Stub::PrepareAsyncCreateTable,
                                                                      spec);
   }
 
@@ -352,7 +365,7 @@ class PsClientImpl final : public PsClient {
       CreateDenseResponse resp;
       RETURN_IF_ERROR(CallMaster(&Master::Stub::CreateDense, req, &resp));
     }
-    return CreateOnEveryPod<CreateDenseRequest, CreateDenseResponse>(&AsyncIface::CreateDense,
+    return CreateOnEveryPod<CreateDenseRequest, CreateDenseResponse>(&Stub::PrepareAsyncCreateDense,
                                                                      spec);
   }
 
@@ -377,7 +390,7 @@ class PsClientImpl final : public PsClient {
       if (!r->up[p]) continue;
       rpcs.push_back(MakeRpc<StatsRequest, StatsResponse>(r->pods[p], r->map.epoch()));
     }
-    RETURN_IF_ERROR(RunAll(&AsyncIface::Stats, &rpcs));
+    RETURN_IF_ERROR(RunAll(&Stub::PrepareAsyncStats, &rpcs));
     std::vector<StatsResponse> out;
     for (auto& rpc : rpcs) out.push_back(std::move(rpc->resp));
     return out;
@@ -531,7 +544,8 @@ class PsClientImpl final : public PsClient {
             status = rpc->on_ok();
           }
           Done(rpc, op.get(), status);
-        });
+        },
+        *completions_);
   }
 
   template <typename Req, typename Resp>
@@ -587,7 +601,7 @@ class PsClientImpl final : public PsClient {
     std::vector<std::unique_ptr<Rpc<DescribeRequest, DescribeResponse>>> rpcs;
     rpcs.push_back(
         MakeRpc<DescribeRequest, DescribeResponse>(r->pods[r->map.PodOfVShard(0)], r->map.epoch()));
-    RETURN_IF_ERROR(RunAll(&AsyncIface::Describe, &rpcs));
+    RETURN_IF_ERROR(RunAll(&Stub::PrepareAsyncDescribe, &rpcs));
     absl::MutexLock lock(&catalog_mu_);
     for (const TableInfo& t : rpcs[0]->resp.tables()) tables_[t.spec().name()] = t.spec();
     for (const DenseInfo& t : rpcs[0]->resp.dense()) dense_[t.spec().name()] = t.spec();
@@ -672,7 +686,9 @@ class PsClientImpl final : public PsClient {
   absl::Mutex catalog_mu_;
   absl::flat_hash_map<std::string, TableSpec> tables_ ABSL_GUARDED_BY(catalog_mu_);
   absl::flat_hash_map<std::string, DenseSpec> dense_ ABSL_GUARDED_BY(catalog_mu_);
-  Timer timer_;  // last: destroyed first, so no retry fires into a dying client
+  Timer timer_;  // destroyed before the members above, so no retry fires into a dying client
+  // Last: destroyed first, once no call is in flight (the destructor waits for that).
+  std::unique_ptr<CompletionThreads> completions_;
 };
 
 // Where the rows of one table's pull go besides the RPCs' scatters: a repeated id's row
@@ -1004,7 +1020,7 @@ absl::Status PsClientImpl::PullDense(const std::vector<std::string>& names,
       }
       rpcs[rpc_of_pod[pod]]->req.add_names(names[i]);
     }
-    absl::Status s = RunAll(&AsyncIface::PullDense, &rpcs);
+    absl::Status s = RunAll(&Stub::PrepareAsyncPullDense, &rpcs);
     if (!s.ok()) {
       if (master_ == nullptr || round >= options_.max_reroutes ||
           s.code() != absl::StatusCode::kFailedPrecondition ||
@@ -1067,7 +1083,7 @@ absl::Status PsClientImpl::PushDense(const std::vector<std::string>& names,
       g->set_learning_rate(lr);
       tensors_of_rpc[rpc_of_pod[pod]].push_back(i);
     }
-    absl::Status s = RunAll(&AsyncIface::PushDense, &rpcs);
+    absl::Status s = RunAll(&Stub::PrepareAsyncPushDense, &rpcs);
     if (s.ok()) return s;
     std::vector<size_t> again;
     for (size_t k = 0; k < rpcs.size(); ++k) {

@@ -49,6 +49,11 @@ struct ClientOptions {
   int initial_backoff_ms = 20;
   int max_backoff_ms = 4000;
   int channels_per_server = 2;
+  // Threads that receive the answers of pulls and pushes and run their completions (the
+  // scatter of pulled rows, Handle::Then callbacks), each polling its own queue
+  // (client/completion_threads.h). One keeps up with a pod answering 5M+ rows/s; more
+  // help a client of many busy pods.
+  int completion_threads = 1;
   int max_message_bytes = 256 << 20;
   // Push identity. worker_id 0: a random id is drawn (a master assigns ids in production).
   uint64_t worker_id = 0;

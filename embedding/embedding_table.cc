@@ -124,7 +124,7 @@ class EmbeddingTableImpl final : public EmbeddingTable {
       } else {
         std::memcpy(dst, CreateRow(s, ids[i], h), row_bytes);
       }
-    }, out);
+    });
   }
 
   void SetRowSource(RowSource* source) override {
@@ -292,10 +292,7 @@ class EmbeddingTableImpl final : public EmbeddingTable {
   }
 
  private:
-  // ForEachGroup's pipeline distances, in ids, and its ring of per-id state.
-  static inline const size_t kRowAhead = getenv("ROWA") ? atoi(getenv("ROWA")) : 8;
-  static inline const size_t kIndexAhead = getenv("IDXA") ? atoi(getenv("IDXA")) : 16;
-  static constexpr size_t kRing = 64;  // > kIndexAhead, a power of two
+  static constexpr size_t kGroup = 16;
   // Rows visited per lock hold by Scan, so a long scan never stalls a stripe's writers.
   static constexpr uint32_t kScanChunk = 256;
 
@@ -432,55 +429,43 @@ class EmbeddingTableImpl final : public EmbeddingTable {
     return visited;
   }
 
-  // Calls fn(i, stripe, hash) for every i, in order, with the stripe of ids[i] locked.
-  // The rows of a large table are almost all cache misses, so the walk is a software
-  // pipeline over the ids: while fn runs on id i, the row of id i + kRowAhead is being
-  // fetched (looked up under its lock, the bucket a hit by then, and prefetched) and the
-  // index bucket of id i + kIndexAhead too (prefetched without any lock). The misses of
-  // ~kIndexAhead ids are in flight at any time, with no drain between groups. A lock is a
-  // full fence on x86, which would serialize demand misses taken under it; prefetches are
-  // not ordered by it. fn looks the id up again under its own lock (an L1 hit), so
-  // nothing is trusted across two lock holds.
+  // Calls fn(i, stripe, hash) for every i with the stripe of ids[i] locked. Per group of
+  // kGroup ids: pass 0 prefetches each id's index bucket without any lock; pass 1 locks,
+  // finds the row (now a cache hit) and prefetches it; pass 2 locks again and runs fn.
+  // A lock is a full fence on x86, which would serialize demand misses taken under it;
+  // prefetches are not ordered by it, so the misses of a whole group overlap.
   template <typename Fn>
-  void ForEachGroup(absl::Span<const int64_t> ids, bool for_write, Fn fn, float* out = nullptr) {
-    static const bool pfout = getenv("PFOUT") != nullptr;
+  void ForEachGroup(absl::Span<const int64_t> ids, bool for_write, Fn fn) {
     // A pull reads the weights only; a push reads and writes the whole row.
     const size_t row_bytes = (for_write ? layout_.stride : layout_.dim) * sizeof(float);
-    const size_t n = ids.size();
-    Stripe* stripes[kRing];
-    uint64_t hashes[kRing];
-    auto fetch_bucket = [&](size_t i) {
-      const uint64_t h = RouteHash(name_hash_, ids[i]);
-      hashes[i % kRing] = h;
-      stripes[i % kRing] = &StripeOf(h);
-      stripes[i % kRing]->index.Prefetch(h);
-    };
-    auto fetch_row = [&](size_t i) {
-      if (pfout && out != nullptr) {
-        const char* o = reinterpret_cast<const char*>(out + i * layout_.dim);
-        for (size_t off = 0; off < layout_.dim * sizeof(float); off += 64) __builtin_prefetch(o + off, 1, 3);
+    Stripe* stripes[kGroup];
+    uint64_t hashes[kGroup];
+    for (size_t begin = 0; begin < ids.size(); begin += kGroup) {
+      const size_t n = std::min(ids.size() - begin, kGroup);
+      for (size_t k = 0; k < n; ++k) {
+        hashes[k] = RouteHash(name_hash_, ids[begin + k]);
+        stripes[k] = &StripeOf(hashes[k]);
+        stripes[k]->index.Prefetch(hashes[k]);
       }
-      Stripe& s = *stripes[i % kRing];
-      SpinLockHolder lock(&s.mu);
-      const uint32_t* slot = s.index.Find(ids[i], hashes[i % kRing]);
-      if (slot == nullptr) return;
-      const char* row = reinterpret_cast<const char*>(RowAt(s, *slot));
-      for (size_t off = 0; off < row_bytes; off += 64) {
-        if (for_write) {
-          __builtin_prefetch(row + off, 1, 3);
-        } else {
-          __builtin_prefetch(row + off, 0, 3);
+      for (size_t k = 0; k < n; ++k) {
+        Stripe& s = *stripes[k];
+        SpinLockHolder lock(&s.mu);
+        const uint32_t* slot = s.index.Find(ids[begin + k], hashes[k]);
+        if (slot == nullptr) continue;
+        const char* row = reinterpret_cast<const char*>(RowAt(s, *slot));
+        for (size_t off = 0; off < row_bytes; off += 64) {
+          if (for_write) {
+            __builtin_prefetch(row + off, 1, 3);
+          } else {
+            __builtin_prefetch(row + off, 0, 3);
+          }
         }
       }
-    };
-    for (size_t i = 0; i < std::min(n, kIndexAhead); ++i) fetch_bucket(i);
-    for (size_t i = 0; i < std::min(n, kRowAhead); ++i) fetch_row(i);
-    for (size_t i = 0; i < n; ++i) {
-      if (i + kIndexAhead < n) fetch_bucket(i + kIndexAhead);
-      if (i + kRowAhead < n) fetch_row(i + kRowAhead);
-      Stripe& s = *stripes[i % kRing];
-      SpinLockHolder lock(&s.mu);
-      fn(i, s, hashes[i % kRing]);
+      for (size_t k = 0; k < n; ++k) {
+        Stripe& s = *stripes[k];
+        SpinLockHolder lock(&s.mu);
+        fn(begin + k, s, hashes[k]);
+      }
     }
   }
 
