@@ -3,6 +3,7 @@
 #include <cstring>
 #include <memory>
 
+#include "absl/base/attributes.h"
 #include "absl/base/thread_annotations.h"
 #include "absl/strings/str_cat.h"
 #include "embedding/block_arena.h"
@@ -89,7 +90,7 @@ class EmbeddingTableImpl final : public EmbeddingTable {
       if (evictable_) {
         PullResident</*kTouch=*/true>(ids, out, read_only);
       } else {
-        PullResident</*kTouch=*/false>(ids, out, read_only);
+        PullOptimistic(ids, out, read_only);
       }
       return;
     }
@@ -108,6 +109,58 @@ class EmbeddingTableImpl final : public EmbeddingTable {
     if (missing.empty()) return;
     absl::Status st = LoadMissing(source, ids, missing, out, read_only);
     if (!st.ok() && error != nullptr) *error = st;
+  }
+
+  // The pull of a table whose rows are neither evicted nor touched (not evictable): one
+  // lock per row instead of ForEachGroup's two. Per group of kGroup ids: pass 0
+  // prefetches the index buckets without a lock; pass 1 locks, finds the row, notes its
+  // address and the stripe lock's version, and prefetches it; pass 2 copies each row
+  // WITHOUT the lock, as a seqlock reader (SpinLock): the copy counts only if no hold of
+  // the stripe began since pass 1 (a push, a new row, an erase that could reuse the slot)
+  // and none began during the copy. Otherwise, and for ids not found, pass 2 locks and
+  // runs the locked path. A row's memory is never freed while the table lives, so the
+  // address noted in pass 1 stays readable. Measured over 1M Adagrad rows of dim 64:
+  // 110 -> 88 us per 1024-row pull (docs/benchmarks.md).
+  void PullOptimistic(absl::Span<const int64_t> ids, float* out, bool read_only) {
+    const size_t row_bytes = layout_.dim * sizeof(float);
+    Stripe* stripes[kGroup];
+    uint64_t hashes[kGroup];
+    const float* rows[kGroup];
+    uint32_t versions[kGroup];
+    for (size_t begin = 0; begin < ids.size(); begin += kGroup) {
+      const size_t n = std::min(ids.size() - begin, kGroup);
+      PrefetchBuckets(ids.subspan(begin, n), stripes, hashes);
+      for (size_t k = 0; k < n; ++k) {
+        Stripe& s = *stripes[k];
+        SpinLockHolder lock(&s.mu);
+        const uint32_t* slot = s.index.Find(ids[begin + k], hashes[k]);
+        if (slot == nullptr) {
+          rows[k] = nullptr;
+          continue;
+        }
+        rows[k] = RowAt(s, *slot);
+        versions[k] = s.mu.version_after_unlock();
+        PrefetchRow(rows[k], row_bytes, /*for_write=*/false);
+      }
+      for (size_t k = 0; k < n; ++k) {
+        const size_t i = begin + k;
+        float* dst = out + i * layout_.dim;
+        Stripe& s = *stripes[k];
+        if (rows[k] != nullptr) {
+          std::memcpy(dst, rows[k], row_bytes);
+          if (s.mu.Unchanged(versions[k])) continue;
+        }
+        SpinLockHolder lock(&s.mu);
+        const uint32_t* slot = s.index.Find(ids[i], hashes[k]);
+        if (slot != nullptr) {
+          std::memcpy(dst, RowAt(s, *slot), row_bytes);
+        } else if (read_only) {
+          initializer_.Fill(name_hash_, ids[i], dst, layout_.dim);
+        } else {
+          std::memcpy(dst, CreateRow(s, ids[i], hashes[k]), row_bytes);
+        }
+      }
+    }
   }
 
   template <bool kTouch>
@@ -442,29 +495,40 @@ class EmbeddingTableImpl final : public EmbeddingTable {
     uint64_t hashes[kGroup];
     for (size_t begin = 0; begin < ids.size(); begin += kGroup) {
       const size_t n = std::min(ids.size() - begin, kGroup);
-      for (size_t k = 0; k < n; ++k) {
-        hashes[k] = RouteHash(name_hash_, ids[begin + k]);
-        stripes[k] = &StripeOf(hashes[k]);
-        stripes[k]->index.Prefetch(hashes[k]);
-      }
+      PrefetchBuckets(ids.subspan(begin, n), stripes, hashes);
       for (size_t k = 0; k < n; ++k) {
         Stripe& s = *stripes[k];
         SpinLockHolder lock(&s.mu);
         const uint32_t* slot = s.index.Find(ids[begin + k], hashes[k]);
-        if (slot == nullptr) continue;
-        const char* row = reinterpret_cast<const char*>(RowAt(s, *slot));
-        for (size_t off = 0; off < row_bytes; off += 64) {
-          if (for_write) {
-            __builtin_prefetch(row + off, 1, 3);
-          } else {
-            __builtin_prefetch(row + off, 0, 3);
-          }
-        }
+        if (slot != nullptr) PrefetchRow(RowAt(s, *slot), row_bytes, for_write);
       }
       for (size_t k = 0; k < n; ++k) {
         Stripe& s = *stripes[k];
         SpinLockHolder lock(&s.mu);
         fn(begin + k, s, hashes[k]);
+      }
+    }
+  }
+
+  // Pass 0 of a group: the routing hash and stripe of each id, and a prefetch of its
+  // index bucket, without any lock.
+  void PrefetchBuckets(absl::Span<const int64_t> ids, Stripe** stripes, uint64_t* hashes) {
+    for (size_t k = 0; k < ids.size(); ++k) {
+      hashes[k] = RouteHash(name_hash_, ids[k]);
+      stripes[k] = &StripeOf(hashes[k]);
+      stripes[k]->index.Prefetch(hashes[k]);
+    }
+  }
+
+  // Prefetches `bytes` of a row (for writing: the whole row).
+  ABSL_ATTRIBUTE_ALWAYS_INLINE static void PrefetchRow(const float* row, size_t bytes,
+                                                       bool for_write) {
+    const char* p = reinterpret_cast<const char*>(row);
+    for (size_t off = 0; off < bytes; off += 64) {
+      if (for_write) {
+        __builtin_prefetch(p + off, 1, 3);
+      } else {
+        __builtin_prefetch(p + off, 0, 3);
       }
     }
   }
