@@ -2,6 +2,10 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <new>
+#include <type_traits>
+
+#include "embedding/huge_block_pool.h"
 
 namespace ps {
 namespace {
@@ -88,10 +92,22 @@ void RowIndex::Reserve(size_t n) {
 
 void RowIndex::Clear() {
   // Freed on return, after Rehash has published the new array.
-  std::unique_ptr<Line[]> old = std::move(lines_);
+  Lines old = std::move(lines_);
   size_ = 0;
   has_empty_key_ = false;
   Rehash(kMinLog2Capacity);
+}
+
+void RowIndex::PoolFree::operator()(Line* lines) const {
+  HugeBlockPool::Default().Free(lines, bytes);  // Line is trivially destructible
+}
+
+RowIndex::Lines RowIndex::NewLines(size_t count) {
+  static_assert(std::is_trivially_destructible_v<Line>, "freed without destructors");
+  const size_t bytes = count * sizeof(Line);
+  Line* lines = static_cast<Line*>(HugeBlockPool::Default().Allocate(bytes));
+  for (size_t i = 0; i < count; ++i) new (&lines[i]) Line();  // every bucket empty
+  return Lines(lines, PoolFree(bytes));
 }
 
 void RowIndex::Rehash(int log2_capacity) {
@@ -100,8 +116,8 @@ void RowIndex::Rehash(int log2_capacity) {
     std::abort();
   }
   const size_t old_lines = lines_ ? capacity() / 4 : 0;
-  std::unique_ptr<Line[]> old = std::move(lines_);
-  lines_ = std::make_unique<Line[]>((size_t{1} << log2_capacity) / 4);
+  Lines old = std::move(lines_);
+  lines_ = NewLines((size_t{1} << log2_capacity) / 4);
   if ((reinterpret_cast<uintptr_t>(lines_.get()) & kLog2Mask) != 0) {
     std::fprintf(stderr, "RowIndex: bucket array is not 64-byte aligned\n");
     std::abort();

@@ -158,7 +158,17 @@ class RowIndex {
   // The first empty bucket of the probe run of `mixed`; `mixed`'s id must be absent.
   Entry* FindEmpty(uint32_t mixed);
 
-  std::unique_ptr<Line[]> lines_;  // capacity() / 4 lines: bucket b is At(b)
+  // The bucket array's memory, from HugeBlockPool (on huge pages once it is large).
+  struct PoolFree {
+    PoolFree() noexcept : bytes(0) {}
+    explicit PoolFree(size_t b) noexcept : bytes(b) {}
+    void operator()(Line* lines) const;
+    size_t bytes;
+  };
+  using Lines = std::unique_ptr<Line[], PoolFree>;
+  static Lines NewLines(size_t count);
+
+  Lines lines_;  // capacity() / 4 lines: bucket b is At(b)
   int log2_capacity_ = 0;
   int shift_ = 32;          // 32 - log2_capacity_
   size_t size_ = 0;         // ids in the array (not counting the side field)
