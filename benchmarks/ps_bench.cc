@@ -47,6 +47,9 @@ DEFINE_double(seconds, 10, "Timed duration.");
 DEFINE_string(optimizer, "adagrad", "sgd | momentum | adagrad | adam | ftrl");
 DEFINE_uint32(num_vshards, 256, "grpc: the pods' --num_vshards.");
 DEFINE_int32(channels, 2, "grpc: connections the client opens to each pod.");
+DEFINE_int32(completion_threads, 1,
+             "grpc: the client's completion threads (ClientOptions::completion_threads), "
+             "which receive the pods' answers and run the calls' completions.");
 DEFINE_bool(populate, true, "Create every row before timing (steady-state figures).");
 DEFINE_bool(show_stats, false, "grpc: print each pod's counters after the run.");
 DEFINE_string(drive, "callbacks",
@@ -117,6 +120,7 @@ class GrpcTarget : public Target {
     o.master = FLAGS_master;
     o.num_vshards = FLAGS_num_vshards;
     o.channels_per_server = FLAGS_channels;
+    o.completion_threads = FLAGS_completion_threads;
     auto security = ChannelSecurityFromFlags();
     if (!security.ok()) return security.status();
     o.security = *std::move(security);

@@ -25,6 +25,13 @@ class CompletionThreads {
  public:
   // `threads` >= 1 queues, each with its thread.
   explicit CompletionThreads(int threads);
+  // Runs the callbacks of calls started on `queue` (see Start) on this thread, until
+  // done() is true after one of them.
+  static void Drain(grpc::CompletionQueue* queue, const std::function<bool()>& done);
+
+  // True on one of any CompletionThreads' threads (where Handle::Wait must not block).
+  static bool OnCompletionThread();
+
   // Shuts the queues down and joins the threads. Every call started must have completed
   // (its callback returned or running to its end): the owner waits for that first.
   ~CompletionThreads();
@@ -37,11 +44,16 @@ class CompletionThreads {
   // done(status) runs, on the queue's thread, once the call has finished (`response`
   // then holds the answer if status is OK). done must not block: it holds up every call
   // answered on its thread.
+  //
+  // With `queue` set, the call runs on that queue instead, which its owner drains with
+  // Drain: a blocking call then depends on no completion thread, so it may be made from
+  // one (a Then callback that refreshes the table catalog, say).
   template <typename Resp, typename Prepare>
-  void Start(Prepare prepare, Resp* response, std::function<void(grpc::Status)> done) {
+  void Start(Prepare prepare, Resp* response, std::function<void(grpc::Status)> done,
+             grpc::CompletionQueue* queue = nullptr) {
     auto call = std::make_unique<TypedCall<Resp>>();
     call->done = std::move(done);
-    call->reader = prepare(NextQueue());
+    call->reader = prepare(queue != nullptr ? queue : NextQueue());
     call->reader->StartCall();
     TypedCall<Resp>* tag = call.get();
     tag->reader->Finish(response, &tag->status, static_cast<Call*>(tag));
@@ -64,6 +76,8 @@ class CompletionThreads {
     return queues_[next_.fetch_add(1, std::memory_order_relaxed) % queues_.size()].get();
   }
   void Poll(grpc::CompletionQueue* queue);
+  // Runs the callback of a tag taken from a queue, and frees the call.
+  static void Dispatch(void* tag, bool ok);
 
   std::vector<std::unique_ptr<grpc::CompletionQueue>> queues_;
   std::vector<std::thread> threads_;

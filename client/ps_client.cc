@@ -57,6 +57,12 @@ class Op {
     keep_.push_back(std::move(p));
   }
 
+  // Every RPC is done.
+  bool done() {
+    absl::MutexLock lock(&mu_);
+    return pending_ == 0;
+  }
+
   absl::Status Wait() {
     absl::MutexLock lock(&mu_);
     mu_.Await(absl::Condition(
@@ -105,6 +111,12 @@ class Op {
 
 absl::Status Handle::Wait() {
   if (op_ == nullptr) return absl::FailedPreconditionError("Wait on an empty Handle");
+  if (CompletionThreads::OnCompletionThread() && !op_->done()) {
+    // The answer may have to arrive on this very thread: waiting could never end.
+    return absl::FailedPreconditionError(
+        "Handle::Wait called from a completion callback (Handle::Then) on a call not "
+        "finished yet; chain it with Then instead");
+  }
   return op_->Wait();
 }
 
@@ -169,6 +181,9 @@ struct Rpc {
   // re-routes the request under the refreshed map as new RPCs of `op`.
   std::function<void(const std::shared_ptr<Op>& op)> reroute;
   std::shared_ptr<PullScatter> scatter;  // pulls
+  // Set for the calls of RunAll: the queue the calling thread drains (else the client's
+  // completion threads).
+  grpc::CompletionQueue* queue = nullptr;
 };
 
 using RawRpc = Rpc<grpc::ByteBuffer, grpc::ByteBuffer>;
@@ -193,22 +208,23 @@ struct Pod {
 // Every call to a pod runs on the client's completion threads.
 template <typename Req, typename Resp>
 void Invoke(Pod& pod, AsyncMethod<Req, Resp> method, grpc::ClientContext* ctx, const Req* req,
-            Resp* resp, std::function<void(grpc::Status)> done, CompletionThreads& completions) {
+            Resp* resp, std::function<void(grpc::Status)> done, CompletionThreads& completions,
+            grpc::CompletionQueue* own_queue) {
   Stub* stub = pod.stubs[pod.NextChannel()].get();
   completions.Start(
       [&](grpc::CompletionQueue* queue) { return (stub->*method)(ctx, *req, queue); }, resp,
-      std::move(done));
+      std::move(done), own_queue);
 }
 
 void Invoke(Pod& pod, RawMethod method, grpc::ClientContext* ctx, const grpc::ByteBuffer* req,
             grpc::ByteBuffer* resp, std::function<void(grpc::Status)> done,
-            CompletionThreads& completions) {
+            CompletionThreads& completions, grpc::CompletionQueue* own_queue) {
   grpc::GenericStub* stub = pod.raw_stubs[pod.NextChannel()].get();
   completions.Start(
       [&](grpc::CompletionQueue* queue) {
         return stub->PrepareUnaryCall(ctx, method.name, *req, queue);
       },
-      resp, std::move(done));
+      resp, std::move(done), own_queue);
 }
 
 // The channels of `options.security`; its files were read once already by Connect, so a
@@ -545,7 +561,7 @@ class PsClientImpl final : public PsClient {
           }
           Done(rpc, op.get(), status);
         },
-        *completions_);
+        *completions_, rpc->queue);
   }
 
   template <typename Req, typename Resp>
@@ -575,10 +591,19 @@ class PsClientImpl final : public PsClient {
 
   // Blocking fan-out over caller-owned RPCs.
   template <typename Req, typename Resp>
+  // The calls run on a queue of their own that this thread drains (retries included), so
+  // a blocking call never waits on a completion thread: it works from one too.
   absl::Status RunAll(AsyncMethod<Req, Resp> method,
                       std::vector<std::unique_ptr<Rpc<Req, Resp>>>* rpcs) {
     auto op = std::make_shared<Op>(static_cast<int>(rpcs->size()));
-    for (auto& rpc : *rpcs) Begin(method, rpc.get(), op);
+    grpc::CompletionQueue queue;
+    for (auto& rpc : *rpcs) {
+      rpc->queue = &queue;
+      Begin(method, rpc.get(), op);
+    }
+    CompletionThreads::Drain(&queue, [&op] { return op->done(); });
+    queue.Shutdown();
+    CompletionThreads::Drain(&queue, [] { return false; });  // empty: every call is done
     return op->Wait();
   }
 

@@ -98,11 +98,16 @@ class Handle {
   absl::Status Wait();
   // The completion-callback form of Wait: runs done(status) once, when Wait would return,
   // with the status Wait would return. If the call has already finished, done runs at
-  // once on this thread; otherwise it runs on the client's thread that finishes the
-  // call, so it must not block (it may start other calls: a driver keeps a pipeline
-  // full by starting the next call from the callback, with no thread waking up to do
-  // it). The handle may be dropped after Then; the call's buffers must stay valid until
-  // done runs. At most one Then per handle; Wait may still be called.
+  // once on this thread; otherwise on the client's completion thread that finishes the
+  // call (ClientOptions::completion_threads), which answers the client's other calls
+  // too, so done must be short. It may start other calls and chain them with Then (a
+  // driver keeps a pipeline full that way, with no thread woken to do it); it must not
+  // Wait for an unfinished call (Wait then returns FAILED_PRECONDITION rather than wait
+  // for an answer that this very thread would have to receive). The client's other
+  // methods (CreateTable, PullDense, Stats...) may be called from it: they block the
+  // thread for their round trip but use a queue of their own. The handle may be dropped
+  // after Then; the call's buffers must stay valid until done runs. At most one Then per
+  // handle; Wait may still be called.
   void Then(std::function<void(absl::Status)> done);
 
  private:

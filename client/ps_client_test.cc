@@ -188,6 +188,34 @@ TEST_F(ClientTest, ThenRunsOnCompletionAndCanStartTheNextCall) {
   ASSERT_TRUE(pull_status.ok()) << pull_status;
   for (float v : seen) EXPECT_EQ(v, static_cast<float>(kChain));
 
+  // From a callback (on the completion thread): waiting for an unfinished call is refused
+  // rather than deadlocked; a blocking method works (it drains a queue of its own), and
+  // so does a pull of a table this client has not seen yet (its catalog refresh blocks
+  // the same way).
+  auto other = Connect();
+  ASSERT_NE(other, nullptr);
+  TableSpec late = Spec("late", 4, OptimizerSpec::SGD);
+  late.mutable_initializer()->set_kind(InitializerSpec::CONSTANT);
+  late.mutable_initializer()->set_value(2.5f);
+  ASSERT_TRUE(other->CreateTable(late).ok());
+  absl::Notification inner_done;
+  absl::Status wait_status, describe_status, late_status;
+  std::vector<float> late_out(4, 0.0f);
+  std::vector<int64_t> one = {5};
+  client->PushAsync({{"emb", ids, ones.data()}}).Then([&](absl::Status) {
+    wait_status = client->PushAsync({{"emb", ids, ones.data()}}).Wait();
+    describe_status = client->GetTable("emb").status();
+    client->PullAsync({{"late", one, late_out.data()}}).Then([&](absl::Status s) {
+      late_status = s;
+      inner_done.Notify();
+    });
+  });
+  inner_done.WaitForNotification();
+  EXPECT_EQ(wait_status.code(), absl::StatusCode::kFailedPrecondition) << wait_status;
+  EXPECT_TRUE(describe_status.ok()) << describe_status;
+  ASSERT_TRUE(late_status.ok()) << late_status;
+  for (float v : late_out) EXPECT_EQ(v, 2.5f);
+
   // Failed before any RPC: the callback runs at once, on this thread.
   bool called = false;
   client->PullAsync({{"missing", pull_ids, out.data()}}).Then([&](absl::Status s) {
