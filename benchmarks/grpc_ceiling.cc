@@ -51,7 +51,9 @@ DEFINE_int32(client_cq_threads, 0,
 DEFINE_int32(server_cq_threads, 0,
              "0: the server uses gRPC's callback API; N: the completion-queue API, with N "
              "threads each polling its own queue and answering the calls it receives.");
-DEFINE_int32(server_work_us, 0, "CPU time the server spins per call before answering (a stand-in for the table's work).");
+DEFINE_int32(
+    server_work_us, 0,
+    "CPU time the server spins per call before answering (a stand-in for the table's work).");
 DEFINE_int32(server_threads, 0,
              "If > 0, the server hands each call to one of this many threads before "
              "answering (as ps-server's --threads pool does); 0: it answers on gRPC's thread.");
@@ -64,7 +66,8 @@ void Work() {
   clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t0);
   do {
     clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
-  } while ((t.tv_sec - t0.tv_sec) * 1000000 + (t.tv_nsec - t0.tv_nsec) / 1000 < FLAGS_server_work_us);
+  } while ((t.tv_sec - t0.tv_sec) * 1000000 + (t.tv_nsec - t0.tv_nsec) / 1000 <
+           FLAGS_server_work_us);
 }
 
 double CpuSeconds(const rusage& u) {
@@ -85,7 +88,10 @@ class Reactor final : public grpc::ServerGenericBidiReactor {
     StartRead(&request_);
   }
   void OnReadDone(bool ok) override;
-  void Answer() { Work(); StartWriteAndFinish(&response_, grpc::WriteOptions(), grpc::Status::OK); }
+  void Answer() {
+    Work();
+    StartWriteAndFinish(&response_, grpc::WriteOptions(), grpc::Status::OK);
+  }
   void OnWriteDone(bool) override {}
   void OnDone() override { delete this; }  // gRPC's reactor contract: the reactor owns itself
 

@@ -81,8 +81,8 @@ class Target {
   // without driver threads): starts it and returns; done(status) runs when it finishes,
   // on another thread or on this one.
   virtual bool has_callbacks() const { return false; }
-  virtual void StartThen(bool pull, const std::vector<int64_t>& ids, float* out,
-                         const float* grads, std::function<void(absl::Status)> done) {
+  virtual void StartThen(bool pull, const std::vector<int64_t>& ids, float* out, const float* grads,
+                         std::function<void(absl::Status)> done) {
     done(absl::UnimplementedError("no completion callbacks"));
   }
 };
@@ -379,7 +379,8 @@ void RunChains(Target* target, const Workload& workload, const std::vector<float
   }
   for (Chain& chain : chains) chain.issue();
   absl::MutexLock lock(&mu);
-  mu.Await(absl::Condition(+[](int* n) { return *n == 0; }, &live));
+  mu.Await(absl::Condition(
+      +[](int* n) { return *n == 0; }, &live));
 }
 
 int Run() {
@@ -532,12 +533,14 @@ int Run() {
               static_cast<unsigned long>(lat.size()), pct(0.5), pct(0.99));
   std::printf(
       "{\"target\":\"%s\",\"op\":\"%s\",\"dim\":%d,\"batch\":%d,\"inflight\":%d,\"threads\":%d,"
-      "\"drive\":\"%s\",\"rows\":%lu,\"dist\":\"%s\",\"optimizer\":\"%s\",\"seconds\":%.2f,\"rows_per_s\":%.0f,"
+      "\"drive\":\"%s\",\"rows\":%lu,\"dist\":\"%s\",\"optimizer\":\"%s\",\"seconds\":%.2f,\"rows_"
+      "per_s\":%.0f,"
       "\"mb_per_s\":%.1f,\"p50_us\":%.0f,\"p99_us\":%.0f}\n",
       FLAGS_target.c_str(), FLAGS_op.c_str(), FLAGS_dim, FLAGS_batch,
       callbacks ? FLAGS_inflight : threads * per_thread, callbacks ? 0 : threads,
-      callbacks ? "callbacks" : "threads", static_cast<unsigned long>(FLAGS_rows), FLAGS_dist.c_str(), FLAGS_optimizer.c_str(), elapsed,
-      rows_per_s, mb_per_s, pct(0.5), pct(0.99));
+      callbacks ? "callbacks" : "threads", static_cast<unsigned long>(FLAGS_rows),
+      FLAGS_dist.c_str(), FLAGS_optimizer.c_str(), elapsed, rows_per_s, mb_per_s, pct(0.5),
+      pct(0.99));
   return 0;
 }
 

@@ -211,9 +211,8 @@ void Invoke(Pod& pod, AsyncMethod<Req, Resp> method, grpc::ClientContext* ctx, c
             Resp* resp, std::function<void(grpc::Status)> done, CompletionThreads& completions,
             grpc::CompletionQueue* own_queue) {
   Stub* stub = pod.stubs[pod.NextChannel()].get();
-  completions.Start(
-      [&](grpc::CompletionQueue* queue) { return (stub->*method)(ctx, *req, queue); }, resp,
-      std::move(done), own_queue);
+  completions.Start([&](grpc::CompletionQueue* queue) { return (stub->*method)(ctx, *req, queue); },
+                    resp, std::move(done), own_queue);
 }
 
 void Invoke(Pod& pod, RawMethod method, grpc::ClientContext* ctx, const grpc::ByteBuffer* req,

@@ -34,7 +34,8 @@ void* HugeBlockPool::Allocate(size_t bytes) {
     if (p == nullptr) throw std::bad_alloc();
     return p;
   }
-  if (bytes > kChunkBytes) return AllocateChunks((bytes + kChunkBytes - 1) / kChunkBytes * kChunkBytes);
+  if (bytes > kChunkBytes)
+    return AllocateChunks((bytes + kChunkBytes - 1) / kChunkBytes * kChunkBytes);
   const int want = OrderOf(bytes);
   absl::MutexLock lock(&mu_);
   int order = want;

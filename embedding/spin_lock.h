@@ -53,9 +53,7 @@ class ABSL_LOCKABLE SpinLock {
   }
 
   // The version once the current hold ends. Call only while holding the lock.
-  uint32_t version_after_unlock() const {
-    return version_.load(std::memory_order_relaxed) + 1;
-  }
+  uint32_t version_after_unlock() const { return version_.load(std::memory_order_relaxed) + 1; }
   // After an optimistic read: true if no hold has begun since the one whose
   // version_after_unlock returned v, so the bytes read are what that holder left.
   bool Unchanged(uint32_t v) const {
