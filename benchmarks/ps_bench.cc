@@ -41,8 +41,8 @@ DEFINE_int32(inflight, 8,
              "Operations outstanding at once: async handles for grpc, connections (each "
              "with its own thread) for redis.");
 DEFINE_int32(threads, 2,
-             "Driver threads (inproc: threads calling the table; grpc: threads issuing "
-             "the in-flight operations).");
+             "Driver threads (inproc: threads calling the table; grpc with "
+             "--drive=threads: threads issuing the in-flight operations).");
 DEFINE_double(seconds, 10, "Timed duration.");
 DEFINE_string(optimizer, "adagrad", "sgd | momentum | adagrad | adam | ftrl");
 DEFINE_uint32(num_vshards, 256, "grpc: the pods' --num_vshards.");
