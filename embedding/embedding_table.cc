@@ -9,6 +9,7 @@
 #include "embedding/block_arena.h"
 #include "embedding/hash.h"
 #include "embedding/row_index.h"
+#include "embedding/row_rules.h"
 #include "embedding/row_source.h"
 #include "embedding/spec.h"
 #include "embedding/spin_lock.h"
@@ -264,10 +265,12 @@ class EmbeddingTableImpl final : public EmbeddingTable {
     SpinLockHolder lock(&s.mu);
     const uint32_t slot = FindOrCreate(s, id, h);
     float* row = RowAt(s, slot);
-    if (GetStep(row) >= step) return;
-    uint64_t before = step - 1;
-    optimizer_.Apply(lr, row, row + layout_.dim, &before, grad, layout_.dim);
-    SetStep(row, before);
+    uint64_t row_step = GetStep(row);
+    if (!ReplayGradient(optimizer_, lr, grad, step, layout_.dim, row, row + layout_.dim,
+                        &row_step)) {
+      return;
+    }
+    SetStep(row, row_step);
     MarkDirty(s, slot);
   }
 
@@ -297,18 +300,16 @@ class EmbeddingTableImpl final : public EmbeddingTable {
     Stripe& s = StripeOf(h);
     SpinLockHolder lock(&s.mu);
     const uint32_t* found = s.index.Find(id, h);
-    uint32_t slot;
-    if (found != nullptr) {
-      slot = *found;
-      if (GetStep(RowAt(s, slot)) >= step) return false;
-    } else {
-      slot = NewSlot(s, id, h);
+    const bool exists = found != nullptr;
+    const uint32_t slot = exists ? *found : NewSlot(s, id, h);
+    float* row = RowAt(s, slot);
+    uint64_t row_step = exists ? GetStep(row) : 0;
+    if (!InstallValues(weights, slots, step, layout_.dim, layout_.slot_floats, exists, row,
+                       row + layout_.dim, &row_step)) {
+      return false;  // the row is as new already (a new row always installs)
     }
     Touch(s, slot);
-    float* row = RowAt(s, slot);
-    std::memcpy(row, weights, layout_.dim * sizeof(float));
-    std::memcpy(row + layout_.dim, slots, layout_.slot_floats * sizeof(float));
-    SetStep(row, step);
+    SetStep(row, row_step);
     MarkDirty(s, slot);
     return true;
   }
@@ -550,9 +551,10 @@ class EmbeddingTableImpl final : public EmbeddingTable {
   }
 
   void InitRow(float* row, int64_t id) const {
-    initializer_.Fill(name_hash_, id, row, layout_.dim);
-    optimizer_.InitSlots(row + layout_.dim, layout_.dim);
-    SetStep(row, 0);
+    uint64_t step;
+    InitRowValues(initializer_, optimizer_, name_hash_, id, layout_.dim, row, row + layout_.dim,
+                  &step);
+    SetStep(row, step);
   }
 
   // A slot for a new row of `id` (an evicted row's, or a new one), indexed, not dirty;

@@ -227,6 +227,36 @@ TEST(EmbeddingTableTest, PullNeverSeesAHalfPushedRow) {
   for (float v : out) ASSERT_EQ(v, static_cast<float>(pushes.load()));
 }
 
+// The rules of logged updates (embedding/row_rules.h, shared with a pod's lazy replay):
+// a replayed gradient or an install applies only to a row with fewer updates than its
+// step, and a new row takes an install at any step, step 0 included.
+TEST(EmbeddingTableTest, ReplayAndInstallSkipWhatARowHasAlready) {
+  TableSpec spec = Spec(2);
+  spec.mutable_initializer()->set_kind(InitializerSpec::ZEROS);
+  auto t = Make(spec);
+  const std::vector<float> g = {-1.0f, -2.0f};
+  t->Replay(1, g.data(), 1.0f, 1);  // creates row 1 and applies: step 1
+  t->Replay(1, g.data(), 1.0f, 1);  // already has it
+  t->Replay(1, g.data(), 1.0f, 2);  // step 2
+  std::vector<float> out(2);
+  t->Pull(std::vector<int64_t>{1}, out.data(), true);
+  EXPECT_EQ(out, (std::vector<float>{2.0f, 4.0f}));
+  const std::vector<float> w = {7.0f, 8.0f};
+  EXPECT_FALSE(t->Install(1, w.data(), w.data(), 2));  // SGD: no slots. Has 2 updates
+  EXPECT_TRUE(t->Install(1, w.data(), w.data(), 3));
+  t->Pull(std::vector<int64_t>{1}, out.data(), true);
+  EXPECT_EQ(out, w);
+  EXPECT_TRUE(t->Install(2, w.data(), w.data(), 0));  // a new row, at step 0
+  t->Pull(std::vector<int64_t>{2}, out.data(), true);
+  EXPECT_EQ(out, w);
+  bool seen = false;
+  t->Inspect(1, [&](const RowView& row) {
+    EXPECT_EQ(row.step, 3u);
+    seen = true;
+  });
+  EXPECT_TRUE(seen);
+}
+
 TEST(EmbeddingTableTest, RejectsBadStripeCount) {
   TableOptions options;
   options.num_stripes = 12;

@@ -8,6 +8,7 @@
 #include "absl/time/clock.h"
 #include "embedding/initializer.h"
 #include "embedding/optimizer.h"
+#include "embedding/row_rules.h"
 #include "embedding/row_source.h"
 #include "embedding/status_macros.h"
 #include "ps/log_record.h"
@@ -100,23 +101,23 @@ class PendingTable {
     if (it == s.rows.end()) return false;
     std::vector<const PendingUpdate*> row;
     Ordered(s, it->second, &row);
+    // The rules of EmbeddingTable::Replay and Install (embedding/row_rules.h), on a row
+    // that is not in the table: each update is skipped if the stored row has it already.
     const uint32_t dim = table->dim();
-    if (!*found) {  // as EmbeddingTable creates a row
-      initializer_.Fill(table->name_hash(), id, values, dim);
-      optimizer_.InitSlots(values + dim, dim);
-      *step = 0;
-      *found = true;
-    }
+    float* weights = values;
+    float* slots = values + dim;
     for (const PendingUpdate* u : row) {
-      if (*step >= u->step) continue;  // already in the stored row
       if (u->install) {
-        std::memcpy(values, u->data, (dim + table->slot_floats()) * sizeof(float));
-        *step = u->step;
+        InstallValues(u->data, u->data + dim, u->step, dim, table->slot_floats(), *found, weights,
+                      slots, step);
       } else {
-        uint64_t before = u->step - 1;
-        optimizer_.Apply(u->lr, values, values + dim, &before, u->data, dim);
-        *step = before;
+        if (!*found) {
+          InitRowValues(initializer_, optimizer_, table->name_hash(), id, dim, weights, slots,
+                        step);
+        }
+        ReplayGradient(optimizer_, u->lr, u->data, u->step, dim, weights, slots, step);
       }
+      *found = true;
     }
     return true;
   }

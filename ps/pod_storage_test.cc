@@ -441,21 +441,22 @@ TEST_F(PodStorageTest, LazyReplayServesRecoveredRowsBeforeApplyingTheLog) {
     PushSome(*core, 41, 40, &rng);  // stored rows updated again, in the log only
     PushResponse resp;
     ASSERT_TRUE(core->Push(MakePush({100, 101, 100}, &rng, 81), &resp).ok());  // log only
-    // Whole rows installed by an import (logged installs): over a stored row, and a new
-    // row then pushed again.
+    // Whole rows installed by an import (logged installs): over a stored row, a new row
+    // then pushed again, and a new row at step 0 (a row exported before any push: a new
+    // row takes an install whatever its step).
     ImportRowsRequest import;
     TableRows* rows = import.add_tables();
     rows->set_table("emb");
-    *rows->mutable_ids() = Pack<int64_t>({3, 300});
-    *rows->mutable_steps() = Pack<uint64_t>({1000, 5});
-    std::vector<float> values(2 * 12);  // dim 4 + Adam's 8 slot floats
+    *rows->mutable_ids() = Pack<int64_t>({3, 300, 400});
+    *rows->mutable_steps() = Pack<uint64_t>({1000, 5, 0});
+    std::vector<float> values(3 * 12);  // dim 4 + Adam's 8 slot floats
     for (size_t i = 0; i < values.size(); ++i) values[i] = 0.01f * static_cast<float>(i + 1);
     *rows->mutable_values() = Pack<float>(values);
     ImportRowsResponse imported;
     std::promise<absl::Status> done;
     ImportRows(*core, import, &imported, [&done](absl::Status s) { done.set_value(s); });
     ASSERT_TRUE(done.get_future().get().ok());
-    ASSERT_EQ(imported.installed(), 2u);
+    ASSERT_EQ(imported.installed(), 3u);
     ASSERT_TRUE(core->Push(MakePush({300, 3}, &rng, 82), &resp).ok());
   }
   const std::string eager_dir = root_ + "/eager";
@@ -478,6 +479,7 @@ TEST_F(PodStorageTest, LazyReplayServesRecoveredRowsBeforeApplyingTheLog) {
   ids.push_back(100);
   ids.push_back(101);
   ids.push_back(300);
+  ids.push_back(400);
   PullRequest pull;
   pull.add_tables()->set_table("emb");
   *pull.mutable_tables(0)->mutable_ids() = Pack<int64_t>(ids);
