@@ -26,9 +26,24 @@ bool CompletionThreads::OnCompletionThread() { return on_completion_thread; }
 
 void CompletionThreads::Dispatch(void* tag, bool ok) {
   std::unique_ptr<Call> call(static_cast<Call*>(tag));
-  // A unary Finish always completes with ok; its status says how the call ended.
-  LOG_IF(DFATAL, !ok) << "a unary call completed without a status";
-  call->done(ok ? call->status : grpc::Status(grpc::StatusCode::INTERNAL, "no status"));
+  // A unary Finish (and an alarm, never cancelled) always completes with ok; the status
+  // says how the call ended.
+  LOG_IF(DFATAL, !ok) << "a call completed without a status";
+  std::function<void(grpc::Status)> done = std::move(call->done);
+  const grpc::Status status =
+      ok ? call->status : grpc::Status(grpc::StatusCode::INTERNAL, "no status");
+  // The reader lives in its call's arena, which its ClientContext frees: destroy it
+  // before `done`, which may destroy the context (a retry makes a new one).
+  call.reset();
+  done(status);
+}
+
+void CompletionThreads::Run(std::function<void()> fn) {
+  auto call = std::make_unique<AlarmCall>();
+  call->done = [fn = std::move(fn)](const grpc::Status&) { fn(); };
+  AlarmCall* tag = call.get();
+  tag->alarm.Set(NextQueue(), gpr_now(GPR_CLOCK_MONOTONIC), static_cast<Call*>(tag));
+  call.release();  // the queue's until Poll takes the tag back
 }
 
 void CompletionThreads::Poll(grpc::CompletionQueue* queue) {

@@ -9,6 +9,7 @@
 // 1024-row pull: docs/benchmarks.md.) Calls are spread over the queues round-robin.
 #pragma once
 
+#include <grpcpp/alarm.h>
 #include <grpcpp/generic/generic_stub.h>
 #include <grpcpp/grpcpp.h>
 
@@ -25,6 +26,9 @@ class CompletionThreads {
  public:
   // `threads` >= 1 queues, each with its thread.
   explicit CompletionThreads(int threads);
+  // Runs fn on one of the threads, soon (an alarm due now on its queue).
+  void Run(std::function<void()> fn);
+
   // Runs the callbacks of calls started on `queue` (see Start) on this thread, until
   // done() is true after one of them.
   static void Drain(grpc::CompletionQueue* queue, const std::function<bool()>& done);
@@ -67,9 +71,14 @@ class CompletionThreads {
     grpc::Status status;
     std::function<void(grpc::Status)> done;
   };
+  // The reader lives in the call's arena, freed with its ClientContext: it must be
+  // destroyed first (Dispatch does, before running `done`).
   template <typename Resp>
   struct TypedCall final : Call {
     std::unique_ptr<grpc::ClientAsyncResponseReader<Resp>> reader;
+  };
+  struct AlarmCall final : Call {
+    grpc::Alarm alarm;
   };
 
   grpc::CompletionQueue* NextQueue() {

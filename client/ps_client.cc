@@ -1,5 +1,6 @@
 #include "client/ps_client.h"
 
+#include <glog/logging.h>
 #include <grpcpp/generic/generic_stub.h>
 #include <grpcpp/grpcpp.h>
 
@@ -260,6 +261,10 @@ class PsClientImpl final : public PsClient {
   }
 
   ~PsClientImpl() override {
+    // From a completion callback the wait below could never end (the callback's own call
+    // is still in flight) and the completion threads could not be joined.
+    LOG_IF(FATAL, CompletionThreads::OnCompletionThread())
+        << "a PsClient was destroyed from one of its completion callbacks";
     absl::MutexLock lock(&inflight_mu_);
     inflight_mu_.Await(absl::Condition(
         +[](int* n) { return *n == 0; }, &inflight_rpcs_));
@@ -542,9 +547,14 @@ class PsClientImpl final : public PsClient {
             return;
           }
           if (master && rpc->reroute && WrongShard(s) && rpc->reroutes < options_.max_reroutes) {
-            RefreshMap(rpc->epoch, [this, rpc, op = std::move(op)] {
-              rpc->reroute(op);  // adds its RPCs to the op before this one is done
-              Done(rpc, op.get(), absl::OkStatus());
+            // The refresh ends on the timer thread; the re-routing (which may finish the
+            // call and run its Then callback) runs on a completion thread, as every
+            // completion does.
+            RefreshMap(rpc->epoch, [this, rpc, op = std::move(op)]() mutable {
+              completions_->Run([this, rpc, op = std::move(op)] {
+                rpc->reroute(op);  // adds its RPCs to the op before this one is done
+                Done(rpc, op.get(), absl::OkStatus());
+              });
             });
             return;
           }

@@ -99,8 +99,9 @@ class Handle {
   // The completion-callback form of Wait: runs done(status) once, when Wait would return,
   // with the status Wait would return. If the call has already finished, done runs at
   // once on this thread; otherwise on the client's completion thread that finishes the
-  // call (ClientOptions::completion_threads), which answers the client's other calls
-  // too, so done must be short. It may start other calls and chain them with Then (a
+  // call (ClientOptions::completion_threads, even when the call was re-routed after a
+  // map change), which answers the client's other calls too, so done must be short, and
+  // must not destroy the client. It may start other calls and chain them with Then (a
   // driver keeps a pipeline full that way, with no thread woken to do it); it must not
   // Wait for an unfinished call (Wait then returns FAILED_PRECONDITION rather than wait
   // for an answer that this very thread would have to receive). The client's other
