@@ -123,7 +123,7 @@ class EmbeddingTableImpl final : public EmbeddingTable {
   // second locked read, nothing else). Otherwise, and for ids not found, pass 2 locks and
   // runs the locked path. A row's memory is never freed while the table lives, so the
   // address noted in pass 1 stays readable. Measured over 1M Adagrad rows of dim 64:
-  // 110 -> 88 us per 1024-row pull (docs/benchmarks.md).
+  // 104-114 -> 93-103 us per 1024-row pull, alternated batch by batch (docs/benchmarks.md).
   void PullOptimistic(absl::Span<const int64_t> ids, float* out, bool read_only) {
     const size_t row_bytes = layout_.dim * sizeof(float);
     Stripe* stripes[kGroup];

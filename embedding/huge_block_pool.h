@@ -6,8 +6,9 @@
 // stripes: 128 KiB each), so they are carved from shared 2 MiB chunks advised as huge
 // pages, by a buddy allocator: blocks are powers of two from kMinBlockBytes to
 // kChunkBytes, a freed block merges with its free buddy, and a chunk wholly free again
-// goes back to the C heap (free; glibc may keep it for later allocations). Measured on 1M Adagrad
-// rows of dim 64: pull 104 -> 93 us and push 197 -> 172 us per 1024 rows (docs/benchmarks.md).
+// goes back to the C heap (free; glibc may keep it for later allocations). Measured on
+// 1M Adagrad rows of dim 64, old and new alternated: pull 98-105 -> 83-99 us and push
+// 163-188 -> 166-174 us per 1024 rows (docs/benchmarks.md).
 #pragma once
 
 #include <cstddef>
