@@ -164,17 +164,28 @@ struct CqCall {
   }
 };
 
-[[noreturn]] void ServeCq(int port_pipe, size_t response_bytes) {
+// The server: gRPC's callback API (answering on gRPC's thread or, with --server_threads,
+// on a WorkPool), or with --server_cq_threads the completion-queue API.
+[[noreturn]] void Serve(int port_pipe, size_t response_bytes) {
+  std::unique_ptr<ps::WorkPool> pool;
+  if (FLAGS_server_threads > 0) {
+    pool = std::make_unique<ps::WorkPool>(ps::WorkPoolOptions{FLAGS_server_threads, 1024});
+  }
+  Service service(response_bytes, pool.get());
   const grpc::ByteBuffer response = FixedBuffer(response_bytes);
-  grpc::AsyncGenericService service;
+  grpc::AsyncGenericService cq_service;
   grpc::ServerBuilder builder;
   int port = 0;
   builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
   builder.SetMaxReceiveMessageSize(64 << 20);
   builder.SetMaxSendMessageSize(64 << 20);
-  builder.RegisterAsyncGenericService(&service);
   std::vector<std::unique_ptr<grpc::ServerCompletionQueue>> cqs;
-  for (int t = 0; t < FLAGS_server_cq_threads; ++t) cqs.push_back(builder.AddCompletionQueue());
+  if (FLAGS_server_cq_threads > 0) {
+    builder.RegisterAsyncGenericService(&cq_service);
+    for (int t = 0; t < FLAGS_server_cq_threads; ++t) cqs.push_back(builder.AddCompletionQueue());
+  } else {
+    builder.RegisterCallbackGenericService(&service);
+  }
   auto server = builder.BuildAndStart();
   if (server == nullptr) _exit(1);
   std::vector<std::unique_ptr<CqCall>> calls;
@@ -182,7 +193,7 @@ struct CqCall {
   for (auto& cq : cqs) {
     for (int k = 0; k < 16; ++k) {
       calls.push_back(std::make_unique<CqCall>());
-      calls.back()->service = &service;
+      calls.back()->service = &cq_service;
       calls.back()->cq = cq.get();
       calls.back()->response = &response;
       calls.back()->Request();
@@ -193,27 +204,6 @@ struct CqCall {
       while (q->Next(&tag, &ok)) static_cast<CqCall*>(tag)->Proceed(ok);
     });
   }
-  if (write(port_pipe, &port, sizeof(port)) != sizeof(port)) _exit(1);
-  close(port_pipe);
-  pause();
-  _exit(0);
-}
-
-[[noreturn]] void Serve(int port_pipe, size_t response_bytes) {
-  if (FLAGS_server_cq_threads > 0) ServeCq(port_pipe, response_bytes);
-  std::unique_ptr<ps::WorkPool> pool;
-  if (FLAGS_server_threads > 0) {
-    pool = std::make_unique<ps::WorkPool>(ps::WorkPoolOptions{FLAGS_server_threads, 1024});
-  }
-  Service service(response_bytes, pool.get());
-  grpc::ServerBuilder builder;
-  int port = 0;
-  builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
-  builder.SetMaxReceiveMessageSize(64 << 20);
-  builder.SetMaxSendMessageSize(64 << 20);
-  builder.RegisterCallbackGenericService(&service);
-  auto server = builder.BuildAndStart();
-  if (server == nullptr) _exit(1);
   if (write(port_pipe, &port, sizeof(port)) != sizeof(port)) _exit(1);
   close(port_pipe);
   pause();  // until the parent's SIGTERM; the default action ends the process

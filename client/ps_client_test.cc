@@ -52,6 +52,19 @@ class ClientTest : public testing::Test {
     return c.ok() ? std::move(c).value() : nullptr;
   }
 
+  // Table "emb": dim 4, zeros, SGD at learning rate 1, so a push of -1 adds 1.
+  static bool CreateCounterTable(PsClient& client) {
+    TableSpec spec = Spec("emb", 4, OptimizerSpec::SGD);
+    spec.mutable_initializer()->set_kind(InitializerSpec::ZEROS);
+    spec.mutable_optimizer()->set_learning_rate(1.0f);
+    return client.CreateTable(spec).ok();
+  }
+  static std::vector<int64_t> Iota(int n) {
+    std::vector<int64_t> ids(n);
+    for (int i = 0; i < n; ++i) ids[i] = i;
+    return ids;
+  }
+
   ClientOptions options_;
   std::vector<std::unique_ptr<PsServer>> servers_;
 };
@@ -119,13 +132,9 @@ TEST_F(ClientTest, AsyncCallsInFlightTogether) {
   StartPods(2);
   auto client = Connect();
   ASSERT_NE(client, nullptr);
-  TableSpec spec = Spec("emb", 4, OptimizerSpec::SGD);
-  spec.mutable_initializer()->set_kind(InitializerSpec::ZEROS);
-  spec.mutable_optimizer()->set_learning_rate(1.0f);
-  ASSERT_TRUE(client->CreateTable(spec).ok());
-  std::vector<int64_t> ids(100);
-  for (int i = 0; i < 100; ++i) ids[i] = i;
-  std::vector<float> ones(400, -1.0f);
+  ASSERT_TRUE(CreateCounterTable(*client));
+  const std::vector<int64_t> ids = Iota(100);
+  std::vector<float> ones(400, -1.0f);  // each push adds 1 to every element
   std::vector<Handle> handles;
   for (int k = 0; k < 16; ++k) handles.push_back(client->PushAsync({{"emb", ids, ones.data()}}));
   for (auto& h : handles) ASSERT_TRUE(h.Wait().ok());
@@ -142,13 +151,9 @@ TEST_F(ClientTest, ThenRunsOnCompletionAndCanStartTheNextCall) {
   StartPods(2);
   auto client = Connect();
   ASSERT_NE(client, nullptr);
-  TableSpec spec = Spec("emb", 4, OptimizerSpec::SGD);
-  spec.mutable_initializer()->set_kind(InitializerSpec::ZEROS);
-  spec.mutable_optimizer()->set_learning_rate(1.0f);
-  ASSERT_TRUE(client->CreateTable(spec).ok());
-  std::vector<int64_t> ids(100);
-  for (int i = 0; i < 100; ++i) ids[i] = i;
-  std::vector<float> ones(400, -1.0f);
+  ASSERT_TRUE(CreateCounterTable(*client));
+  const std::vector<int64_t> ids = Iota(100);
+  std::vector<float> ones(400, -1.0f);  // each push adds 1 to every element
 
   constexpr int kChain = 20;
   absl::Mutex mu;

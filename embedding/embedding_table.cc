@@ -86,10 +86,10 @@ class EmbeddingTableImpl final : public EmbeddingTable {
             absl::Status* error) override {
     RowSource* source = source_.load(std::memory_order_acquire);
     if (source == nullptr) {
-      // The in-memory path: its own instantiations, so a table that is not evictable
-      // runs exactly the code it ran before eviction existed.
+      // Every row is resident: a table that is not evictable pulls without locks for
+      // the copies (PullOptimistic); an evictable one locks and marks each row read.
       if (evictable_) {
-        PullResident</*kTouch=*/true>(ids, out, read_only);
+        PullResident(ids, out, read_only);
       } else {
         PullOptimistic(ids, out, read_only);
       }
@@ -154,33 +154,33 @@ class EmbeddingTableImpl final : public EmbeddingTable {
           if (s.mu.Unchanged(versions[k])) continue;
         }
         SpinLockHolder lock(&s.mu);
-        const uint32_t* slot = s.index.Find(ids[i], hashes[k]);
-        if (slot != nullptr) {
-          std::memcpy(dst, RowAt(s, *slot), row_bytes);
-        } else if (read_only) {
-          initializer_.Fill(name_hash_, ids[i], dst, layout_.dim);
-        } else {
-          std::memcpy(dst, CreateRow(s, ids[i], hashes[k]), row_bytes);
-        }
+        PullLocked(s, ids[i], hashes[k], dst, read_only);
       }
     }
   }
 
-  template <bool kTouch>
+  // The pull of an evictable table whose rows are all resident: every row read under its
+  // lock (and marked referenced, for CLOCK).
   void PullResident(absl::Span<const int64_t> ids, float* out, bool read_only) {
-    const size_t row_bytes = layout_.dim * sizeof(float);
     ForEachGroup(ids, /*for_write=*/false, [&](size_t i, Stripe& s, uint64_t h) {
-      float* dst = out + i * layout_.dim;
-      const uint32_t* slot = s.index.Find(ids[i], h);
-      if (slot != nullptr) {
-        std::memcpy(dst, RowAt(s, *slot), row_bytes);
-        if (kTouch) SetBit(s.ref, *slot);
-      } else if (read_only) {
-        initializer_.Fill(name_hash_, ids[i], dst, layout_.dim);
-      } else {
-        std::memcpy(dst, CreateRow(s, ids[i], h), row_bytes);
-      }
+      PullLocked(s, ids[i], h, out + i * layout_.dim, read_only);
     });
+  }
+
+  // One row of a pull, under its stripe's lock: copied if resident (and touched), else
+  // its initial value (read_only) or a new row.
+  void PullLocked(Stripe& s, int64_t id, uint64_t h, float* dst, bool read_only)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mu) {
+    const size_t row_bytes = layout_.dim * sizeof(float);
+    const uint32_t* slot = s.index.Find(id, h);
+    if (slot != nullptr) {
+      std::memcpy(dst, RowAt(s, *slot), row_bytes);
+      Touch(s, *slot);
+    } else if (read_only) {
+      initializer_.Fill(name_hash_, id, dst, layout_.dim);
+    } else {
+      std::memcpy(dst, CreateRow(s, id, h), row_bytes);
+    }
   }
 
   void SetRowSource(RowSource* source) override {
