@@ -32,9 +32,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
-#include "embedding/binary_init.h"
+#include "common/base/binary_init.h"
+#include "common/base/work_pool.h"
 #include "gflags/gflags.h"
-#include "ps/work_pool.h"
 
 DEFINE_int32(batch, 1024, "Rows per call (the request carries 8 bytes per row).");
 DEFINE_int32(dim, 64, "Floats per row.");

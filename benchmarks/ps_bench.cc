@@ -21,9 +21,9 @@
 #include "benchmarks/workload.h"
 #include "client/ps_client.h"
 #include "client/security_flags.h"
-#include "embedding/binary_init.h"
+#include "common/base/binary_init.h"
+#include "common/routing/hash.h"
 #include "embedding/embedding_table.h"
-#include "embedding/hash.h"
 #include "embedding/spec.h"
 
 DEFINE_string(target, "inproc", "inproc | grpc | redis");

@@ -3,7 +3,7 @@
 #include <random>
 #include <unordered_map>
 
-#include "embedding/hash.h"
+#include "common/routing/hash.h"
 #include "gtest/gtest.h"
 
 namespace ps {

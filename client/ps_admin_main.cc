@@ -15,8 +15,8 @@
 #include "absl/status/status.h"
 #include "client/admin_format.h"
 #include "client/security_flags.h"
-#include "embedding/binary_init.h"
-#include "embedding/transport_security.h"
+#include "common/base/binary_init.h"
+#include "common/rpc/transport_security.h"
 #include "proto/master.grpc.pb.h"
 #include "proto/ps.grpc.pb.h"
 

@@ -14,14 +14,14 @@
 #include "absl/synchronization/notification.h"
 #include "client/completion_threads.h"
 #include "client/id_index.h"
-#include "client/shard_map.h"
 #include "client/timer.h"
-#include "embedding/hash.h"
-#include "embedding/status_macros.h"
+#include "common/base/status_macros.h"
+#include "common/routing/hash.h"
+#include "common/routing/shard_map.h"
+#include "common/rpc/grpc_status.h"
 #include "proto/master.grpc.pb.h"
 #include "proto/ps.grpc.pb.h"
 #include "proto/wire.h"
-#include "ps/shard_ownership.h"
 
 namespace ps {
 namespace internal {
@@ -429,10 +429,8 @@ class PsClientImpl final : public PsClient {
     grpc::ClientContext ctx;
     ctx.set_deadline(std::chrono::system_clock::now() +
                      std::chrono::milliseconds(options_.deadline_ms));
-    grpc::Status s = (master_.get()->*method)(&ctx, req, resp);
-    if (s.ok()) return absl::OkStatus();
-    return absl::Status(static_cast<absl::StatusCode>(s.error_code()),
-                        absl::StrCat("master ", options_.master, ": ", s.error_message()));
+    return FromGrpcStatus((master_.get()->*method)(&ctx, req, resp),
+                          absl::StrCat("master ", options_.master));
   }
 
   // Calls `then` once the routing is newer than `seen_epoch`, or after one refresh from the
@@ -560,11 +558,12 @@ class PsClientImpl final : public PsClient {
           }
           absl::Status status;
           if (!s.ok()) {
-            status = absl::Status(
-                static_cast<absl::StatusCode>(s.error_code()),
-                absl::StrCat(
-                    "pod ", rpc->pod->id, " (", rpc->pod->address, "): ", s.error_message(),
-                    rpc->attempt > 1 ? absl::StrCat(" [after ", rpc->attempt, " attempts]") : ""));
+            status =
+                FromGrpcStatus(s, absl::StrCat("pod ", rpc->pod->id, " (", rpc->pod->address, ")"));
+            if (rpc->attempt > 1) {
+              status = absl::Status(status.code(), absl::StrCat(status.message(), " [after ",
+                                                                rpc->attempt, " attempts]"));
+            }
           } else if (rpc->on_ok) {
             status = rpc->on_ok();
           }
@@ -1193,7 +1192,7 @@ absl::StatusOr<std::unique_ptr<PsClient>> PsClient::Connect(const ClientOptions&
         }
       }
     } else {
-      s = absl::Status(static_cast<absl::StatusCode>(gs.error_code()), gs.error_message());
+      s = FromGrpcStatus(gs);
     }
     const bool retry = s.code() == absl::StatusCode::kUnavailable ||
                        s.code() == absl::StatusCode::kFailedPrecondition ||

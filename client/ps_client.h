@@ -16,7 +16,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
-#include "embedding/transport_security.h"
+#include "common/rpc/transport_security.h"
 #include "proto/ps.pb.h"
 
 namespace ps {

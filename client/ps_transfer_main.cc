@@ -10,7 +10,7 @@
 #include "absl/strings/str_split.h"
 #include "client/security_flags.h"
 #include "client/transfer.h"
-#include "embedding/binary_init.h"
+#include "common/base/binary_init.h"
 
 DEFINE_string(master, "", "The master's address, HOST:PORT: pods and vshard map from it.");
 DEFINE_string(servers, "",

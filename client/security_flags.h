@@ -4,7 +4,7 @@
 #pragma once
 
 #include "absl/status/statusor.h"
-#include "embedding/transport_security.h"
+#include "common/rpc/transport_security.h"
 
 namespace ps {
 

@@ -16,9 +16,10 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
-#include "embedding/export_file.h"
-#include "embedding/hash.h"
-#include "embedding/status_macros.h"
+#include "common/base/status_macros.h"
+#include "common/routing/hash.h"
+#include "common/rpc/grpc_status.h"
+#include "proto/export_file.h"
 #include "proto/master.grpc.pb.h"
 #include "proto/ps.grpc.pb.h"
 
@@ -26,12 +27,6 @@ namespace ps {
 namespace {
 
 namespace fs = std::filesystem;
-
-absl::Status FromGrpc(const grpc::Status& s, const std::string& where) {
-  if (s.ok()) return absl::OkStatus();
-  return absl::Status(static_cast<absl::StatusCode>(s.error_code()),
-                      absl::StrCat(where, ": ", s.error_message()));
-}
 
 bool Retryable(grpc::StatusCode c) {
   return c == grpc::StatusCode::UNAVAILABLE || c == grpc::StatusCode::ABORTED ||
@@ -97,7 +92,7 @@ absl::StatusOr<Cluster> FromServers(const ClusterTarget& target, const ChannelMa
       if (s.ok() || !Retryable(s.error_code()) || absl::Now() > deadline) break;
       absl::SleepFor(absl::Milliseconds(200));
     }
-    RETURN_IF_ERROR(FromGrpc(s, absl::StrCat("Describe of pod ", c.pods[i])));
+    RETURN_IF_ERROR(FromGrpcStatus(s, absl::StrCat("Describe of pod ", c.pods[i])));
     if (i == 0) {
       c.num_vshards = d.num_vshards();
       c.owner.assign(c.num_vshards, UINT32_MAX);
@@ -160,7 +155,7 @@ absl::StatusOr<Cluster> FromMaster(const ClusterTarget& target, const ChannelMak
       }
       if (last.ok()) return c;
     } else {
-      last = FromGrpc(s, "GetShardMap from " + target.master);
+      last = FromGrpcStatus(s, "GetShardMap from " + target.master);
       if (!Retryable(s.error_code())) return last;
     }
     if (absl::Now() > deadline) return last;
@@ -216,7 +211,7 @@ absl::StatusOr<ExportIndex> ExportCluster(const Cluster& cluster, const std::str
       grpc::Status s = CallWithRetry(options.timeout_ms, 5, [&](grpc::ClientContext* ctx) {
         return stub->Export(ctx, req, &responses[i]);
       });
-      statuses[i] = FromGrpc(s, absl::StrCat("Export on pod ", cluster.pods[i]));
+      statuses[i] = FromGrpcStatus(s, absl::StrCat("Export on pod ", cluster.pods[i]));
     });
   }
   for (auto& t : threads) t.join();
@@ -314,7 +309,8 @@ class Sender {
             return stubs_[item.first]->ImportRows(ctx, item.second, &resp);
           });
       absl::MutexLock lock(&mu_);
-      if (!s.ok() && status_.ok()) status_ = FromGrpc(s, "ImportRows on " + names_[item.first]);
+      if (!s.ok() && status_.ok())
+        status_ = FromGrpcStatus(s, "ImportRows on " + names_[item.first]);
       installed_ += resp.installed();
       skipped_ += resp.skipped();
     }
@@ -447,7 +443,7 @@ absl::StatusOr<ImportResult> ImportCluster(const Cluster& cluster, const std::st
       grpc::Status s = CallWithRetry(
           options.deadline_ms, options.max_attempts,
           [&](grpc::ClientContext* ctx) { return stub->CreateTable(ctx, req, &resp); });
-      RETURN_IF_ERROR(FromGrpc(s, absl::StrCat("CreateTable '", name, "' on ", pod)));
+      RETURN_IF_ERROR(FromGrpcStatus(s, absl::StrCat("CreateTable '", name, "' on ", pod)));
     }
     for (const auto& [name, spec] : dense) {
       CreateDenseRequest req;
@@ -456,7 +452,7 @@ absl::StatusOr<ImportResult> ImportCluster(const Cluster& cluster, const std::st
       grpc::Status s = CallWithRetry(
           options.deadline_ms, options.max_attempts,
           [&](grpc::ClientContext* ctx) { return stub->CreateDense(ctx, req, &resp); });
-      RETURN_IF_ERROR(FromGrpc(s, absl::StrCat("CreateDense '", name, "' on ", pod)));
+      RETURN_IF_ERROR(FromGrpcStatus(s, absl::StrCat("CreateDense '", name, "' on ", pod)));
     }
   }
 

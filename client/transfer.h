@@ -15,7 +15,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "embedding/transport_security.h"
+#include "common/rpc/transport_security.h"
 #include "proto/export.pb.h"
 
 namespace ps {

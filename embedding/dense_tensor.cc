@@ -3,9 +3,9 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
-#include "embedding/hash.h"
+#include "common/base/status_macros.h"
+#include "common/routing/hash.h"
 #include "embedding/spec.h"
-#include "embedding/status_macros.h"
 
 namespace ps {
 namespace {

@@ -6,14 +6,14 @@
 #include "absl/base/attributes.h"
 #include "absl/base/thread_annotations.h"
 #include "absl/strings/str_cat.h"
+#include "common/base/spin_lock.h"
+#include "common/base/status_macros.h"
+#include "common/routing/hash.h"
 #include "embedding/block_arena.h"
-#include "embedding/hash.h"
 #include "embedding/row_index.h"
 #include "embedding/row_rules.h"
 #include "embedding/row_source.h"
 #include "embedding/spec.h"
-#include "embedding/spin_lock.h"
-#include "embedding/status_macros.h"
 
 namespace ps {
 namespace {

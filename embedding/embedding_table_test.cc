@@ -6,7 +6,7 @@
 #include <thread>
 #include <vector>
 
-#include "embedding/hash.h"
+#include "common/routing/hash.h"
 #include "embedding/spec.h"
 #include "gtest/gtest.h"
 

@@ -2,7 +2,7 @@
 
 #include <cmath>
 
-#include "embedding/hash.h"
+#include "common/routing/hash.h"
 
 namespace ps {
 namespace {

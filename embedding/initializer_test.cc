@@ -3,7 +3,7 @@
 #include <cmath>
 #include <vector>
 
-#include "embedding/hash.h"
+#include "common/routing/hash.h"
 #include "gtest/gtest.h"
 
 namespace ps {

@@ -3,8 +3,8 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
+#include "common/base/status_macros.h"
 #include "embedding/spec.h"
-#include "embedding/status_macros.h"
 
 namespace ps {
 namespace {

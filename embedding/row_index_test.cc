@@ -9,8 +9,8 @@
 #include <unordered_map>
 #include <vector>
 
-#include "embedding/hash.h"
-#include "embedding/spin_lock.h"
+#include "common/base/spin_lock.h"
+#include "common/routing/hash.h"
 #include "gtest/gtest.h"
 
 namespace ps {

@@ -3,7 +3,7 @@
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
-#include "embedding/status_macros.h"
+#include "common/base/status_macros.h"
 #include "google/protobuf/util/message_differencer.h"
 
 namespace ps {

@@ -10,10 +10,10 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/base/status_macros.h"
+#include "common/routing/vshards.h"
 #include "embedding/spec.h"
-#include "embedding/status_macros.h"
 #include "master/keys.h"
-#include "ps/shard_ownership.h"
 
 namespace ps {
 namespace {
@@ -48,8 +48,7 @@ MasterCore::MasterCore(const MasterOptions& options)
     : options_(options), started_(options.clock ? options.clock() : absl::Now()) {}
 
 absl::StatusOr<std::unique_ptr<MasterCore>> MasterCore::Open(const MasterOptions& options) {
-  // ShardOwnership::Create validates the vshard count with the pods' own rule.
-  if (auto s = ShardOwnership::Create(options.num_vshards, 0, {}); !s.ok()) return s.status();
+  RETURN_IF_ERROR(CheckNumVShards(options.num_vshards));
   if (options.num_ps < 1 || options.num_ps > options.num_vshards) {
     return absl::InvalidArgumentError(absl::StrCat(
         "num_ps = ", options.num_ps, " must be in [1, num_vshards = ", options.num_vshards, "]"));

@@ -3,8 +3,8 @@
 #include <google/protobuf/util/message_differencer.h>
 
 #include "absl/strings/str_cat.h"
+#include "common/base/status_macros.h"
 #include "embedding/spec.h"
-#include "embedding/status_macros.h"
 #include "master/keys.h"
 #include "master/master_core.h"
 

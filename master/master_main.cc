@@ -7,8 +7,10 @@
 #include <cstdio>
 #include <thread>
 
-#include "embedding/binary_init.h"
-#include "embedding/shutdown_signal.h"
+#include "absl/strings/str_cat.h"
+#include "common/base/binary_init.h"
+#include "common/base/shutdown_signal.h"
+#include "common/routing/vshards.h"
 #include "master/master_server.h"
 
 DEFINE_string(host, "0.0.0.0", "Address to listen on (0.0.0.0: all interfaces).");
@@ -91,11 +93,9 @@ int Main() {
   }
   if (FLAGS_check_flags) {
     // The rest is checked by MasterCore::Open, which a check does not run.
-    if (FLAGS_num_vshards == 0 || (FLAGS_num_vshards & (FLAGS_num_vshards - 1)) != 0 ||
-        FLAGS_num_vshards > 65536 || FLAGS_num_ps < 1) {
-      LOG(ERROR) << "num_vshards = " << FLAGS_num_vshards
-                 << " must be a power of two in [1, 65536] and num_ps = " << FLAGS_num_ps
-                 << " at least 1";
+    if (absl::Status s = ps::CheckNumVShards(FLAGS_num_vshards); !s.ok() || FLAGS_num_ps < 1) {
+      LOG(ERROR) << (s.ok() ? "" : absl::StrCat(s.message(), "; ")) << "num_ps = " << FLAGS_num_ps
+                 << " must be at least 1";
       return 2;
     }
     std::printf(

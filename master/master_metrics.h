@@ -2,7 +2,7 @@
 // lease-loss counters: nothing is counted twice.
 #pragma once
 
-#include "embedding/metrics.h"
+#include "common/metrics/metrics.h"
 #include "master/master_core.h"
 
 namespace ps {

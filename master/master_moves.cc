@@ -20,7 +20,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "embedding/status_macros.h"
+#include "common/base/status_macros.h"
 #include "master/keys.h"
 #include "master/master_core.h"
 

@@ -9,10 +9,10 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
-#include "embedding/rpc_metrics.h"
+#include "common/base/work_pool.h"
+#include "common/rpc/rpc_metrics.h"
 #include "master/master_metrics.h"
 #include "master/master_service.h"
-#include "ps/work_pool.h"
 
 namespace ps {
 namespace {

@@ -6,8 +6,8 @@
 #include <string>
 
 #include "absl/status/statusor.h"
-#include "embedding/metrics_http.h"
-#include "embedding/transport_security.h"
+#include "common/metrics/metrics_http.h"
+#include "common/rpc/transport_security.h"
 #include "master/master_core.h"
 
 namespace ps {

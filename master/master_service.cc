@@ -2,7 +2,7 @@
 
 #include <glog/logging.h>
 
-#include "ps/ps_service.h"
+#include "common/rpc/grpc_status.h"
 
 namespace ps {
 

@@ -2,10 +2,10 @@
 // synced RocksDB write) and finishes its reactor from there, so gRPC threads never block.
 #pragma once
 
-#include "embedding/transport_security.h"
+#include "common/base/work_pool.h"
+#include "common/rpc/transport_security.h"
 #include "master/master_core.h"
 #include "proto/master.grpc.pb.h"
-#include "ps/work_pool.h"
 
 namespace ps {
 

@@ -6,9 +6,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
-#include "embedding/status_macros.h"
+#include "common/base/status_macros.h"
+#include "common/rpc/grpc_status.h"
 #include "proto/ps.grpc.pb.h"
-#include "ps/ps_service.h"
 
 namespace ps {
 namespace {

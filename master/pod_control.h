@@ -8,7 +8,7 @@
 
 #include "absl/status/status.h"
 #include "absl/time/time.h"
-#include "embedding/transport_security.h"
+#include "common/rpc/transport_security.h"
 #include "proto/ps.pb.h"
 
 namespace ps {

@@ -17,8 +17,8 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "embedding/crc32c.h"
-#include "embedding/status_macros.h"
+#include "common/base/crc32c.h"
+#include "common/base/status_macros.h"
 
 namespace ps {
 namespace {

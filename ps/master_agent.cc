@@ -9,8 +9,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
+#include "common/rpc/grpc_status.h"
 #include "proto/master.grpc.pb.h"
-#include "ps/ps_service.h"
 
 namespace ps {
 namespace {

@@ -14,7 +14,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
-#include "embedding/transport_security.h"
+#include "common/rpc/transport_security.h"
 #include "ps/ps_core.h"
 
 namespace ps {

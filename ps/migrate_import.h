@@ -4,7 +4,7 @@
 #pragma once
 
 #include "absl/status/status.h"
-#include "embedding/transport_security.h"
+#include "common/rpc/transport_security.h"
 #include "proto/ps.pb.h"
 #include "ps/ps_core.h"
 

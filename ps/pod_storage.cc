@@ -6,11 +6,11 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "common/base/status_macros.h"
 #include "embedding/initializer.h"
 #include "embedding/optimizer.h"
 #include "embedding/row_rules.h"
 #include "embedding/row_source.h"
-#include "embedding/status_macros.h"
 #include "ps/log_record.h"
 
 namespace ps {

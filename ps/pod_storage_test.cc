@@ -16,7 +16,7 @@
 
 #include "absl/time/clock.h"
 #include "embedding/spec.h"
-#include "ps/codec.h"
+#include "proto/packed.h"
 #include "ps/pod_transfer.h"
 #include "ps/ps_core.h"
 

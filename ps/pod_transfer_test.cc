@@ -11,9 +11,9 @@
 #include <random>
 
 #include "absl/synchronization/notification.h"
-#include "embedding/export_file.h"
-#include "embedding/hash.h"
-#include "ps/codec.h"
+#include "common/routing/hash.h"
+#include "proto/export_file.h"
+#include "proto/packed.h"
 
 namespace ps {
 namespace {

@@ -12,10 +12,10 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
-#include "embedding/hash.h"
+#include "common/base/status_macros.h"
+#include "common/routing/hash.h"
 #include "embedding/spec.h"
-#include "embedding/status_macros.h"
-#include "ps/codec.h"
+#include "proto/packed.h"
 
 namespace ps {
 namespace {

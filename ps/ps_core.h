@@ -13,12 +13,12 @@
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "common/routing/shard_ownership.h"
 #include "embedding/model_store.h"
 #include "proto/ps.pb.h"
 #include "ps/log_record.h"
 #include "ps/pod_storage.h"
 #include "ps/push_dedup.h"
-#include "ps/shard_ownership.h"
 
 namespace ps {
 

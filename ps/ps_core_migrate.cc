@@ -15,9 +15,9 @@
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "embedding/hash.h"
-#include "embedding/status_macros.h"
-#include "ps/codec.h"
+#include "common/base/status_macros.h"
+#include "common/routing/hash.h"
+#include "proto/packed.h"
 #include "ps/ps_core.h"
 
 namespace ps {

@@ -6,9 +6,9 @@
 #include <cstring>
 #include <filesystem>
 
-#include "embedding/hash.h"
+#include "common/routing/hash.h"
 #include "gtest/gtest.h"
-#include "ps/codec.h"
+#include "proto/packed.h"
 #include "ps/ps_core.h"
 
 namespace ps {

@@ -4,9 +4,9 @@
 #include <limits>
 
 #include "absl/strings/str_cat.h"
-#include "embedding/hash.h"
+#include "common/routing/hash.h"
 #include "gtest/gtest.h"
-#include "ps/codec.h"
+#include "proto/packed.h"
 
 namespace ps {
 namespace {

@@ -2,7 +2,7 @@
 // (PsCore::Stats, the tables' sizes, the ownership): nothing is counted twice.
 #pragma once
 
-#include "embedding/metrics.h"
+#include "common/metrics/metrics.h"
 #include "ps/ps_core.h"
 
 namespace ps {

@@ -12,12 +12,12 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
-#include "embedding/rpc_metrics.h"
-#include "embedding/status_macros.h"
+#include "common/base/status_macros.h"
+#include "common/base/work_pool.h"
+#include "common/rpc/rpc_metrics.h"
 #include "ps/ps_metrics.h"
 #include "ps/ps_service.h"
 #include "ps/transfer_service.h"
-#include "ps/work_pool.h"
 
 namespace ps {
 namespace {

@@ -8,7 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
 #include "client/ps_client.h"
-#include "embedding/test_certs.h"
+#include "common/rpc/test_certs.h"
 #include "proto/ps.grpc.pb.h"
 #include "ps/ps_server.h"
 

@@ -5,6 +5,7 @@
 #include <limits>
 
 #include "absl/strings/str_cat.h"
+#include "common/rpc/grpc_status.h"
 #include "proto/wire.h"
 #include "ps/migrate_import.h"
 
@@ -26,16 +27,6 @@ class WirePullSink final : public PullSink {
 };
 
 }  // namespace
-
-grpc::Status ToGrpcStatus(const absl::Status& s) {
-  if (s.ok()) return grpc::Status::OK;
-  return grpc::Status(static_cast<grpc::StatusCode>(s.code()), std::string(s.message()));
-}
-
-absl::Status FromGrpcStatus(const grpc::Status& s) {
-  if (s.ok()) return absl::OkStatus();
-  return absl::Status(static_cast<absl::StatusCode>(s.error_code()), s.error_message());
-}
 
 absl::Status PsService::Authenticate(const grpc::ServerContextBase& ctx) const {
   if (auth_ == nullptr) return absl::OkStatus();

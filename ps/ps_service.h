@@ -12,11 +12,11 @@
 
 #include <functional>
 
-#include "embedding/transport_security.h"
+#include "common/base/work_pool.h"
+#include "common/rpc/transport_security.h"
 #include "proto/ps.grpc.pb.h"
 #include "ps/migrate_import.h"
 #include "ps/ps_core.h"
-#include "ps/work_pool.h"
 
 namespace ps {
 
@@ -92,9 +92,5 @@ class PsService final
   const MigrateImportOptions migrate_options_;
   WorkPool migrate_pool_;  // one import at a time
 };
-
-// absl::Status -> grpc::Status (the codes are the same google.rpc.Code values).
-grpc::Status ToGrpcStatus(const absl::Status& s);
-absl::Status FromGrpcStatus(const grpc::Status& s);
 
 }  // namespace ps

@@ -8,8 +8,8 @@
 #include <thread>
 
 #include "absl/synchronization/notification.h"
-#include "embedding/binary_init.h"
-#include "embedding/shutdown_signal.h"
+#include "common/base/binary_init.h"
+#include "common/base/shutdown_signal.h"
 #include "ps/master_agent.h"
 #include "ps/ps_server.h"
 

@@ -17,7 +17,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
-#include "embedding/status_macros.h"
+#include "common/base/status_macros.h"
 
 namespace ps {
 namespace {

@@ -2,8 +2,8 @@
 
 #include <memory>
 
+#include "common/rpc/grpc_status.h"
 #include "ps/pod_transfer.h"
-#include "ps/ps_service.h"
 
 namespace ps {
 namespace {

@@ -6,10 +6,10 @@
 
 #include <atomic>
 
-#include "embedding/transport_security.h"
+#include "common/base/work_pool.h"
+#include "common/rpc/transport_security.h"
 #include "proto/ps.grpc.pb.h"
 #include "ps/ps_core.h"
-#include "ps/work_pool.h"
 
 namespace ps {
 

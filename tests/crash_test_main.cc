@@ -28,7 +28,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
-#include "embedding/binary_init.h"
+#include "common/base/binary_init.h"
 #include "proto/ps.grpc.pb.h"
 #include "tests/process.h"
 

@@ -22,6 +22,7 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "client/ps_client.h"
+#include "common/rpc/grpc_status.h"
 #include "gtest/gtest.h"
 #include "proto/master.grpc.pb.h"
 #include "proto/ps.grpc.pb.h"
@@ -43,11 +44,6 @@ constexpr absl::Duration kStartTimeout = absl::Seconds(20);
 std::string Binary(const char* env, const char* built) {
   const char* v = std::getenv(env);
   return v != nullptr && *v != '\0' ? v : built;
-}
-
-absl::Status FromGrpc(const grpc::Status& s) {
-  if (s.ok()) return absl::OkStatus();
-  return absl::Status(static_cast<absl::StatusCode>(s.error_code()), s.error_message());
 }
 
 class MasterProcessTest : public testing::Test {
@@ -102,7 +98,7 @@ class MasterProcessTest : public testing::Test {
     grpc::ClientContext ctx;
     ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(5)));
     Resp resp;
-    absl::Status s = FromGrpc((master_.get()->*rpc)(&ctx, req, &resp));
+    absl::Status s = FromGrpcStatus((master_.get()->*rpc)(&ctx, req, &resp));
     if (!s.ok()) return s;
     return resp;
   }

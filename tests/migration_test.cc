@@ -23,6 +23,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "client/ps_client.h"
+#include "common/rpc/grpc_status.h"
 #include "gtest/gtest.h"
 #include "proto/master.grpc.pb.h"
 #include "tests/process.h"
@@ -274,7 +275,7 @@ class MigrationTest : public testing::Test {
       ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(40)));
       RebalanceResponse resp;
       grpc::Status s = master_->Rebalance(&ctx, RebalanceRequest(), &resp);
-      *out = absl::Status(static_cast<absl::StatusCode>(s.error_code()), s.error_message());
+      *out = FromGrpcStatus(s);
     });
   }
 

@@ -22,7 +22,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "client/ps_client.h"
-#include "embedding/test_certs.h"
+#include "common/rpc/test_certs.h"
 #include "gtest/gtest.h"
 #include "tests/http_get.h"
 #include "tests/process.h"

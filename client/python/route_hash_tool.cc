@@ -8,7 +8,7 @@
 #include <iostream>
 #include <string>
 
-#include "embedding/hash.h"
+#include "common/routing/hash.h"
 
 int main() {
   std::string table;

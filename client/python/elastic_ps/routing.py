@@ -1,4 +1,4 @@
-"""Routing of rows to vshards and pods: a vectorized numpy port of embedding/hash.h.
+"""Routing of rows to vshards and pods: a vectorized numpy port of common/routing/hash.h.
 
 These functions must give exactly the values of the C++ ones (the pods refuse ids of
 vshards they do not own):

@@ -1,6 +1,6 @@
 """Transport security of the Python SDK: TLS, mutual TLS and the cluster's bearer token.
 
-The same settings as the C++ ChannelSecurity (embedding/transport_security.h):
+The same settings as the C++ ChannelSecurity (common/rpc/transport_security.h):
 - `ca_file` set: TLS, the servers' certificates verified against that CA bundle.
 - `cert_file` + `key_file`: the client certificate, for a cluster that requires mutual TLS.
 - `server_name`: the name to check the servers' certificates for instead of the host dialed.

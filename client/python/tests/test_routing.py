@@ -1,4 +1,4 @@
-"""The numpy routing equals the C++ one (embedding/hash.h), value for value."""
+"""The numpy routing equals the C++ one (common/routing/hash.h), value for value."""
 
 import os
 import subprocess

@@ -40,10 +40,4 @@ class ShardOwnership {
   std::vector<uint64_t> bits_;
 };
 
-// The pod index that owns `vshard` in a static map of `num_pods` pods: contiguous ranges,
-// vshard * num_pods / num_vshards. The C++ and Python clients use the same rule.
-inline uint32_t StaticOwner(uint32_t vshard, uint32_t num_vshards, uint32_t num_pods) {
-  return static_cast<uint32_t>(uint64_t{vshard} * num_pods / num_vshards);
-}
-
 }  // namespace ps

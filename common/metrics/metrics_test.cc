@@ -1,4 +1,4 @@
-#include "embedding/metrics.h"
+#include "common/metrics/metrics.h"
 
 #include <arpa/inet.h>
 #include <gmock/gmock.h>
@@ -10,7 +10,7 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
-#include "embedding/metrics_http.h"
+#include "common/metrics/metrics_http.h"
 
 namespace ps {
 namespace {

@@ -5,7 +5,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "embedding/hash.h"
+#include "common/routing/hash.h"
 
 namespace ps {
 
@@ -13,7 +13,7 @@ class ShardMap {
  public:
   ShardMap() = default;  // empty: no vshards
   // The static map of `num_pods` pods: pod i owns the contiguous vshards StaticOwner gives
-  // (ps/shard_ownership.h), matching `ps-server --shard=i/num_pods`.
+  // (common/routing/shard_ownership.h), matching `ps-server --shard=i/num_pods`.
   static absl::StatusOr<ShardMap> Static(uint32_t num_vshards, uint32_t num_pods);
   // An explicit map: owner[v] is the pod index of vshard v.
   static absl::StatusOr<ShardMap> FromOwners(std::vector<uint32_t> owner, uint32_t num_pods,

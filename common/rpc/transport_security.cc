@@ -1,4 +1,4 @@
-#include "embedding/transport_security.h"
+#include "common/rpc/transport_security.h"
 
 #include <grpcpp/security/tls_certificate_provider.h>
 #include <grpcpp/security/tls_credentials_options.h>

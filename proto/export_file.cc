@@ -1,4 +1,4 @@
-#include "embedding/export_file.h"
+#include "proto/export_file.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -7,7 +7,7 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
-#include "embedding/crc32c.h"
+#include "common/base/crc32c.h"
 
 namespace ps {
 namespace {

@@ -1,4 +1,4 @@
-#include "ps/work_pool.h"
+#include "common/base/work_pool.h"
 
 namespace ps {
 

@@ -1,25 +1,14 @@
-#include "ps/shard_ownership.h"
+#include "common/routing/shard_ownership.h"
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "common/routing/vshards.h"
 
 namespace ps {
-namespace {
-
-absl::Status CheckVShardCount(uint32_t num_vshards) {
-  if (num_vshards < 1 || num_vshards > 65536 || (num_vshards & (num_vshards - 1)) != 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("num_vshards = ", num_vshards, " must be a power of two in [1, 65536]"));
-  }
-  return absl::OkStatus();
-}
-
-}  // namespace
-
 absl::StatusOr<ShardOwnership> ShardOwnership::Create(uint32_t num_vshards, uint64_t epoch,
                                                       const std::vector<uint32_t>& owned) {
-  if (auto s = CheckVShardCount(num_vshards); !s.ok()) return s;
+  if (auto s = CheckNumVShards(num_vshards); !s.ok()) return s;
   ShardOwnership o(num_vshards, epoch);
   for (uint32_t v : owned) {
     if (v >= num_vshards) {
@@ -46,7 +35,7 @@ absl::StatusOr<ShardOwnership> ShardOwnership::FromStaticShard(absl::string_view
     return absl::InvalidArgumentError(
         absl::StrCat("static shard '", spec, "' is not I/N with 0 <= I < N"));
   }
-  if (auto s = CheckVShardCount(num_vshards); !s.ok()) return s;
+  if (auto s = CheckNumVShards(num_vshards); !s.ok()) return s;
   if (count > num_vshards) {
     return absl::InvalidArgumentError(absl::StrCat(
         "static map of ", count, " pods needs at least as many vshards, not ", num_vshards));

@@ -1,4 +1,4 @@
-#include "embedding/metrics.h"
+#include "common/metrics/metrics.h"
 
 #include <algorithm>
 #include <charconv>

@@ -1,7 +1,7 @@
-#include "client/shard_map.h"
+#include "common/routing/shard_map.h"
 
 #include "absl/strings/str_cat.h"
-#include "ps/shard_ownership.h"
+#include "common/routing/vshards.h"
 
 namespace ps {
 
@@ -18,9 +18,8 @@ absl::StatusOr<ShardMap> ShardMap::Static(uint32_t num_vshards, uint32_t num_pod
 absl::StatusOr<ShardMap> ShardMap::FromOwners(std::vector<uint32_t> owner, uint32_t num_pods,
                                               uint64_t epoch) {
   const size_t v = owner.size();
-  if (v == 0 || v > 65536 || (v & (v - 1)) != 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("shard map has ", v, " vshards; need a power of two in [1, 65536]"));
+  if (absl::Status s = CheckNumVShards(v); !s.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("shard map: ", s.message()));
   }
   for (uint32_t pod : owner) {
     if (pod >= num_pods) {

@@ -1,4 +1,4 @@
-#include "embedding/metrics_http.h"
+#include "common/metrics/metrics_http.h"
 
 #include <arpa/inet.h>
 #include <fcntl.h>

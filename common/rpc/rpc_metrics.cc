@@ -1,4 +1,4 @@
-#include "embedding/rpc_metrics.h"
+#include "common/rpc/rpc_metrics.h"
 
 #include <google/protobuf/descriptor.h>
 #include <grpcpp/support/status.h>

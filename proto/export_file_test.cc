@@ -1,4 +1,4 @@
-#include "embedding/export_file.h"
+#include "proto/export_file.h"
 
 #include <gtest/gtest.h>
 #include <stdlib.h>
@@ -7,7 +7,7 @@
 #include <fstream>
 #include <iterator>
 
-#include "embedding/crc32c.h"
+#include "common/base/crc32c.h"
 
 namespace ps {
 namespace {

@@ -1,4 +1,4 @@
-#include "embedding/crc32c.h"
+#include "common/base/crc32c.h"
 
 #include <array>
 #include <cstring>

@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "embedding/metrics.h"
+#include "common/metrics/metrics.h"
 
 namespace ps {
 

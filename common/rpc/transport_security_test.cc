@@ -1,4 +1,4 @@
-#include "embedding/transport_security.h"
+#include "common/rpc/transport_security.h"
 
 #include <gmock/gmock.h>
 #include <grpcpp/generic/async_generic_service.h>
@@ -11,7 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
-#include "embedding/test_certs.h"
+#include "common/rpc/test_certs.h"
 
 namespace ps {
 namespace {
