@@ -1,6 +1,6 @@
 // How one row changes under each kind of update the push log records, written once for
 // rows inside an EmbeddingTable (Replay, Install, row creation) and for rows held
-// elsewhere: a pod's lazy replay (ps/pod_storage.cc) applies the log to rows it reads back
+// elsewhere: a pod's lazy replay (ps/storage/pod_storage.cc) applies the log to rows it reads back
 // from disk. Both use these functions, so both produce the same bits.
 //
 // A row is its weights (dim floats), its optimizer slots (slots() * dim floats) and its

@@ -21,8 +21,8 @@
 #include "proto/export.pb.h"
 #include "proto/export_file.h"
 #include "proto/packed.h"
-#include "ps/pod_storage.h"
-#include "ps/push_dedup.h"
+#include "ps/storage/pod_storage.h"
+#include "ps/storage/push_dedup.h"
 
 namespace ps {
 namespace {

@@ -16,9 +16,9 @@
 #include "common/routing/shard_ownership.h"
 #include "embedding/model_store.h"
 #include "proto/ps.pb.h"
-#include "ps/log_record.h"
-#include "ps/pod_storage.h"
-#include "ps/push_dedup.h"
+#include "ps/storage/log_record.h"
+#include "ps/storage/pod_storage.h"
+#include "ps/storage/push_dedup.h"
 
 namespace ps {
 

@@ -1,4 +1,4 @@
-#include "ps/push_dedup.h"
+#include "ps/storage/push_dedup.h"
 
 #include "gtest/gtest.h"
 

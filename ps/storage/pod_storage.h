@@ -26,9 +26,9 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "embedding/model_store.h"
-#include "ps/durable_log.h"
-#include "ps/push_dedup.h"
-#include "ps/storage_db.h"
+#include "ps/storage/durable_log.h"
+#include "ps/storage/push_dedup.h"
+#include "ps/storage/storage_db.h"
 
 namespace ps {
 

@@ -1,4 +1,4 @@
-#include "ps/durable_log.h"
+#include "ps/storage/durable_log.h"
 
 #include <gtest/gtest.h>
 #include <unistd.h>

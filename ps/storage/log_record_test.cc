@@ -1,4 +1,4 @@
-#include "ps/log_record.h"
+#include "ps/storage/log_record.h"
 
 #include <gtest/gtest.h>
 

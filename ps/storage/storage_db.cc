@@ -1,4 +1,4 @@
-#include "ps/storage_db.h"
+#include "ps/storage/storage_db.h"
 
 #include <dirent.h>
 #include <rocksdb/db.h>

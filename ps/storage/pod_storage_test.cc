@@ -1,7 +1,7 @@
 // Durability of a pod through PsCore: what is pushed survives close and reopen, through
 // the stored rows, the log replay, or both, bit for bit, and retried keys stay applied
 // once.
-#include "ps/pod_storage.h"
+#include "ps/storage/pod_storage.h"
 
 #include <gtest/gtest.h>
 #include <stdlib.h>

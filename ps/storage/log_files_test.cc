@@ -1,4 +1,4 @@
-#include "ps/log_files.h"
+#include "ps/storage/log_files.h"
 
 #include <gtest/gtest.h>
 #include <unistd.h>

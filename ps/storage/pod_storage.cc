@@ -1,4 +1,4 @@
-#include "ps/pod_storage.h"
+#include "ps/storage/pod_storage.h"
 
 #include <glog/logging.h>
 
@@ -11,7 +11,7 @@
 #include "embedding/optimizer.h"
 #include "embedding/row_rules.h"
 #include "embedding/row_source.h"
-#include "ps/log_record.h"
+#include "ps/storage/log_record.h"
 
 namespace ps {
 

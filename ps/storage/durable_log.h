@@ -1,6 +1,6 @@
 // The pod's push log writer: records of applied pushes are queued by request threads and
 // written by one thread in groups (one writev to the log files, at most one fsync per
-// group: ps/log_files.h), so durability costs a sequential write per group rather than a
+// group: ps/storage/log_files.h), so durability costs a sequential write per group rather than a
 // put per row. Request threads checksum their records, so the writer only writes.
 #pragma once
 
@@ -15,7 +15,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
-#include "ps/storage_db.h"
+#include "ps/storage/storage_db.h"
 
 namespace ps {
 

@@ -1,4 +1,4 @@
-// The push log's files: records of applied pushes (ps/log_record.h) appended to segment
+// The push log's files: records of applied pushes (ps/storage/log_record.h) appended to segment
 // files beside the pod's RocksDB database, `<data_dir>/pushlog/<first lsn>.log`.
 //
 // Why not a RocksDB column family: a record written there is copied into a write batch,

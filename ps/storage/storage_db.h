@@ -10,10 +10,10 @@
 //         "log_base"      -> u64be: log records below it were deleted
 //   rows  u32be table number, u64be id^2^63 -> u64 step, dim weights, slot floats
 //         ff ff ff ff, dense name           -> u64 step, weights, slot floats
-//   log   u64be log sequence number         -> one push record (ps/log_record.h): written
+//   log   u64be log sequence number         -> one push record (ps/storage/log_record.h): written
 //                                              by earlier versions only, still read
 // Floats and the u64 step in values are little-endian. The push log itself lives in
-// segment files beside the database, <dir>/pushlog (ps/log_files.h).
+// segment files beside the database, <dir>/pushlog (ps/storage/log_files.h).
 #pragma once
 
 #include <cstdint>
@@ -26,7 +26,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/types/span.h"
 #include "proto/ps.pb.h"
-#include "ps/log_files.h"
+#include "ps/storage/log_files.h"
 
 namespace ps {
 
