@@ -5,13 +5,26 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <memory>
+#include <optional>
+#include <string>
 #include <thread>
+#include <utility>
 
-#include "absl/synchronization/notification.h"
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 #include "common/base/binary_init.h"
 #include "common/base/shutdown_signal.h"
+#include "common/routing/shard_ownership.h"
+#include "common/rpc/transport_security.h"
 #include "ps/master_agent.h"
 #include "ps/ps_server.h"
+#include "ps/storage/durable_log.h"
+#include "ps/storage/pod_storage.h"
 
 DEFINE_string(host, "0.0.0.0", "Address to listen on (0.0.0.0: all interfaces).");
 DEFINE_int32(port, 50051, "gRPC port; 0 lets the kernel pick a free one (see --port_file).");
@@ -109,179 +122,270 @@ DEFINE_bool(check_flags, false,
 
 namespace {
 
-int Main() {
-  ps::PsServerOptions options;
-  options.host = FLAGS_host;
-  options.port = FLAGS_port;
-  options.threads = FLAGS_threads;
-  options.inline_request_bytes = FLAGS_inline_request_bytes;
-  options.max_message_bytes = FLAGS_max_message_mb << 20;
-  options.memory_quota_bytes = int64_t{FLAGS_memory_quota_mb} << 20;
-  options.core.max_batch_rows = FLAGS_max_batch_rows;
-  options.core.table.num_stripes = FLAGS_table_stripes;
-  options.core.storage.db.dir = FLAGS_data_dir;
-  options.core.storage.materialize_ms = FLAGS_materialize_ms;
-  options.core.storage.log.max_log_bytes = uint64_t(std::max(FLAGS_max_log_mb, 0)) << 20;
-  options.core.storage.log.flush_ms = FLAGS_flush_ms;
+// How ps-server exits: 0 after a graceful shutdown (or a --check_flags run), 1 if the
+// server cannot start, kBadConfiguration for a bad flag or a master agent that cannot start.
+constexpr int kBadConfiguration = 2;
+
+int BadFlags(const absl::Status& status) {
+  LOG(ERROR) << status.message();
+  return kBadConfiguration;
+}
+
+// Each *FromFlags function below turns one group of flags into the options it configures.
+// A bad value is INVALID_ARGUMENT whose message is the line logged before ps-server exits
+// with kBadConfiguration. main() calls them in a fixed order; with several bad flags, the
+// first group's is the one logged.
+
+// --data_dir, --durability, --flush_ms, --max_log_mb, --materialize_ms,
+// --memory_budget_mb, --lazy_start, --lazy_start_rows.
+absl::StatusOr<ps::PodStorageOptions> StorageOptionsFromFlags() {
+  ps::PodStorageOptions storage;
+  storage.db.dir = FLAGS_data_dir;
+  storage.materialize_ms = FLAGS_materialize_ms;
+  storage.log.max_log_bytes = uint64_t(std::max(FLAGS_max_log_mb, 0)) << 20;
+  storage.log.flush_ms = FLAGS_flush_ms;
   if (FLAGS_memory_budget_mb < 0 || (FLAGS_memory_budget_mb > 0 && FLAGS_data_dir.empty())) {
-    LOG(ERROR) << "--memory_budget_mb must be >= 0 and needs --data_dir";
-    return 2;
+    return absl::InvalidArgumentError("--memory_budget_mb must be >= 0 and needs --data_dir");
   }
-  options.core.storage.memory_budget_bytes =
-      static_cast<uint64_t>(FLAGS_memory_budget_mb * 1024 * 1024);
-  options.core.storage.lazy_start = FLAGS_lazy_start;
-  options.core.storage.lazy_replay = FLAGS_lazy_start;
-  options.core.storage.lazy_start_rows =
-      static_cast<uint64_t>(std::max<int64_t>(FLAGS_lazy_start_rows, 0));
+  storage.memory_budget_bytes = static_cast<uint64_t>(FLAGS_memory_budget_mb * 1024 * 1024);
+  storage.lazy_start = FLAGS_lazy_start;
+  storage.lazy_replay = FLAGS_lazy_start;
+  storage.lazy_start_rows = static_cast<uint64_t>(std::max<int64_t>(FLAGS_lazy_start_rows, 0));
   absl::StatusOr<ps::Durability> durability = ps::ParseDurability(FLAGS_durability);
   if (!durability.ok() || FLAGS_flush_ms < 1 || FLAGS_materialize_ms < 1) {
-    LOG(ERROR) << "bad durability flags: "
-               << (durability.ok() ? "--flush_ms and --materialize_ms must be >= 1"
-                                   : durability.status().ToString());
-    return 2;
+    return absl::InvalidArgumentError(absl::StrCat(
+        "bad durability flags: ", durability.ok() ? "--flush_ms and --materialize_ms must be >= 1"
+                                                  : durability.status().ToString()));
   }
-  options.core.storage.log.durability = *durability;
+  storage.log.durability = *durability;
+  return storage;
+}
+
+// The pod's work and its limits: --threads, --max_message_mb, --memory_quota_mb,
+// --max_batch_rows, --table_stripes. Sets those fields of *options.
+absl::Status WorkOptionsFromFlags(ps::PsServerOptions* options) {
   if (FLAGS_threads < 1 || FLAGS_max_message_mb < 1 || FLAGS_max_message_mb > 2047 ||
       FLAGS_memory_quota_mb < FLAGS_max_message_mb) {
-    LOG(ERROR) << "--threads must be >= 1, --max_message_mb in [1, 2047] and "
-                  "--memory_quota_mb >= --max_message_mb";
-    return 2;
+    return absl::InvalidArgumentError(
+        "--threads must be >= 1, --max_message_mb in [1, 2047] and "
+        "--memory_quota_mb >= --max_message_mb");
   }
+  options->threads = FLAGS_threads;
+  options->max_message_bytes = FLAGS_max_message_mb << 20;
+  options->memory_quota_bytes = int64_t{FLAGS_memory_quota_mb} << 20;
+  options->core.max_batch_rows = FLAGS_max_batch_rows;
+  options->core.table.num_stripes = FLAGS_table_stripes;
+  return absl::OkStatus();
+}
 
+// The vshards the pod owns at start: --shard, --num_vshards, --master (with --pod_id).
+// Under a master the pod owns nothing until the master assigns its vshards.
+absl::StatusOr<ps::ShardOwnership> OwnershipFromFlags() {
   if (!FLAGS_master.empty() && (FLAGS_pod_id.empty() || !FLAGS_shard.empty())) {
-    LOG(ERROR) << "--master needs --pod_id and excludes --shard";
-    return 2;
+    return absl::InvalidArgumentError("--master needs --pod_id and excludes --shard");
   }
   absl::StatusOr<ps::ShardOwnership> ownership =
       FLAGS_shard.empty() ? ps::ShardOwnership::Create(FLAGS_num_vshards, 0, {})
                           : ps::ShardOwnership::FromStaticShard(FLAGS_shard, FLAGS_num_vshards);
   if (!ownership.ok()) {
-    LOG(ERROR) << "bad shard flags: " << ownership.status();
-    return 2;
+    return absl::InvalidArgumentError(
+        absl::StrCat("bad shard flags: ", ownership.status().ToString()));
   }
-  // With a master the pod owns nothing until the master assigns its vshards.
   if (FLAGS_shard.empty() && FLAGS_master.empty()) {
     *ownership = ps::ShardOwnership::All(FLAGS_num_vshards);
   }
+  return ownership;
+}
 
+// Where and how the pod serves: --host, --port, --inline_request_bytes, --metrics_port,
+// and readiness at start (under a master, once registered). Sets those fields of *options.
+absl::Status EndpointOptionsFromFlags(ps::PsServerOptions* options) {
   if (FLAGS_inline_request_bytes < -1) {
-    LOG(ERROR) << "--inline_request_bytes must be -1 (by durability), 0 (never) or a size";
-    return 2;
+    return absl::InvalidArgumentError(
+        "--inline_request_bytes must be -1 (by durability), 0 (never) or a size");
   }
   if (FLAGS_metrics_port < -1 || FLAGS_metrics_port > 65535 || FLAGS_port < 0 ||
       FLAGS_port > 65535) {
-    LOG(ERROR) << "--port must be in [0, 65535] and --metrics_port in [-1, 65535]";
-    return 2;
+    return absl::InvalidArgumentError(
+        "--port must be in [0, 65535] and --metrics_port in [-1, 65535]");
   }
+  options->host = FLAGS_host;
+  options->port = FLAGS_port;
+  options->inline_request_bytes = FLAGS_inline_request_bytes;
+  options->metrics_enabled = FLAGS_metrics_port >= 0;
+  options->metrics.host = FLAGS_host;
+  options->metrics.port = std::max(0, FLAGS_metrics_port);
+  options->start_ready = FLAGS_master.empty();
+  return absl::OkStatus();
+}
+
+// The TLS flags' combinations, checked before --check_flags reports; the files are read by
+// SecurityFromFlags and the server.
+absl::Status CheckTlsFlags() {
   if (FLAGS_tls_reload_s < 0 || FLAGS_tls_cert.empty() != FLAGS_tls_key.empty() ||
       (!FLAGS_tls_ca.empty() && FLAGS_tls_cert.empty())) {
-    LOG(ERROR) << "--tls_cert and --tls_key go together, --tls_ca needs them, and "
-                  "--tls_reload_s must be >= 0";
-    return 2;
+    return absl::InvalidArgumentError(
+        "--tls_cert and --tls_key go together, --tls_ca needs them, and "
+        "--tls_reload_s must be >= 0");
   }
-  if (FLAGS_check_flags) {
-    std::printf("ps-server flags ok: port %d, metrics port %d, %s, %s, tls %s%s, token %s\n",
-                FLAGS_port, FLAGS_metrics_port,
-                FLAGS_master.empty() ? "standalone" : ("master " + FLAGS_master).c_str(),
-                FLAGS_data_dir.empty() ? "in memory" : ("data in " + FLAGS_data_dir).c_str(),
-                FLAGS_tls_cert.empty() ? "off" : "on", FLAGS_tls_ca.empty() ? "" : " (mutual)",
-                FLAGS_auth_token_file.empty() ? "off" : "on");
-    return 0;
-  }
+  return absl::OkStatus();
+}
+
+// --check_flags: the configuration the flags describe, on stdout.
+void PrintCheckedFlags() {
+  std::printf("ps-server flags ok: port %d, metrics port %d, %s, %s, tls %s%s, token %s\n",
+              FLAGS_port, FLAGS_metrics_port,
+              FLAGS_master.empty() ? "standalone" : ("master " + FLAGS_master).c_str(),
+              FLAGS_data_dir.empty() ? "in memory" : ("data in " + FLAGS_data_dir).c_str(),
+              FLAGS_tls_cert.empty() ? "off" : "on", FLAGS_tls_ca.empty() ? "" : " (mutual)",
+              FLAGS_auth_token_file.empty() ? "off" : "on");
+}
+
+// Transport security both ways, with the token read from its file.
+struct Security {
+  ps::ServerSecurity incoming;  // of the calls this pod serves
+  // Of the calls this pod makes (to the master, and to other pods during a move):
+  // verified against --master_tls_ca or --tls_ca, with this pod's certificate for mutual TLS.
+  ps::ChannelSecurity outgoing;
+};
+
+// --tls_cert, --tls_key, --tls_ca, --master_tls_ca, --tls_reload_s, --auth_token_file
+// (read here: NOT_FOUND / INVALID_ARGUMENT as ReadAuthTokenFile says, in the logged line).
+absl::StatusOr<Security> SecurityFromFlags() {
   absl::StatusOr<std::string> token = ps::ReadAuthTokenFile(FLAGS_auth_token_file);
   if (!token.ok()) {
-    LOG(ERROR) << "bad --auth_token_file: " << token.status();
-    return 2;
+    return absl::Status(token.status().code(),
+                        absl::StrCat("bad --auth_token_file: ", token.status().ToString()));
   }
-  options.security.cert_file = FLAGS_tls_cert;
-  options.security.key_file = FLAGS_tls_key;
-  options.security.ca_file = FLAGS_tls_ca;
-  options.security.auth_token = *token;
-  options.security.reload_interval_s = FLAGS_tls_reload_s;
-  // Calls this pod makes (to the master, and to other pods during a move): verified
-  // against --master_tls_ca or --tls_ca, with this pod's certificate for mutual TLS.
-  ps::ChannelSecurity outgoing;
-  outgoing.ca_file = FLAGS_master_tls_ca.empty() ? FLAGS_tls_ca : FLAGS_master_tls_ca;
-  if (!outgoing.ca_file.empty()) {
-    outgoing.cert_file = FLAGS_tls_cert;
-    outgoing.key_file = FLAGS_tls_key;
+  Security security;
+  security.incoming.cert_file = FLAGS_tls_cert;
+  security.incoming.key_file = FLAGS_tls_key;
+  security.incoming.ca_file = FLAGS_tls_ca;
+  security.incoming.auth_token = *token;
+  security.incoming.reload_interval_s = FLAGS_tls_reload_s;
+  security.outgoing.ca_file = FLAGS_master_tls_ca.empty() ? FLAGS_tls_ca : FLAGS_master_tls_ca;
+  if (!security.outgoing.ca_file.empty()) {
+    security.outgoing.cert_file = FLAGS_tls_cert;
+    security.outgoing.key_file = FLAGS_tls_key;
   }
-  outgoing.auth_token = *token;
-  outgoing.reload_interval_s = FLAGS_tls_reload_s;
-  options.peer_security = outgoing;
-  options.metrics_enabled = FLAGS_metrics_port >= 0;
-  options.metrics.host = FLAGS_host;
-  options.metrics.port = std::max(0, FLAGS_metrics_port);
-  // Under a master the pod is ready once registered (its vshards assigned).
-  options.start_ready = FLAGS_master.empty();
+  security.outgoing.auth_token = *token;
+  security.outgoing.reload_interval_s = FLAGS_tls_reload_s;
+  return security;
+}
 
+// --master, --pod_id, --advertise_address, --num_vshards. An empty address is filled in
+// once the port is bound (DefaultAdvertiseAddress).
+ps::MasterAgentOptions MasterAgentOptionsFromFlags(const ps::ChannelSecurity& security) {
+  ps::MasterAgentOptions agent;
+  agent.master = FLAGS_master;
+  agent.pod_id = FLAGS_pod_id;
+  agent.address = FLAGS_advertise_address;
+  agent.num_vshards = FLAGS_num_vshards;
+  agent.security = security;
+  return agent;
+}
+
+// What the running pod does beside serving: the files its bound ports are written to, the
+// master it registers with (if any), and the grace calls in flight get on a signal.
+struct RunOptions {
+  std::string port_file;
+  std::string metrics_port_file;
+  std::optional<ps::MasterAgentOptions> agent;
+  int shutdown_grace_ms = 5000;
+};
+
+// Mirrors the master agent's registration into the server's readiness, checking every
+// 100 ms on its own thread until stopped. `agent` and `server` must outlive it.
+class ReadinessFollower {
+ public:
+  ReadinessFollower(const ps::MasterAgent* agent, ps::PsServer* server, std::string pod_id)
+      : thread_([this, agent, server, pod_id = std::move(pod_id)] {
+          bool ready = false;
+          for (;;) {
+            if (agent->registered() != ready) {
+              ready = !ready;
+              server->SetReady(ready);
+              LOG(INFO) << "pod " << pod_id << (ready ? " ready" : " not ready");
+            }
+            absl::MutexLock lock(&mu_);
+            if (mu_.AwaitWithTimeout(absl::Condition(&stopping_), absl::Milliseconds(100))) {
+              return;
+            }
+          }
+        }) {}
+  ~ReadinessFollower() {
+    Stop();
+    thread_.join();
+  }
+  // Ends the checks: the thread finishes the one under way, if any, and exits.
+  // Thread-safe.
+  void Stop() {
+    absl::MutexLock lock(&mu_);
+    stopping_ = true;
+  }
+
+ private:
+  absl::Mutex mu_;
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  std::thread thread_;  // last: it uses the members above
+};
+
+// Starts the server and (under a master) the agent, serves until SIGTERM/SIGINT, then
+// shuts down gracefully. Returns the process's exit status.
+int Serve(const ps::PsServerOptions& options, ps::ShardOwnership ownership, const RunOptions& run) {
   // SIGTERM/SIGINT are taken by a thread that runs the graceful shutdown.
   ps::ShutdownSignal shutdown_signal;
 
-  auto server = ps::PsServer::Start(options, *std::move(ownership));
-  if (!server.ok()) {
-    LOG(ERROR) << "ps-server failed to start: " << server.status();
+  const uint32_t num_vshards = ownership.num_vshards();
+  auto started = ps::PsServer::Start(options, std::move(ownership));
+  if (!started.ok()) {
+    LOG(ERROR) << "ps-server failed to start: " << started.status();
     return 1;
   }
-  LOG(INFO) << "ps-server serving on " << FLAGS_host << ":" << (*server)->port() << ", owning "
-            << (*server)->core().ownership()->owned_count() << " of " << FLAGS_num_vshards
-            << " vshards, " << FLAGS_threads << " work threads, "
-            << (FLAGS_data_dir.empty()
-                    ? std::string("in memory only (no --data_dir)")
-                    : "data in " + FLAGS_data_dir + ", durability " + FLAGS_durability);
+  std::unique_ptr<ps::PsServer> server = *std::move(started);
+  const std::string& data_dir = options.core.storage.db.dir;
+  LOG(INFO) << "ps-server serving on " << options.host << ":" << server->port() << ", owning "
+            << server->core().ownership()->owned_count() << " of " << num_vshards << " vshards, "
+            << options.threads << " work threads, "
+            << (data_dir.empty() ? std::string("in memory only (no --data_dir)")
+                                 : "data in " + data_dir + ", durability " +
+                                       ps::DurabilityName(options.core.storage.log.durability));
   std::unique_ptr<ps::MasterAgent> agent;
-  if (!FLAGS_master.empty()) {
-    ps::MasterAgentOptions agent_options;
-    agent_options.master = FLAGS_master;
-    agent_options.pod_id = FLAGS_pod_id;
-    agent_options.address = FLAGS_advertise_address.empty()
-                                ? ps::DefaultAdvertiseAddress(FLAGS_host, (*server)->port())
-                                : FLAGS_advertise_address;
-    agent_options.num_vshards = FLAGS_num_vshards;
-    agent_options.security = outgoing;
-    auto started = ps::MasterAgent::Start(agent_options, &(*server)->core());
-    if (!started.ok()) {
-      LOG(ERROR) << "cannot start the master agent: " << started.status();
-      return 2;
+  if (run.agent.has_value()) {
+    ps::MasterAgentOptions agent_options = *run.agent;
+    if (agent_options.address.empty()) {
+      agent_options.address = ps::DefaultAdvertiseAddress(options.host, server->port());
     }
-    agent = *std::move(started);
+    auto agent_started = ps::MasterAgent::Start(agent_options, &server->core());
+    if (!agent_started.ok()) {
+      LOG(ERROR) << "cannot start the master agent: " << agent_started.status();
+      return kBadConfiguration;
+    }
+    agent = *std::move(agent_started);
   }
-  if ((*server)->metrics_port() > 0) {
-    LOG(INFO) << "metrics on http://" << FLAGS_host << ":" << (*server)->metrics_port()
+  if (server->metrics_port() > 0) {
+    LOG(INFO) << "metrics on http://" << options.host << ":" << server->metrics_port()
               << "/metrics";
-    ps::WritePortFile(FLAGS_metrics_port_file, (*server)->metrics_port());
+    ps::WritePortFile(run.metrics_port_file, server->metrics_port());
   }
-  ps::WritePortFile(FLAGS_port_file, (*server)->port());
+  ps::WritePortFile(run.port_file, server->port());
 
   // Readiness follows the registration with the master.
-  absl::Notification stopping;
-  std::thread readiness;
-  if (agent != nullptr) {
-    readiness = std::thread([&] {
-      bool ready = false;
-      do {
-        if (agent->registered() != ready) {
-          ready = !ready;
-          (*server)->SetReady(ready);
-          LOG(INFO) << "pod " << FLAGS_pod_id << (ready ? " ready" : " not ready");
-        }
-      } while (!stopping.WaitForNotificationWithTimeout(absl::Milliseconds(100)));
-    });
-  }
+  std::optional<ReadinessFollower> readiness;
+  if (agent != nullptr) readiness.emplace(agent.get(), server.get(), run.agent->pod_id);
 
   // SIGTERM: not ready, stop accepting (calls in flight finish, so every acknowledged push
   // is in the log), deregister from the master, then flush the rows (destruction) and exit.
   shutdown_signal.OnSignal([&](int) {
-    stopping.Notify();
-    (*server)->Shutdown(FLAGS_shutdown_grace_ms);
+    if (readiness.has_value()) readiness->Stop();
+    server->Shutdown(run.shutdown_grace_ms);
   });
-  (*server)->Wait();
+  server->Wait();
   shutdown_signal.Join();  // the signal's callback has returned
-  if (!stopping.HasBeenNotified()) stopping.Notify();
-  if (readiness.joinable()) readiness.join();
+  readiness.reset();
   if (agent != nullptr) (void)agent->Leave();
   agent.reset();
-  server->reset();
+  server.reset();
   LOG(INFO) << "ps-server stopped";
   return 0;
 }
@@ -294,5 +398,28 @@ int main(int argc, char** argv) {
                  "Usage: ps-server --port=50051 [--data_dir=DIR --durability=process] "
                  "[--shard=I/N --num_vshards=256]",
                  __FILE__);
-  return Main();
+  // The flags, group by group (a bad one is logged and ends the process).
+  ps::PsServerOptions options;
+  absl::StatusOr<ps::PodStorageOptions> storage = StorageOptionsFromFlags();
+  if (!storage.ok()) return BadFlags(storage.status());
+  options.core.storage = *std::move(storage);
+  if (absl::Status s = WorkOptionsFromFlags(&options); !s.ok()) return BadFlags(s);
+  absl::StatusOr<ps::ShardOwnership> ownership = OwnershipFromFlags();
+  if (!ownership.ok()) return BadFlags(ownership.status());
+  if (absl::Status s = EndpointOptionsFromFlags(&options); !s.ok()) return BadFlags(s);
+  if (absl::Status s = CheckTlsFlags(); !s.ok()) return BadFlags(s);
+  if (FLAGS_check_flags) {
+    PrintCheckedFlags();
+    return 0;
+  }
+  absl::StatusOr<Security> security = SecurityFromFlags();
+  if (!security.ok()) return BadFlags(security.status());
+  options.security = security->incoming;
+  options.peer_security = security->outgoing;
+  RunOptions run;
+  run.port_file = FLAGS_port_file;
+  run.metrics_port_file = FLAGS_metrics_port_file;
+  run.shutdown_grace_ms = FLAGS_shutdown_grace_ms;
+  if (!FLAGS_master.empty()) run.agent = MasterAgentOptionsFromFlags(security->outgoing);
+  return Serve(options, *std::move(ownership), run);
 }

@@ -75,6 +75,134 @@ absl::Status SyncDir(const std::string& dir) {
   return absl::OkStatus();
 }
 
+// The first lsns of the segments in `dir`, in order. FAILED_PRECONDITION if it holds
+// anything else.
+absl::StatusOr<std::vector<uint64_t>> ListSegments(const std::string& dir) {
+  std::vector<uint64_t> firsts;
+  DIR* d = opendir(dir.c_str());
+  if (d == nullptr) return Errno(absl::StrCat("cannot list ", dir), errno);
+  while (dirent* e = readdir(d)) {
+    const absl::string_view name(e->d_name);
+    uint64_t lsn;
+    if (name.size() == 20 + std::strlen(kSuffix) && absl::EndsWith(name, kSuffix) &&
+        absl::SimpleAtoi(name.substr(0, 20), &lsn)) {
+      firsts.push_back(lsn);
+    } else if (name != "." && name != "..") {
+      closedir(d);
+      return absl::FailedPreconditionError(
+          absl::StrCat("push log dir ", dir, " holds '", name, "', which is not a log segment"));
+    }
+  }
+  closedir(d);
+  std::sort(firsts.begin(), firsts.end());
+  return firsts;
+}
+
+// Deletes `path`; a file already gone is fine when `missing_ok`.
+absl::Status DeleteFile(const std::string& path, bool missing_ok) {
+  if (unlink(path.c_str()) != 0 && !(missing_ok && errno == ENOENT)) {
+    return Errno(absl::StrCat("cannot delete ", path), errno);
+  }
+  return absl::OkStatus();
+}
+
+// A segment file mapped read-only: `bytes` views `mapping` (null for an empty file).
+struct MappedSegment {
+  std::shared_ptr<const void> mapping;
+  absl::string_view bytes;
+};
+
+absl::StatusOr<MappedSegment> MapSegment(const std::string& path) {
+  const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return Errno(absl::StrCat("cannot open ", path), errno);
+  MappedSegment segment;
+  absl::Status s = MapFile(fd, path, &segment.mapping, &segment.bytes);
+  close(fd);
+  if (!s.ok()) return s;
+  return segment;
+}
+
+// Decodes the record at the start of `buf`, which should be record `expect`. Returns
+// what is wrong with it (a torn or damaged record), or an empty string and sets *payload.
+std::string DecodeRecord(absl::string_view buf, uint64_t expect, absl::string_view* payload) {
+  if (buf.size() < kHeader) return "a torn record header";
+  const char* h = buf.data();
+  uint64_t lsn;
+  uint32_t bytes, crc, header_crc;
+  std::memcpy(&lsn, h, 8);
+  std::memcpy(&bytes, h + 8, 4);
+  std::memcpy(&crc, h + 12, 4);
+  std::memcpy(&header_crc, h + 16, 4);
+  if (Crc32c(0, h, 16) != header_crc) return "a record header that fails its checksum";
+  if (lsn != expect) return absl::StrCat("record ", lsn, " where ", expect, " was expected");
+  if (buf.size() - kHeader < bytes) return "a torn record";
+  *payload = absl::string_view(h + kHeader, bytes);
+  if (LogFiles::Checksum(*payload) != crc) {
+    return absl::StrCat("record ", lsn, " failing its checksum");
+  }
+  return std::string();
+}
+
+// The lsn of the last record read, across segments: records must follow on.
+struct LsnChain {
+  bool have_prev = false;
+  uint64_t prev = 0;
+};
+
+// What a scan of one segment found: `valid` bytes of whole records from its start, then
+// `damage` (empty if the records fill the file).
+struct SegmentScan {
+  size_t valid = 0;
+  std::string damage;
+};
+
+// Reads the records of one segment (first lsn `first_lsn`, at `path`), adding those from
+// `from` on to `out`. DATA_LOSS if its first record does not follow `chain`'s.
+absl::StatusOr<SegmentScan> ScanSegment(const std::string& path, absl::string_view buf,
+                                        uint64_t first_lsn, uint64_t from, LsnChain* chain,
+                                        LogRead* out) {
+  SegmentScan scan;
+  uint64_t expect = first_lsn;
+  while (scan.valid < buf.size()) {
+    absl::string_view payload;
+    scan.damage = DecodeRecord(buf.substr(scan.valid), expect, &payload);
+    if (!scan.damage.empty()) break;
+    const uint64_t lsn = expect;
+    if (chain->have_prev && lsn != chain->prev + 1) {
+      return absl::DataLossError(absl::StrCat("push log records ", chain->prev + 1, " to ", lsn - 1,
+                                              " are missing (before segment ", path, ")"));
+    }
+    chain->have_prev = true;
+    chain->prev = lsn;
+    if (lsn >= from) {
+      out->records.push_back({lsn, payload});
+      out->bytes += payload.size();
+    }
+    ++expect;
+    scan.valid += kHeader + payload.size();
+  }
+  return scan;
+}
+
+// Damage in the newest segment is a write cut short by a crash, never acknowledged: it is
+// cut off. Anywhere else it is DATA_LOSS.
+absl::Status HandleDamage(const std::string& path, size_t file_bytes, const SegmentScan& scan,
+                          bool newest) {
+  if (scan.damage.empty()) return absl::OkStatus();
+  if (!newest) {
+    return absl::DataLossError(absl::StrCat("push log segment ", path, " is damaged at byte ",
+                                            scan.valid, " (", scan.damage,
+                                            ") and is not the newest"));
+  }
+  LOG(WARNING) << "push log: cutting " << file_bytes - scan.valid << " bytes off " << path
+               << " at byte " << scan.valid << " (" << scan.damage
+               << "; a write interrupted by a crash)";
+  if (truncate(path.c_str(), static_cast<off_t>(scan.valid)) != 0) {
+    return Errno(absl::StrCat("cannot truncate ", path), errno);
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 struct LogFiles::Segment {
@@ -113,112 +241,29 @@ absl::Status LogFiles::Injected(absl::string_view what) const {
 }
 
 absl::Status LogFiles::ReadAll(uint64_t from, LogRead* out) {
-  std::vector<uint64_t> firsts;
-  {
-    DIR* d = opendir(options_.dir.c_str());
-    if (d == nullptr) return Errno(absl::StrCat("cannot list ", options_.dir), errno);
-    while (dirent* e = readdir(d)) {
-      const absl::string_view name(e->d_name);
-      uint64_t lsn;
-      if (name.size() == 20 + std::strlen(kSuffix) && absl::EndsWith(name, kSuffix) &&
-          absl::SimpleAtoi(name.substr(0, 20), &lsn)) {
-        firsts.push_back(lsn);
-      } else if (name != "." && name != "..") {
-        closedir(d);
-        return absl::FailedPreconditionError(absl::StrCat("push log dir ", options_.dir, " holds '",
-                                                          name, "', which is not a log segment"));
-      }
-    }
-    closedir(d);
-  }
-  std::sort(firsts.begin(), firsts.end());
+  ASSIGN_OR_RETURN(const std::vector<uint64_t> firsts, ListSegments(options_.dir));
   std::vector<std::shared_ptr<Segment>> kept;
-  bool have_prev = false;
-  uint64_t prev = 0;
+  LsnChain chain;
   for (size_t i = 0; i < firsts.size(); ++i) {
-    auto seg = std::make_shared<Segment>();
-    seg->first_lsn = firsts[i];
-    seg->path = absl::StrCat(options_.dir, "/", SegmentName(firsts[i]));
+    const std::string path = absl::StrCat(options_.dir, "/", SegmentName(firsts[i]));
     const bool newest = i + 1 == firsts.size();
     if (!newest && firsts[i + 1] <= from) {  // only records below `from`: deleted earlier
-      if (unlink(seg->path.c_str()) != 0 && errno != ENOENT) {
-        return Errno(absl::StrCat("cannot delete ", seg->path), errno);
-      }
+      RETURN_IF_ERROR(DeleteFile(path, /*missing_ok=*/true));
       continue;
     }
-    const int fd = open(seg->path.c_str(), O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return Errno(absl::StrCat("cannot open ", seg->path), errno);
-    std::shared_ptr<const void> mapping;
-    absl::string_view buf;
-    absl::Status s = MapFile(fd, seg->path, &mapping, &buf);
-    close(fd);
-    if (!s.ok()) return s;
-    size_t off = 0;
-    std::string damage;
-    uint64_t expect = seg->first_lsn;
-    while (off < buf.size()) {
-      if (buf.size() - off < kHeader) {
-        damage = "a torn record header";
-        break;
-      }
-      const char* h = buf.data() + off;
-      uint64_t lsn;
-      uint32_t bytes, crc, header_crc;
-      std::memcpy(&lsn, h, 8);
-      std::memcpy(&bytes, h + 8, 4);
-      std::memcpy(&crc, h + 12, 4);
-      std::memcpy(&header_crc, h + 16, 4);
-      if (Crc32c(0, h, 16) != header_crc) {
-        damage = "a record header that fails its checksum";
-        break;
-      }
-      if (lsn != expect) {
-        damage = absl::StrCat("record ", lsn, " where ", expect, " was expected");
-        break;
-      }
-      if (buf.size() - off - kHeader < bytes) {
-        damage = "a torn record";
-        break;
-      }
-      const absl::string_view payload(h + kHeader, bytes);
-      if (Checksum(payload) != crc) {
-        damage = absl::StrCat("record ", lsn, " failing its checksum");
-        break;
-      }
-      if (have_prev && lsn != prev + 1) {
-        return absl::DataLossError(absl::StrCat("push log records ", prev + 1, " to ", lsn - 1,
-                                                " are missing (before segment ", seg->path, ")"));
-      }
-      have_prev = true;
-      prev = lsn;
-      if (lsn >= from) {
-        out->records.push_back({lsn, payload});
-        out->bytes += bytes;
-      }
-      ++expect;
-      off += kHeader + bytes;
-    }
-    if (!damage.empty()) {
-      if (!newest) {
-        return absl::DataLossError(absl::StrCat("push log segment ", seg->path,
-                                                " is damaged at byte ", off, " (", damage,
-                                                ") and is not the newest"));
-      }
-      // A write cut short by a crash: its records were never acknowledged.
-      LOG(WARNING) << "push log: cutting " << buf.size() - off << " bytes off " << seg->path
-                   << " at byte " << off << " (" << damage << "; a write interrupted by a crash)";
-      if (truncate(seg->path.c_str(), static_cast<off_t>(off)) != 0) {
-        return Errno(absl::StrCat("cannot truncate ", seg->path), errno);
-      }
-    }
-    seg->size = off;
-    if (off == 0) {  // nothing in it: the next append reuses or replaces it
-      if (unlink(seg->path.c_str()) != 0) {
-        return Errno(absl::StrCat("cannot delete ", seg->path), errno);
-      }
+    ASSIGN_OR_RETURN(MappedSegment file, MapSegment(path));
+    ASSIGN_OR_RETURN(const SegmentScan scan,
+                     ScanSegment(path, file.bytes, firsts[i], from, &chain, out));
+    RETURN_IF_ERROR(HandleDamage(path, file.bytes.size(), scan, newest));
+    if (scan.valid == 0) {  // nothing in it: the next append reuses or replaces it
+      RETURN_IF_ERROR(DeleteFile(path, /*missing_ok=*/false));
       continue;
     }
-    out->buffers.push_back(std::move(mapping));
+    out->buffers.push_back(std::move(file.mapping));
+    auto seg = std::make_shared<Segment>();
+    seg->first_lsn = firsts[i];
+    seg->path = path;
+    seg->size = scan.valid;
     kept.push_back(std::move(seg));
   }
   absl::MutexLock lock(&mu_);

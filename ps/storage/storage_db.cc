@@ -205,32 +205,43 @@ struct StorageDb::Rep {
   ~Rep() {
     for (auto* h : handles) db->DestroyColumnFamilyHandle(h);
   }
+
+  // The steps of StorageDb::Open, in order.
+  absl::Status OpenDatabase(const StorageDbOptions& options, bool fresh);
+  absl::Status ClearIngestDir();
+  absl::Status OpenLogFiles(const StorageDbOptions& options);
+  absl::Status CheckFormat(bool fresh);
 };
 
-StorageDb::StorageDb(std::unique_ptr<Rep> rep) : rep_(std::move(rep)) {}
-StorageDb::~StorageDb() = default;
+namespace {
 
-absl::StatusOr<std::unique_ptr<StorageDb>> StorageDb::Open(const StorageDbOptions& options) {
-  if (options.dir.empty()) return absl::InvalidArgumentError("storage directory is empty");
-  const bool fresh = DirIsMissingOrEmpty(options.dir);
-  if (!fresh) {
+// Open's first step: true if `dir` starts a new pod (it was missing or empty, and now
+// exists), false if it holds a RocksDB database. FAILED_PRECONDITION for a directory that
+// holds something else, or that cannot be created.
+absl::StatusOr<bool> PrepareDir(const std::string& dir) {
+  if (!DirIsMissingOrEmpty(dir)) {
     struct stat st;
-    if (stat((options.dir + "/CURRENT").c_str(), &st) != 0) {
+    if (stat((dir + "/CURRENT").c_str(), &st) != 0) {
       return absl::FailedPreconditionError(absl::StrCat(
-          "data dir ", options.dir,
+          "data dir ", dir,
           " is not empty but holds no RocksDB database (no CURRENT file): refusing to start "
           "over it. Point --data_dir at the pod's volume, or at an empty directory for a new "
           "pod"));
     }
-  } else {
-    std::error_code ec;
-    std::filesystem::create_directories(options.dir, ec);
-    if (ec) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("cannot create data dir ", options.dir, ": ", ec.message()));
-    }
+    return false;
   }
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  if (ec) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("cannot create data dir ", dir, ": ", ec.message()));
+  }
+  return true;
+}
 
+// The database's options: a new pod's database is created (and must not exist yet); an
+// existing one must already have every column family.
+rocksdb::DBOptions DatabaseOptions(const StorageDbOptions& options, bool fresh) {
   rocksdb::DBOptions db_options;
   db_options.create_if_missing = fresh;
   db_options.error_if_exists = fresh;
@@ -241,8 +252,10 @@ absl::StatusOr<std::unique_ptr<StorageDb>> StorageDb::Open(const StorageDbOption
   db_options.allow_concurrent_memtable_write = false;
   db_options.keep_log_file_num = 5;
   db_options.max_total_wal_size = 4 * options.log_memtable_bytes;
+  return db_options;
+}
 
-  rocksdb::ColumnFamilyOptions meta_options;
+rocksdb::ColumnFamilyOptions RowsOptions(const StorageDbOptions& options) {
   rocksdb::ColumnFamilyOptions rows_options;
   rows_options.compression = rocksdb::kNoCompression;  // float rows barely compress
   rows_options.write_buffer_size = size_t{128} << 20;
@@ -263,65 +276,99 @@ absl::StatusOr<std::unique_ptr<StorageDb>> StorageDb::Open(const StorageDbOption
   rocksdb::BlockBasedTableOptions table_options;
   table_options.filter_policy.reset(rocksdb::NewBloomFilterPolicy(10));
   rows_options.table_factory.reset(rocksdb::NewBlockBasedTableFactory(table_options));
+  return rows_options;
+}
+
+rocksdb::ColumnFamilyOptions LogOptions(const StorageDbOptions& options) {
   rocksdb::ColumnFamilyOptions log_options;
   log_options.compression = rocksdb::kNoCompression;
   log_options.write_buffer_size = options.log_memtable_bytes;
   log_options.max_write_buffer_number = 4;
+  return log_options;
+}
 
-  std::vector<rocksdb::ColumnFamilyDescriptor> families = {
+}  // namespace
+
+// Opens (or creates) the RocksDB database with its column families, through the
+// fault-injecting file system if the options ask for one.
+absl::Status StorageDb::Rep::OpenDatabase(const StorageDbOptions& options, bool fresh) {
+  dir = options.dir;
+  rocksdb::DBOptions db_options = DatabaseOptions(options, fresh);
+  const rocksdb::ColumnFamilyOptions meta_options;
+  const rocksdb::ColumnFamilyOptions rows_options = RowsOptions(options);
+  const std::vector<rocksdb::ColumnFamilyDescriptor> families = {
       {rocksdb::kDefaultColumnFamilyName, meta_options},
       {"meta", meta_options},
       {"rows", rows_options},
-      {"log", log_options}};
-  auto rep = std::make_unique<Rep>();
-  rep->dir = options.dir;
+      {"log", LogOptions(options)}};
   if (options.inject_write_error) {
-    rep->env = rocksdb::NewCompositeEnv(std::make_shared<FaultFileSystem>(
-        rocksdb::FileSystem::Default(), options.inject_write_error));
-    db_options.env = rep->env.get();
+    env = rocksdb::NewCompositeEnv(std::make_shared<FaultFileSystem>(rocksdb::FileSystem::Default(),
+                                                                     options.inject_write_error));
+    db_options.env = env.get();
   }
-  rocksdb::DB* db = nullptr;
-  rocksdb::Status s = rocksdb::DB::Open(db_options, options.dir, families, &rep->handles, &db);
-  if (!s.ok()) {
-    return FromRocks(s, absl::StrCat("cannot open the pod database in ", options.dir));
-  }
-  rep->db.reset(db);
-  rep->rows_file_options = rocksdb::Options(db_options, rows_options);
-  rep->ingest_dir = options.dir + "/ingest";
-  {
-    // Files a crash left between writing and ingesting: never part of the database.
-    std::error_code ec;
-    std::filesystem::remove_all(rep->ingest_dir, ec);
-    std::filesystem::create_directories(rep->ingest_dir, ec);
-    if (ec) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("cannot create ", rep->ingest_dir, ": ", ec.message()));
-    }
-  }
-  rep->meta = rep->handles[1];
-  rep->rows = rep->handles[2];
-  rep->log = rep->handles[3];
-  LogFilesOptions log_files;
-  log_files.dir = options.dir + "/pushlog";
-  log_files.segment_bytes = options.log_segment_bytes;
-  log_files.sync_on_rotate = options.sync_log_on_rotate;
-  log_files.inject_write_error = options.inject_write_error;
-  ASSIGN_OR_RETURN(rep->log_files, LogFiles::Open(log_files));
+  rocksdb::DB* opened = nullptr;
+  const rocksdb::Status s = rocksdb::DB::Open(db_options, dir, families, &handles, &opened);
+  if (!s.ok()) return FromRocks(s, absl::StrCat("cannot open the pod database in ", dir));
+  db.reset(opened);
+  rows_file_options = rocksdb::Options(db_options, rows_options);
+  meta = handles[1];
+  rows = handles[2];
+  log = handles[3];
+  return absl::OkStatus();
+}
 
-  rocksdb::WriteOptions sync;
-  sync.sync = true;
-  if (fresh) {
-    RETURN_IF_ERROR(FromRocks(rep->db->Put(sync, rep->meta, "format", kFormat),
-                              "cannot initialize the pod database"));
-  } else {
-    std::string format;
-    s = rep->db->Get(rocksdb::ReadOptions(), rep->meta, "format", &format);
-    if (!s.ok() || format != kFormat) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "data dir ", options.dir, " holds a RocksDB database that is not a ps-server pod's (",
-          s.ok() ? absl::StrCat("format '", format, "'") : s.ToString(), ")"));
-    }
+// Files a crash left between writing and ingesting (IngestRows) are never part of the
+// database: the ingest directory starts empty.
+absl::Status StorageDb::Rep::ClearIngestDir() {
+  ingest_dir = dir + "/ingest";
+  std::error_code ec;
+  std::filesystem::remove_all(ingest_dir, ec);
+  std::filesystem::create_directories(ingest_dir, ec);
+  if (ec) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("cannot create ", ingest_dir, ": ", ec.message()));
   }
+  return absl::OkStatus();
+}
+
+absl::Status StorageDb::Rep::OpenLogFiles(const StorageDbOptions& options) {
+  LogFilesOptions log_options;
+  log_options.dir = dir + "/pushlog";
+  log_options.segment_bytes = options.log_segment_bytes;
+  log_options.sync_on_rotate = options.sync_log_on_rotate;
+  log_options.inject_write_error = options.inject_write_error;
+  ASSIGN_OR_RETURN(log_files, LogFiles::Open(log_options));
+  return absl::OkStatus();
+}
+
+// A new database gets the format marker (synced); an existing one must carry it.
+absl::Status StorageDb::Rep::CheckFormat(bool fresh) {
+  if (fresh) {
+    rocksdb::WriteOptions sync;
+    sync.sync = true;
+    return FromRocks(db->Put(sync, meta, "format", kFormat), "cannot initialize the pod database");
+  }
+  std::string format;
+  const rocksdb::Status s = db->Get(rocksdb::ReadOptions(), meta, "format", &format);
+  if (!s.ok() || format != kFormat) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("data dir ", dir, " holds a RocksDB database that is not a ps-server pod's (",
+                     s.ok() ? absl::StrCat("format '", format, "'") : s.ToString(), ")"));
+  }
+  return absl::OkStatus();
+}
+
+StorageDb::StorageDb(std::unique_ptr<Rep> rep) : rep_(std::move(rep)) {}
+StorageDb::~StorageDb() = default;
+
+absl::StatusOr<std::unique_ptr<StorageDb>> StorageDb::Open(const StorageDbOptions& options) {
+  if (options.dir.empty()) return absl::InvalidArgumentError("storage directory is empty");
+  ASSIGN_OR_RETURN(const bool fresh, PrepareDir(options.dir));
+  auto rep = std::make_unique<Rep>();
+  RETURN_IF_ERROR(rep->OpenDatabase(options, fresh));
+  RETURN_IF_ERROR(rep->ClearIngestDir());
+  RETURN_IF_ERROR(rep->OpenLogFiles(options));
+  RETURN_IF_ERROR(rep->CheckFormat(fresh));
   return std::unique_ptr<StorageDb>(new StorageDb(std::move(rep)));
 }
 
