@@ -84,30 +84,37 @@ void PullBatch::Add(const std::string& table, uint32_t dim, float* out,
     explicit operator bool() const { return ids != nullptr; }
   };
   const size_t reserve = ReserveRows(ids.size(), map_.num_pods());
-  auto position = [&dest](size_t k) { return dest.empty() ? static_cast<uint32_t>(k) : dest[k]; };
-  GroupByPod<Entry>(
-      map_, table, ids, ThreadScratch().unique,
-      [&](uint32_t pod) {
-        const int r = RequestOf(requests_, pod, [&](PullRequest& req) {
-          req.set_epoch(map_.epoch());
-          req.set_read_only(read_only_);
-          scatters_.push_back(std::make_shared<PullScatter>());
-        });
-        TableIds* t = requests_.reqs[r].add_tables();
-        t->set_table(table);
-        t->mutable_ids()->reserve(reserve * sizeof(int64_t));
-        PullScatter::Entry& sc = scatters_[r]->entries.emplace_back();
-        sc.table = table;
-        sc.out = out;
-        sc.dim = dim;
-        sc.dest.reserve(reserve);
-        return Entry{t->mutable_ids(), &sc.dest};
-      },
-      [&](Entry& entry, size_t k, int64_t id) {
-        entry.dest->push_back(position(k));
-        AppendId(entry.ids, id);
-      },
-      [&](size_t k, uint32_t first) { dups->rows.emplace_back(position(k), position(first)); });
+  auto new_entry = [&](uint32_t pod) {
+    const int r = RequestOf(requests_, pod, [&](PullRequest& req) {
+      req.set_epoch(map_.epoch());
+      req.set_read_only(read_only_);
+      scatters_.push_back(std::make_shared<PullScatter>());
+    });
+    TableIds* t = requests_.reqs[r].add_tables();
+    t->set_table(table);
+    t->mutable_ids()->reserve(reserve * sizeof(int64_t));
+    PullScatter::Entry& sc = scatters_[r]->entries.emplace_back();
+    sc.table = table;
+    sc.out = out;
+    sc.dim = dim;
+    sc.dest.reserve(reserve);
+    return Entry{t->mutable_ids(), &sc.dest};
+  };
+  // `position(k)`: where the row of ids[k] goes. Chosen once, not per id.
+  auto group = [&](auto position) {
+    GroupByPod<Entry>(
+        map_, table, ids, ThreadScratch().unique, new_entry,
+        [&](Entry& entry, size_t k, int64_t id) {
+          entry.dest->push_back(position(k));
+          AppendId(entry.ids, id);
+        },
+        [&](size_t k, uint32_t first) { dups->rows.emplace_back(position(k), position(first)); });
+  };
+  if (dest.empty()) {
+    group([](size_t k) { return static_cast<uint32_t>(k); });
+  } else {
+    group([&dest](size_t k) { return dest[k]; });
+  }
 }
 
 std::vector<PodRequest> PullBatch::Finish() {
