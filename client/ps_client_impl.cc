@@ -1,0 +1,44 @@
+#include "client/ps_client_impl.h"
+
+#include <glog/logging.h>
+
+#include "common/base/status_macros.h"
+
+namespace ps::internal {
+
+PsClientImpl::PsClientImpl(const ClientOptions& options, std::shared_ptr<const Routing> routing)
+    : options_(options),
+      master_(options_.master.empty() ? nullptr
+                                      : Master::NewStub(Channels(options_).Make(options_.master))),
+      completions_(std::make_unique<CompletionThreads>(options_.completion_threads)),
+      router_(options_, std::move(routing), master_.get(), &timer_, &inflight_),
+      runner_(options_, &router_, completions_.get(), &timer_, &inflight_),
+      catalog_(options_, master_.get(), &router_, &runner_),
+      keys_(options_.worker_id, options_.incarnation),
+      sparse_(&router_, &runner_, &catalog_, &keys_),
+      dense_(options_, &router_, &runner_, &catalog_, &keys_) {}
+
+PsClientImpl::~PsClientImpl() {
+  // From a completion callback the wait below could never end (the callback's own call
+  // is still in flight) and the completion threads could not be joined.
+  LOG_IF(FATAL, CompletionThreads::OnCompletionThread())
+      << "a PsClient was destroyed from one of its completion callbacks";
+  inflight_.WaitIdle();
+  // Nothing is in flight, so no retry waits on the timer and no answer can arrive.
+  completions_.reset();
+}
+
+absl::StatusOr<std::vector<StatsResponse>> PsClientImpl::Stats() {
+  auto r = router_.current();
+  std::vector<std::unique_ptr<Rpc<StatsRequest, StatsResponse>>> rpcs;
+  for (size_t p = 0; p < r->pods.size(); ++p) {
+    if (!r->up[p]) continue;
+    rpcs.push_back(MakeRpc<StatsRequest, StatsResponse>(r->pods[p], r->map.epoch()));
+  }
+  RETURN_IF_ERROR(runner_.RunAll(&ParameterServer::Stub::PrepareAsyncStats, &rpcs));
+  std::vector<StatsResponse> out;
+  for (auto& rpc : rpcs) out.push_back(std::move(rpc->resp));
+  return out;
+}
+
+}  // namespace ps::internal

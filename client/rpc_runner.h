@@ -1,0 +1,117 @@
+// The client's RPC state machine: every RPC to a pod runs through RpcRunner, which gives
+// each attempt its deadline, retries what may be retried and re-routes what a pod refused
+// after a map change.
+//
+// - UNAVAILABLE / ABORTED / DEADLINE_EXCEEDED: the same request again to the same pod
+//   identity (found again by id, possibly at a new address), after a backoff doubling from
+//   ClientOptions::initial_backoff_ms to max_backoff_ms with jitter, up to max_attempts.
+//   From the third attempt on (with a master) the map is refreshed first, so a pod
+//   restarted at a new address is found. A push keeps its key: the pod applies it once.
+// - FAILED_PRECONDITION "does not own" (a vshard moved; the pod applied nothing), for RPCs
+//   with a `reroute`: after a map refresh, reroute(op) routes the request's ids again as
+//   new RPCs of the same call (a push under a new key), up to max_reroutes times.
+// - Anything else is the RPC's final status, named after its pod ("pod <id> (<address>)")
+//   and, after retries, "[after N attempts]".
+// Backoff waits run on the timer thread, never on a completion thread; a re-route runs on
+// a completion thread, as every completion does.
+#pragma once
+
+#include <chrono>
+#include <functional>
+#include <memory>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/time/time.h"
+#include "client/completion_threads.h"
+#include "client/inflight.h"
+#include "client/op.h"
+#include "client/ps_client.h"
+#include "client/routing.h"
+#include "client/rpc.h"
+#include "client/timer.h"
+
+namespace ps::internal {
+
+// Thread-safe. Everything passed to the constructor must outlive the runner, and every
+// RPC must be done (InFlight idle) before `completions` and `timer` go.
+class RpcRunner {
+ public:
+  RpcRunner(const ClientOptions& options, Router* router, CompletionThreads* completions,
+            Timer* timer, InFlight* inflight)
+      : options_(options),
+        router_(router),
+        completions_(completions),
+        timer_(timer),
+        inflight_(inflight) {}
+
+  // Sends `rpc` (retries included) as an RPC of `op`, whose pending count must include
+  // it; reports its final status to `op`. `rpc` must stay valid until then. Counts in
+  // InFlight from now until that report.
+  template <typename Method, typename Req, typename Resp>
+  void Begin(Method method, Rpc<Req, Resp>* rpc, std::shared_ptr<Op> op) {
+    inflight_->Begin();
+    Attempt(method, rpc, std::move(op));
+  }
+
+  // Begins `rpcs` as RPCs of `op` (whose pending count already includes them); the op
+  // keeps them alive.
+  void BeginAll(RawMethod method, std::vector<std::shared_ptr<RawRpc>> rpcs,
+                const std::shared_ptr<Op>& op);
+
+  // A blocking fan-out over caller-owned RPCs: the first error, or OK once every RPC
+  // succeeded (their answers in rpc->resp, their outcomes in rpc->status). The calls run
+  // on a queue of their own that this thread drains (retries included), so a blocking
+  // call never waits on a completion thread: it works from one too.
+  template <typename Req, typename Resp>
+  absl::Status RunAll(AsyncMethod<Req, Resp> method,
+                      std::vector<std::unique_ptr<Rpc<Req, Resp>>>* rpcs) {
+    auto op = std::make_shared<Op>(static_cast<int>(rpcs->size()));
+    grpc::CompletionQueue queue;
+    for (auto& rpc : *rpcs) {
+      rpc->queue = &queue;
+      Begin(method, rpc.get(), op);
+    }
+    CompletionThreads::Drain(&queue, [&op] { return op->done(); });
+    queue.Shutdown();
+    CompletionThreads::Drain(&queue, [] { return false; });  // empty: every call is done
+    return op->Wait();
+  }
+
+ private:
+  // Starts one attempt; its completion decides what comes next.
+  template <typename Method, typename Req, typename Resp>
+  void Attempt(Method method, Rpc<Req, Resp>* rpc, std::shared_ptr<Op> op) {
+    rpc->ctx = NewContext();
+    StartAttempt(
+        method, rpc,
+        [this, method, rpc, op = std::move(op)](grpc::Status s) mutable {
+          if (AfterAttempt(rpc, s, op)) return;
+          Retry(rpc, [this, method, rpc, op = std::move(op)]() mutable {
+            rpc->resp.Clear();
+            Attempt(method, rpc, std::move(op));
+          });
+        },
+        *completions_);
+  }
+
+  // After an attempt that ended with `s`: false if the RPC is to be retried (see Retry);
+  // otherwise true, the RPC having been reported to `op` or handed to a re-route.
+  bool AfterAttempt(RpcState* rpc, const grpc::Status& s, const std::shared_ptr<Op>& op);
+  // Runs `resend` after a backoff (and a map refresh from the third attempt on), with
+  // rpc->pod resolved again by id.
+  void Retry(RpcState* rpc, std::function<void()> resend);
+  // Reports the RPC's final status to `op` and ends its InFlight count.
+  void Done(RpcState* rpc, Op* op, const absl::Status& status);
+  // The wait before attempt `attempt` + 1: in [b/2, b], b doubling from the initial backoff.
+  absl::Duration Backoff(int attempt) const;
+  std::unique_ptr<grpc::ClientContext> NewContext() const;
+
+  const ClientOptions& options_;
+  Router* const router_;
+  CompletionThreads* const completions_;
+  Timer* const timer_;
+  InFlight* const inflight_;
+};
+
+}  // namespace ps::internal

@@ -1,0 +1,57 @@
+// Pulls and pushes of embedding rows (PsClient::PullAsync / PushAsync): each call's ids
+// grouped by pod (client/pod_batch.h), one raw RPC per pod (proto/wire.h), run by the
+// RpcRunner; a pull's rows scattered into the caller's buffers on the completion thread
+// that receives them (client/pull_scatter.h). The part of a call that a pod refused after
+// a map change is grouped again under the new map (ReroutePull / ReroutePush).
+#pragma once
+
+#include <memory>
+#include <vector>
+
+#include "client/catalog.h"
+#include "client/op.h"
+#include "client/pod_batch.h"
+#include "client/ps_client.h"
+#include "client/pull_scatter.h"
+#include "client/push_keys.h"
+#include "client/routing.h"
+#include "client/rpc_runner.h"
+
+namespace ps::internal {
+
+// Thread-safe. Everything passed to the constructor must outlive it and every call it
+// started.
+class SparseCalls {
+ public:
+  SparseCalls(Router* router, RpcRunner* runner, Catalog* catalog, PushKeys* keys)
+      : router_(router), runner_(runner), catalog_(catalog), keys_(keys) {}
+
+  // As PsClient::PullAsync and PushAsync.
+  Handle Pull(std::vector<PullSpec> specs, bool read_only);
+  Handle Push(std::vector<PushSpec> specs);
+
+ private:
+  // A pull RPC with where its rows go.
+  struct PullRpc : RawRpc {
+    std::shared_ptr<PullScatter> scatter;
+  };
+
+  // The RPCs of a batch's parts under routing `r`, each following at most
+  // max_reroutes - `reroutes` further map changes.
+  std::vector<std::shared_ptr<RawRpc>> PullRpcs(std::vector<PodRequest> parts, const Routing& r,
+                                                int reroutes);
+  std::vector<std::shared_ptr<RawRpc>> PushRpcs(std::vector<PodRequest> parts, const Routing& r,
+                                                int reroutes);
+  // The pod refused the whole request (FAILED_PRECONDITION: it applied none of it): its
+  // ids are grouped again under the current map and sent as new RPCs of `op` (a push
+  // under a new key).
+  void ReroutePull(PullRpc* rpc, const std::shared_ptr<Op>& op);
+  void ReroutePush(RawRpc* rpc, const std::shared_ptr<Op>& op);
+
+  Router* const router_;
+  RpcRunner* const runner_;
+  Catalog* const catalog_;
+  PushKeys* const keys_;
+};
+
+}  // namespace ps::internal

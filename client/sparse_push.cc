@@ -1,0 +1,69 @@
+// SparseCalls: pushes.
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "client/sparse_calls.h"
+
+namespace ps::internal {
+
+Handle SparseCalls::Push(std::vector<PushSpec> specs) {
+  auto r = router_->current();
+  PushBatch batch(r->map, keys_->Next());  // every pod's part of the call under one key
+  for (const PushSpec& spec : specs) {
+    auto dim = catalog_->TableDim(spec.table);
+    if (!dim.ok()) return Handle(Op::Failed(dim.status()));
+    if (spec.grads == nullptr && !spec.ids.empty()) {
+      return Handle(Op::Failed(
+          absl::InvalidArgumentError(absl::StrCat("push to '", spec.table, "' has no gradients"))));
+    }
+    batch.Add(spec.table, *dim, spec.learning_rate, spec.ids, spec.grads);
+  }
+  auto rpcs = PushRpcs(batch.Finish(), *r, 0);
+  auto op = std::make_shared<Op>(static_cast<int>(rpcs.size()));
+  runner_->BeginAll(kRawPush, std::move(rpcs), op);
+  return Handle(op);
+}
+
+std::vector<std::shared_ptr<RawRpc>> SparseCalls::PushRpcs(std::vector<PodRequest> parts,
+                                                           const Routing& r, int reroutes) {
+  std::vector<std::shared_ptr<RawRpc>> rpcs;
+  rpcs.reserve(parts.size());
+  for (PodRequest& part : parts) {
+    auto rpc = std::shared_ptr<RawRpc>(
+        MakeRpc<grpc::ByteBuffer, grpc::ByteBuffer>(r.pods[part.pod], r.map.epoch()));
+    rpc->req = std::move(part.request);
+    rpc->reroutes = reroutes;
+    RawRpc* raw = rpc.get();
+    rpc->reroute = [this, raw](const std::shared_ptr<Op>& op) { ReroutePush(raw, op); };
+    rpcs.push_back(std::move(rpc));
+  }
+  return rpcs;
+}
+
+void SparseCalls::ReroutePush(RawRpc* rpc, const std::shared_ptr<Op>& op) {
+  grpc::ByteBuffer raw(rpc->req);
+  PushRequest req;
+  if (!grpc::SerializationTraits<PushRequest>::Deserialize(&raw, &req).ok()) {
+    op->Add(1);
+    return op->RpcDone(absl::InternalError("cannot re-route a push: its request is unreadable"));
+  }
+  auto r = router_->current();
+  // Applied nowhere, so a new key: the destination never saw the old one, and "one key,
+  // one content per pod" holds.
+  PushBatch batch(r->map, keys_->Next());
+  std::vector<int64_t> ids;
+  for (const TableGrads& t : req.tables()) {
+    const size_t n = t.ids().size() / sizeof(int64_t);
+    if (n == 0) continue;
+    const uint32_t dim = static_cast<uint32_t>(t.grads().size() / n / sizeof(float));
+    ids.resize(n);
+    std::memcpy(ids.data(), t.ids().data(), n * sizeof(int64_t));
+    batch.Add(t.table(), dim, t.learning_rate(), ids,
+              reinterpret_cast<const float*>(t.grads().data()));
+  }
+  auto rpcs = PushRpcs(batch.Finish(), *r, rpc->reroutes + 1);
+  op->Add(static_cast<int>(rpcs.size()));
+  runner_->BeginAll(kRawPush, std::move(rpcs), op);
+}
+
+}  // namespace ps::internal
