@@ -10,19 +10,22 @@
 namespace ps {
 
 absl::Status Catalog::Load() {
+  std::map<std::string, TableSpec> tables;
+  std::map<std::string, DenseSpec> dense;
+  RETURN_IF_ERROR(
+      ScanRecords<TableSpec>(*store_, keys::kTablePrefix, [&](absl::string_view, TableSpec spec) {
+        tables[spec.name()] = std::move(spec);
+        return absl::OkStatus();
+      }));
+  RETURN_IF_ERROR(
+      ScanRecords<DenseSpec>(*store_, keys::kDensePrefix, [&](absl::string_view, DenseSpec spec) {
+        dense[spec.name()] = std::move(spec);
+        return absl::OkStatus();
+      }));
   absl::MutexLock lock(&mu_);
-  RETURN_IF_ERROR(ScanRecords<TableSpec>(*store_, keys::kTablePrefix,
-                                         [&](absl::string_view, TableSpec spec)
-                                             ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-                                               tables_[spec.name()] = std::move(spec);
-                                               return absl::OkStatus();
-                                             }));
-  return ScanRecords<DenseSpec>(*store_, keys::kDensePrefix,
-                                [&](absl::string_view, DenseSpec spec)
-                                    ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-                                      dense_[spec.name()] = std::move(spec);
-                                      return absl::OkStatus();
-                                    });
+  tables_ = std::move(tables);
+  dense_ = std::move(dense);
+  return absl::OkStatus();
 }
 
 template <typename Spec, typename Response>

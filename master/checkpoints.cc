@@ -15,13 +15,15 @@
 namespace ps {
 
 absl::Status Checkpoints::Load() {
+  CheckpointInfo last;
+  RETURN_IF_ERROR(ScanRecords<CheckpointInfo>(*store_, keys::kCheckpointPrefix,
+                                              [&](absl::string_view, CheckpointInfo info) {
+                                                last = std::move(info);  // key order: newest last
+                                                return absl::OkStatus();
+                                              }));
   absl::MutexLock lock(&mu_);
-  return ScanRecords<CheckpointInfo>(
-      *store_, keys::kCheckpointPrefix,
-      [&](absl::string_view, CheckpointInfo info) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-        last_ = std::move(info);  // key order: the last is newest
-        return absl::OkStatus();
-      });
+  last_ = std::move(last);
+  return absl::OkStatus();
 }
 
 absl::Status Checkpoints::Checkpoint(const CheckpointRequest&, CheckpointResponse* resp) {

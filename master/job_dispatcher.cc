@@ -11,39 +11,36 @@
 namespace ps {
 
 absl::Status JobDispatcher::Load(absl::Time lease_deadline) {
-  absl::MutexLock lock(&mu_);
+  std::map<uint64_t, Worker> workers;
+  std::map<std::string, Job> jobs;
   RETURN_IF_ERROR(ScanRecords<WorkerRecord>(*store_, keys::kWorkerPrefix,
-                                            [&](absl::string_view, WorkerRecord record)
-                                                ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-                                                  Worker& w = workers_[record.worker_id()];
-                                                  w.record = std::move(record);
-                                                  w.lease_deadline = lease_deadline;
-                                                  return absl::OkStatus();
-                                                }));
-  RETURN_IF_ERROR(ScanRecords<JobRecord>(*store_, keys::kJobPrefix,
-                                         [&](absl::string_view, JobRecord record)
-                                             ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-                                               const std::string name = record.spec().name();
-                                               jobs_.insert_or_assign(name, Job(std::move(record)));
-                                               return absl::OkStatus();
-                                             }));
-  RETURN_IF_ERROR(ScanRecords<Task>(
-      *store_, keys::kTaskPrefix,
-      [&](absl::string_view key, Task t) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-        auto it = jobs_.find(t.job());
-        if (it == jobs_.end() || !it->second.Restore(std::move(t))) {
-          return absl::DataLossError(
-              absl::StrCat("master store: task record '", key, "' belongs to no job it names"));
-        }
+                                            [&](absl::string_view, WorkerRecord record) {
+                                              Worker& w = workers[record.worker_id()];
+                                              w.record = std::move(record);
+                                              w.lease_deadline = lease_deadline;
+                                              return absl::OkStatus();
+                                            }));
+  RETURN_IF_ERROR(
+      ScanRecords<JobRecord>(*store_, keys::kJobPrefix, [&](absl::string_view, JobRecord record) {
+        const std::string name = record.spec().name();
+        jobs.insert_or_assign(name, Job(std::move(record)));
         return absl::OkStatus();
       }));
+  RETURN_IF_ERROR(ScanRecords<Task>(*store_, keys::kTaskPrefix, [&](absl::string_view key, Task t) {
+    auto it = jobs.find(t.job());
+    if (it == jobs.end() || !it->second.Restore(std::move(t))) {
+      return absl::DataLossError(
+          absl::StrCat("master store: task record '", key, "' belongs to no job it names"));
+    }
+    return absl::OkStatus();
+  }));
   // Derived state: queues, phase counts, holders.
-  for (auto& [name, job] : jobs_) {
+  for (auto& [name, job] : jobs) {
     RETURN_IF_ERROR(job.Rebuild());
     for (const Task& t : job.tasks()) {
       if (t.state() != Task::DOING) continue;
-      auto w = workers_.find(t.worker_id());
-      if (w == workers_.end()) {
+      auto w = workers.find(t.worker_id());
+      if (w == workers.end()) {
         return absl::DataLossError(absl::StrCat("master store: task ", t.task_id(), " of job ",
                                                 name, " is held by unknown worker ",
                                                 t.worker_id()));
@@ -51,6 +48,9 @@ absl::Status JobDispatcher::Load(absl::Time lease_deadline) {
       w->second.doing.insert({name, t.task_id()});
     }
   }
+  absl::MutexLock lock(&mu_);
+  workers_ = std::move(workers);
+  jobs_ = std::move(jobs);
   return absl::OkStatus();
 }
 

@@ -16,16 +16,20 @@
 // Leases live in memory: after a restart every known LIVE pod and worker gets a fresh lease
 // (a grace period) from the time of Open().
 //
-// Locks, in the order they may be taken (an earlier one is never taken while holding a
-// later one); each part's header says which of its calls take which:
-//   the operation lock (held by a running Drain, Rebalance or Checkpoint; TryLock only)
-//   MoveRunner, then Membership; Catalog; JobDispatcher        (parts; never two of these
-//                                                               three at once)
-//   CountersRecord's write lock, then its value lock            (innermost)
-// Balancer's and Checkpoints' own locks guard only their status and take nothing under them.
+// Locks, in order: a lock is only taken while holding locks listed above it, never below.
+//   1. the operation lock: held across a Drain, Rebalance or Checkpoint (operation_lock.h);
+//      taken with TryLock only.
+//   2. MoveRunner's: held across aborting a move, and reading moves for status.
+//   3. Membership's, Catalog's, JobDispatcher's: one part's at a time, never two together;
+//      so pod heartbeats and GetShardMap (Membership) do not wait for the catalog's or the
+//      dispatcher's work, nor the other way round. (Parts meet only at CountersRecord's
+//      write lock: a move's start may wait there for another part's synced write of the
+//      counters record.)
+//   4. CountersRecord's write lock, then its value lock: the innermost.
+// Balancer's and Checkpoints' own locks guard only what they show in status; nothing is
+// taken under them. The ABSL_ACQUIRED_BEFORE annotations on the parts' mutexes say the same.
 #pragma once
 
-#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <string>

@@ -21,7 +21,6 @@
 #include <utility>
 #include <vector>
 
-#include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 
@@ -75,23 +74,14 @@ class MasterStore {
 absl::Status ParseRecord(absl::string_view key, absl::string_view value,
                          google::protobuf::MessageLite* out);
 
-namespace master_store_internal {
-// Unchecked by the thread-safety analysis: `fn` needs the locks its caller holds.
-template <typename Record, typename Fn>
-absl::Status ParseAndCall(absl::string_view key, absl::string_view value,
-                          Fn& fn) ABSL_NO_THREAD_SAFETY_ANALYSIS {
-  Record record;
-  if (absl::Status s = ParseRecord(key, value, &record); !s.ok()) return s;
-  return fn(key, std::move(record));
-}
-}  // namespace master_store_internal
-
 // Calls fn(key, record) for every record under `prefix`, in key order, each parsed as a
 // `Record` (a proto message); stops at and returns the first parse error or error of fn.
 template <typename Record, typename Fn>
 absl::Status ScanRecords(MasterStore& store, absl::string_view prefix, Fn fn) {
-  return store.Scan(prefix, [&](absl::string_view key, absl::string_view value) {
-    return master_store_internal::ParseAndCall<Record>(key, value, fn);
+  return store.Scan(prefix, [&](absl::string_view key, absl::string_view value) -> absl::Status {
+    Record record;
+    if (absl::Status s = ParseRecord(key, value, &record); !s.ok()) return s;
+    return fn(key, std::move(record));
   });
 }
 

@@ -37,7 +37,6 @@ int64_t RemainingMs(absl::Time deadline, absl::Time now) {
 }  // namespace
 
 absl::StatusOr<std::vector<MoveRecord>> Membership::Load(absl::Time lease_deadline) {
-  absl::MutexLock lock(&mu_);
   ASSIGN_OR_RETURN(std::optional<ShardMapRecord> map,
                    GetRecord<ShardMapRecord>(*store_, keys::kMap));
   if (!map.has_value()) return absl::DataLossError("master store: no shard map record");
@@ -45,15 +44,14 @@ absl::StatusOr<std::vector<MoveRecord>> Membership::Load(absl::Time lease_deadli
     return absl::DataLossError(absl::StrCat("master store: shard map has ", map->owner_size(),
                                             " owners for ", config_.num_vshards(), " vshards"));
   }
-  map_ = *std::move(map);
-  RETURN_IF_ERROR(ScanRecords<PodRecord>(*store_, keys::kPodPrefix,
-                                         [&](absl::string_view, PodRecord record)
-                                             ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-                                               Pod& pod = pods_[record.pod_id()];
-                                               pod.record = std::move(record);
-                                               pod.lease_deadline = lease_deadline;
-                                               return absl::OkStatus();
-                                             }));
+  std::map<std::string, Pod> pods;
+  RETURN_IF_ERROR(
+      ScanRecords<PodRecord>(*store_, keys::kPodPrefix, [&](absl::string_view, PodRecord record) {
+        Pod& pod = pods[record.pod_id()];
+        pod.record = std::move(record);
+        pod.lease_deadline = lease_deadline;
+        return absl::OkStatus();
+      }));
   StoreBatch batch;
   std::vector<MoveRecord> aborted;
   std::vector<std::string> names;
@@ -65,6 +63,9 @@ absl::StatusOr<std::vector<MoveRecord>> Membership::Load(absl::Time lease_deadli
         aborted.push_back(std::move(move));
         return absl::OkStatus();
       }));
+  absl::MutexLock lock(&mu_);
+  map_ = *std::move(map);
+  pods_ = std::move(pods);
   if (!aborted.empty()) {
     ShardMapRecord next = map_;
     next.set_epoch(next.epoch() + 1);

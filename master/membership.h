@@ -5,10 +5,11 @@
 // Every change is written to the store (synced) before memory changes; on error nothing
 // changed. Leases live in memory only: Load gives every known pod a fresh one.
 //
-// Thread-safety: every method is thread-safe, under one mutex taken briefly (a heartbeat or
-// GetShardMap never waits for work of the catalog, the job dispatcher or a move's copy; it
-// waits only for another membership change's synced write). Lock order: MoveRunner's lock,
-// then this one, then CountersRecord's.
+// Thread-safety: every method is thread-safe, under one mutex of its own that is never held
+// while talking to pods. A heartbeat or GetShardMap waits only for another membership
+// change's synced write (BeginMove's includes the counters record, so it may first wait for
+// another part's write of that), never for the catalog's or the job dispatcher's work or a
+// move's copy. Lock order: MoveRunner's lock, then this one, then CountersRecord's.
 #pragma once
 
 #include <atomic>
