@@ -75,6 +75,14 @@ class RocksMasterStore final : public MasterStore {
 
 }  // namespace
 
+absl::Status ParseRecord(absl::string_view key, absl::string_view value,
+                         google::protobuf::MessageLite* out) {
+  if (!out->ParseFromArray(value.data(), static_cast<int>(value.size()))) {
+    return absl::DataLossError(absl::StrCat("master store: unparsable record at key '", key, "'"));
+  }
+  return absl::OkStatus();
+}
+
 void StoreBatch::Put(std::string key, const google::protobuf::MessageLite& value) {
   ops_.emplace_back(std::move(key), value.SerializeAsString());
 }

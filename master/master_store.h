@@ -59,14 +59,42 @@ class MasterStore {
   virtual absl::Status Write(const StoreBatch& batch) = 0;
   // The value of `key`, or nullopt when absent. Thread-safe.
   virtual absl::StatusOr<std::optional<std::string>> Get(absl::string_view key) = 0;
-  // Calls fn(key, value) for every key starting with `prefix`, in key order; stops at and
-  // returns the first error fn returns. Thread-safe.
   // A consistent copy of the whole store in `dir` (must not exist), hard-linked where it
   // can: a master started with --data_dir=<dir> resumes from it. Thread-safe.
   virtual absl::Status Checkpoint(const std::string& dir) = 0;
+  // Calls fn(key, value) for every key starting with `prefix`, in key order; stops at and
+  // returns the first error fn returns. Thread-safe.
   virtual absl::Status Scan(
       absl::string_view prefix,
       const std::function<absl::Status(absl::string_view, absl::string_view)>& fn) = 0;
 };
+
+// Parses `value`, the record stored at `key`, into `out`. DATA_LOSS naming the key when it
+// does not parse.
+absl::Status ParseRecord(absl::string_view key, absl::string_view value,
+                         google::protobuf::MessageLite* out);
+
+// Calls fn(key, record) for every record under `prefix`, in key order, each parsed as a
+// `Record` (a proto message); stops at and returns the first parse error or error of fn.
+template <typename Record, typename Fn>
+absl::Status ScanRecords(MasterStore& store, absl::string_view prefix, Fn fn) {
+  return store.Scan(prefix, [&](absl::string_view key, absl::string_view value) -> absl::Status {
+    Record record;
+    if (absl::Status s = ParseRecord(key, value, &record); !s.ok()) return s;
+    return fn(key, std::move(record));
+  });
+}
+
+// The record at `key` parsed as a `Record`, or nullopt when absent. DATA_LOSS when it does
+// not parse; store errors as they come.
+template <typename Record>
+absl::StatusOr<std::optional<Record>> GetRecord(MasterStore& store, absl::string_view key) {
+  absl::StatusOr<std::optional<std::string>> value = store.Get(key);
+  if (!value.ok()) return value.status();
+  if (!value->has_value()) return std::optional<Record>();
+  Record record;
+  if (absl::Status s = ParseRecord(key, **value, &record); !s.ok()) return s;
+  return std::optional<Record>(std::move(record));
+}
 
 }  // namespace ps

@@ -1,0 +1,70 @@
+#include "master/cluster_config.h"
+
+#include <glog/logging.h>
+
+#include <optional>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "common/base/status_macros.h"
+#include "common/routing/vshards.h"
+#include "master/keys.h"
+
+namespace ps {
+
+absl::Status ValidateMasterOptions(const MasterOptions& options) {
+  RETURN_IF_ERROR(CheckNumVShards(options.num_vshards));
+  if (options.num_ps < 1 || options.num_ps > options.num_vshards) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "num_ps = ", options.num_ps, " must be in [1, num_vshards = ", options.num_vshards, "]"));
+  }
+  if (options.lease <= absl::ZeroDuration() || options.max_task_failures < 1) {
+    return absl::InvalidArgumentError(absl::StrCat("lease (", absl::FormatDuration(options.lease),
+                                                   ") must be > 0 and max_task_failures (",
+                                                   options.max_task_failures, ") >= 1"));
+  }
+  if (options.vshards_per_move < 1) {
+    return absl::InvalidArgumentError("vshards_per_move must be >= 1");
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<ClusterConfig> LoadOrCreateCluster(MasterStore& store,
+                                                  const MasterOptions& options) {
+  ASSIGN_OR_RETURN(std::optional<ClusterConfig> stored,
+                   GetRecord<ClusterConfig>(store, keys::kConfig));
+  if (stored.has_value()) {
+    if (stored->num_vshards() != options.num_vshards) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "data dir ", options.data_dir, " holds a cluster of num_vshards = ",
+          stored->num_vshards(), "; refusing to start with num_vshards = ", options.num_vshards));
+    }
+    if (stored->num_ps() != options.num_ps) {
+      LOG(INFO) << "--num_ps = " << options.num_ps << " ignored: it sets the initial pods of a "
+                << "new cluster, and this one started with " << stored->num_ps()
+                << " (pods join by registering; ps-admin rebalance / drain move vshards)";
+    }
+    return *std::move(stored);
+  }
+  // A new cluster: the static map of num_ps pods, epoch 1.
+  ClusterConfig config;
+  config.set_num_vshards(options.num_vshards);
+  config.set_num_ps(options.num_ps);
+  ShardMapRecord map;
+  map.set_epoch(1);
+  for (uint32_t v = 0; v < options.num_vshards; ++v) {
+    map.add_owner(absl::StrCat("ps-", StaticOwner(v, options.num_vshards, options.num_ps)));
+  }
+  Counters counters;
+  counters.set_next_worker_id(1);
+  StoreBatch batch;
+  batch.Put(std::string(keys::kConfig), config);
+  batch.Put(std::string(keys::kMap), map);
+  batch.Put(std::string(keys::kCounters), counters);
+  RETURN_IF_ERROR(store.Write(batch));
+  LOG(INFO) << "new cluster in " << options.data_dir << ": " << options.num_vshards
+            << " vshards over " << options.num_ps << " pods";
+  return config;
+}
+
+}  // namespace ps

@@ -1,0 +1,53 @@
+// MasterOptions: how a master is configured (flags are turned into this in master_main.cc).
+// Shared by MasterCore and its parts, which keep a reference to the facade's copy.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "master/pod_control.h"
+
+namespace ps {
+
+struct MasterOptions {
+  std::string data_dir;  // RocksDB directory; required
+  // Virtual shards in the cluster: a power of two in [1, 65536], fixed for the data dir.
+  // 256 spreads load evenly over up to ~64 pods while keeping the map small.
+  uint32_t num_vshards = 256;
+  // Expected PS pods: vshards start assigned to ps-0 .. ps-(num_ps-1) in contiguous ranges
+  // (StaticOwner), as `ps-server --shard=i/num_ps` would own them. Fixed for the data dir.
+  uint32_t num_ps = 1;
+  // Pods and workers that do not heartbeat for this long are LOST. 10 s rides out a GC
+  // pause or a brief network blip yet re-queues a dead worker's task quickly.
+  absl::Duration lease = absl::Seconds(10);
+  // A task failing this many times (failed reports plus lost holders) becomes FAILED.
+  uint32_t max_task_failures = 3;
+  // Most tasks one job may have (all epochs): bounds creation time and the master's memory.
+  uint64_t max_tasks_per_job = 10'000'000;
+  // Time source; null means absl::Now. Tests inject a fake clock.
+  std::function<absl::Time()> clock;
+  // How moves reach the pods; null: gRPC (NewGrpcPodControl). Tests inject a fake.
+  std::shared_ptr<PodControl> pod_control;
+  // Vshards copied by one move. A move fences its vshards once at the end, so a small
+  // batch keeps each fence short while amortizing the per-move round trips.
+  uint32_t vshards_per_move = 4;
+  // A move's catch-up rounds stop (and its fence starts) at this many changed rows.
+  uint32_t fence_rows = 2000;
+  // Rebalance by itself (on a background thread) when a new pod registers: a pod id not
+  // seen before, or a drained one back at a new address.
+  bool auto_rebalance = false;
+  // Where cluster checkpoints go (ckpt-<id> below it, on each pod's filesystem and the
+  // master's); empty: Checkpoint is refused.
+  std::string checkpoint_dir;
+};
+
+// The time by `options.clock` (absl::Now when unset). Leases are measured with it.
+inline absl::Time CurrentTime(const MasterOptions& options) {
+  return options.clock ? options.clock() : absl::Now();
+}
+
+}  // namespace ps

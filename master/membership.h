@@ -1,0 +1,146 @@
+// Membership: the PS pods (registry and leases) and the vshard -> pod map with its epoch,
+// including the move in flight (the map's vshards being copied; at most one). It owns the
+// store keys `map`, `pod/<id>` and `move/<id>` (and, in `counters`, next_move_id).
+//
+// Every change is written to the store (synced) before memory changes; on error nothing
+// changed. Leases live in memory only: Load gives every known pod a fresh one.
+//
+// Thread-safety: every method is thread-safe, under one mutex of its own that is never held
+// while talking to pods. A heartbeat or GetShardMap waits only for another membership
+// change's synced write (BeginMove's includes the counters record, so it may first wait for
+// another part's write of that), never for the catalog's or the job dispatcher's work or a
+// move's copy. Lock order: MoveRunner's lock, then this one, then CountersRecord's.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "master/cluster_view.h"
+#include "master/counters_record.h"
+#include "master/master_options.h"
+#include "master/master_store.h"
+#include "proto/master.pb.h"
+#include "proto/master_state.pb.h"
+
+namespace ps {
+
+class Membership {
+ public:
+  // `options`, `store` and `counters` must outlive this. Call Load before anything else.
+  Membership(const MasterOptions& options, const ClusterConfig& config, MasterStore* store,
+             CountersRecord* counters)
+      : options_(options), config_(config), store_(store), counters_(counters) {}
+
+  // Reads the map and the pods (each LIVE until `lease_deadline`), and aborts the moves a
+  // previous master left in flight: their records deleted and epoch + 1 in one synced write
+  // (the sources still own the vshards; both pods drop the move's state at their next
+  // heartbeat). Returns those moves. DATA_LOSS for a missing or malformed record; store
+  // errors as they come.
+  absl::StatusOr<std::vector<MoveRecord>> Load(absl::Time lease_deadline) ABSL_LOCKS_EXCLUDED(mu_);
+
+  // The pod RPCs of proto/master.proto: OK or the most specific error, nothing changed on
+  // error. RegisterPod sets `*joined_empty` (when not null) to whether a pod at a new address
+  // that owns no vshards joined (a new pod, or a drained one back): worth a rebalance.
+  absl::Status RegisterPod(const RegisterPodRequest& req, RegisterPodResponse* resp,
+                           bool* joined_empty) ABSL_LOCKS_EXCLUDED(mu_);
+  absl::Status PodHeartbeat(const PodHeartbeatRequest& req, PodHeartbeatResponse* resp)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  absl::Status LeavePod(const LeavePodRequest& req, LeavePodResponse* resp)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  absl::Status GetShardMap(const GetShardMapRequest& req, ShardMapResponse* resp)
+      ABSL_LOCKS_EXCLUDED(mu_);
+
+  // Marks (and logs, once) the pods whose lease ran out by `now` as LOST.
+  void ExpireLeases(absl::Time now) ABSL_LOCKS_EXCLUDED(mu_);
+  // Fills the status's epoch, num_vshards and pods as of `now`.
+  void Describe(absl::Time now, StatusResponse* resp) const ABSL_LOCKS_EXCLUDED(mu_);
+  // A copy of the map and the pods now, for planning drains, rebalances and checkpoints.
+  ClusterView View() const ABSL_LOCKS_EXCLUDED(mu_);
+  // Records pod `pod_id` as drained (a rebalance gives it nothing); OK without a write when
+  // it is not registered or already drained.
+  absl::Status MarkDrained(const std::string& pod_id) ABSL_LOCKS_EXCLUDED(mu_);
+
+  // ---- The move in flight (MoveRunner drives it) ----
+  struct StartedMove {
+    MoveRecord move;
+    std::string source_address, destination_address;
+  };
+  // Records a move of `vshards` from `source` to `destination` (both live) and bumps the
+  // epoch: the pods' assignments now carry it. ABORTED while another move is in flight;
+  // INVALID_ARGUMENT without vshards or with source == destination; UNAVAILABLE for a pod
+  // that is not live; FAILED_PRECONDITION for a vshard `source` does not own.
+  absl::StatusOr<StartedMove> BeginMove(const std::string& source, const std::string& destination,
+                                        const std::vector<uint32_t>& vshards)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // Commits move `id`: its vshards belong to its destination, epoch + 1, the record deleted,
+  // in one synced write. Returns the new epoch. INTERNAL when `id` is not in flight.
+  absl::StatusOr<uint64_t> CommitMove(uint64_t id) ABSL_LOCKS_EXCLUDED(mu_);
+  struct AbortedMove {
+    MoveRecord move;
+    uint64_t epoch = 0;  // after the abort
+  };
+  // Aborts move `id`: its record deleted and epoch + 1 in one synced write; the source
+  // keeps the vshards. nullopt (nothing written) when `id` is not in flight.
+  absl::StatusOr<std::optional<AbortedMove>> AbortMove(uint64_t id) ABSL_LOCKS_EXCLUDED(mu_);
+  // The moves in flight (state COPYING), for status.
+  std::vector<MoveInfo> MovesInFlight() const ABSL_LOCKS_EXCLUDED(mu_);
+
+  struct AddressedAssignment {
+    std::string address;
+    PodAssignment assignment;
+  };
+  // What pod `pod_id` should be told now, and where; nullopt when it never registered.
+  std::optional<AddressedAssignment> AssignmentOf(const std::string& pod_id) const
+      ABSL_LOCKS_EXCLUDED(mu_);
+
+  uint64_t epoch() const ABSL_LOCKS_EXCLUDED(mu_);
+  size_t pod_count() const ABSL_LOCKS_EXCLUDED(mu_);
+  // Leases that ran out since Load. Thread-safe.
+  uint64_t lease_losses() const { return lease_losses_.load(); }
+
+  // For the ABSL_ACQUIRED_BEFORE annotations of callers' locks; never lock it from outside.
+  absl::Mutex* mutex() const ABSL_LOCK_RETURNED(mu_) { return &mu_; }
+
+ private:
+  struct Pod {
+    PodRecord record;
+    absl::Time lease_deadline;
+    bool lost_logged = false;
+  };
+
+  absl::Time Now() const { return CurrentTime(options_); }
+  void FillAssignment(const std::string& pod_id, PodAssignment* out) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Pods named by the map or registered, in natural order (ps-2 before ps-10).
+  std::vector<std::string> KnownPodIds() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  PodInfo DescribePod(const std::string& pod_id, absl::Time now) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  uint32_t OwnedBy(const std::string& pod_id) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  bool Live(const std::string& pod_id, absl::Time now) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  std::vector<MoveInfo> MovesInFlightLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Writes `batch` with the map as `map` (epoch already bumped), then installs the map.
+  absl::Status WriteMap(StoreBatch batch, ShardMapRecord map) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  // Constant after construction.
+  const MasterOptions& options_;
+  const ClusterConfig config_;
+  MasterStore* const store_;
+  CountersRecord* const counters_;
+
+  mutable absl::Mutex mu_ ABSL_ACQUIRED_BEFORE(counters_->write_mutex());
+  ShardMapRecord map_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, Pod> pods_ ABSL_GUARDED_BY(mu_);
+  std::map<uint64_t, MoveRecord> moves_ ABSL_GUARDED_BY(mu_);  // in flight: at most one
+  std::atomic<uint64_t> lease_losses_{0};
+};
+
+}  // namespace ps

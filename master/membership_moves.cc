@@ -1,0 +1,105 @@
+// Membership: the move in flight. The protocol around these map changes (telling the pods,
+// the copy, aborting on failure) is MoveRunner's (move_runner.h).
+#include <string>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "common/base/status_macros.h"
+#include "master/keys.h"
+#include "master/membership.h"
+
+namespace ps {
+
+absl::StatusOr<Membership::StartedMove> Membership::BeginMove(
+    const std::string& source, const std::string& destination,
+    const std::vector<uint32_t>& vshards) {
+  absl::MutexLock lock(&mu_);
+  const absl::Time now = Now();
+  if (!moves_.empty()) {
+    return absl::AbortedError(
+        absl::StrCat("move ", moves_.begin()->first, " is in progress; one move at a time"));
+  }
+  if (vshards.empty() || source == destination) {
+    return absl::InvalidArgumentError("a move needs vshards and two different pods");
+  }
+  for (const std::string& pod : {source, destination}) {
+    if (!Live(pod, now)) {
+      return absl::UnavailableError(absl::StrCat("pod ", pod, " is not live"));
+    }
+  }
+  for (uint32_t v : vshards) {
+    if (v >= config_.num_vshards() || map_.owner(v) != source) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("vshard ", v, " is not owned by ", source, " at epoch ", map_.epoch()));
+    }
+  }
+  // next_move_id is ours (see counters_record.h): read now, written with the move.
+  StartedMove started;
+  MoveRecord& move = started.move;
+  move.set_move_id(counters_->Get().next_move_id() + 1);
+  for (uint32_t v : vshards) move.add_vshards(v);
+  move.set_source(source);
+  move.set_destination(destination);
+  ShardMapRecord map = map_;
+  map.set_epoch(map.epoch() + 1);
+  StoreBatch batch;
+  batch.Put(keys::Move(move.move_id()), move);
+  batch.Put(std::string(keys::kMap), map);
+  RETURN_IF_ERROR(counters_->Write(std::move(batch),
+                                   [&](Counters* c) { c->set_next_move_id(move.move_id()); }));
+  map_ = std::move(map);
+  moves_[move.move_id()] = move;
+  started.source_address = pods_[source].record.address();
+  started.destination_address = pods_[destination].record.address();
+  return started;
+}
+
+absl::StatusOr<uint64_t> Membership::CommitMove(uint64_t id) {
+  absl::MutexLock lock(&mu_);
+  auto it = moves_.find(id);
+  if (it == moves_.end()) {
+    return absl::InternalError(absl::StrCat("move ", id, " is not in flight; cannot commit it"));
+  }
+  ShardMapRecord map = map_;
+  map.set_epoch(map.epoch() + 1);
+  for (uint32_t v : it->second.vshards()) map.set_owner(v, it->second.destination());
+  StoreBatch batch;
+  batch.Delete(keys::Move(id));
+  RETURN_IF_ERROR(WriteMap(std::move(batch), std::move(map)));
+  moves_.erase(it);
+  return map_.epoch();
+}
+
+absl::StatusOr<std::optional<Membership::AbortedMove>> Membership::AbortMove(uint64_t id) {
+  absl::MutexLock lock(&mu_);
+  auto it = moves_.find(id);
+  if (it == moves_.end()) return std::nullopt;
+  ShardMapRecord map = map_;
+  map.set_epoch(map.epoch() + 1);
+  StoreBatch batch;
+  batch.Delete(keys::Move(id));
+  RETURN_IF_ERROR(WriteMap(std::move(batch), std::move(map)));
+  AbortedMove out{std::move(it->second), map_.epoch()};
+  moves_.erase(it);
+  return out;
+}
+
+std::vector<MoveInfo> Membership::MovesInFlightLocked() const {
+  std::vector<MoveInfo> out;
+  for (const auto& [id, move] : moves_) {
+    MoveInfo& info = out.emplace_back();
+    info.set_move_id(id);
+    *info.mutable_vshards() = move.vshards();
+    info.set_source(move.source());
+    info.set_destination(move.destination());
+    info.set_state(MoveInfo::COPYING);
+  }
+  return out;
+}
+
+std::vector<MoveInfo> Membership::MovesInFlight() const {
+  absl::MutexLock lock(&mu_);
+  return MovesInFlightLocked();
+}
+
+}  // namespace ps

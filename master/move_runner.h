@@ -1,0 +1,65 @@
+// MoveRunner: one live vshard move, source pod A -> destination pod B, start to commit or
+// abort, and the record of the last finished moves for status.
+//   1. Record it (Membership::BeginMove: MoveRecord, epoch + 1, one synced write), then
+//      send A and B their assignments (moving_out / moving_in).
+//   2. A: MigrateBegin (tracking starts). B: MigrateImport, which copies from A, fences A
+//      for the final delta and returns once B holds everything durably.
+//   3. Commit (Membership::CommitMove: the map names B, epoch + 1, the record deleted, one
+//      synced write). Then B and A get their assignments at once: B serves, A drops the rows.
+// Any failure before the commit aborts: the record is deleted (epoch + 1) and both pods
+// told; A keeps the vshards (and unfences), B drops what it copied. A master that restarts
+// with a record aborts it (Membership::Load). So the map always names exactly one owner.
+//
+// Thread-safety: every method is thread-safe; Membership allows one move in flight, so a
+// second concurrent MoveVShards is refused. Lock order: this one's, then Membership's.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "master/master_options.h"
+#include "master/membership.h"
+#include "proto/master.pb.h"
+#include "proto/master_state.pb.h"
+
+namespace ps {
+
+class MoveRunner {
+ public:
+  // `options` (its pod_control set) and `membership` must outlive this.
+  MoveRunner(const MasterOptions& options, Membership* membership)
+      : options_(options), membership_(membership) {}
+
+  // Lists the moves Membership::Load aborted (left by the previous master) as recent ones.
+  void Load(const std::vector<MoveRecord>& aborted_at_start) ABSL_LOCKS_EXCLUDED(mu_);
+
+  // One move of `vshards` from pod `source` to pod `destination` (both live), start to
+  // commit or abort. The errors of Membership::BeginMove (ABORTED while another move runs),
+  // or the error of the failed step (the move aborted).
+  absl::StatusOr<MoveInfo> MoveVShards(const std::string& source, const std::string& destination,
+                                       const std::vector<uint32_t>& vshards)
+      ABSL_LOCKS_EXCLUDED(mu_);
+
+  // Adds to the status the move in flight (COPYING), then the recent moves, newest first.
+  void Describe(StatusResponse* resp) const ABSL_LOCKS_EXCLUDED(mu_);
+
+ private:
+  // Sends pod `pod_id` its assignment now (best effort: a failure is logged, and the pod's
+  // next heartbeat brings it).
+  void NotifyPod(const std::string& pod_id) ABSL_LOCKS_EXCLUDED(mu_);
+  // Aborts move `id` (the source keeps its vshards) and tells both pods.
+  void AbortMove(uint64_t id, const std::string& why) ABSL_LOCKS_EXCLUDED(mu_);
+  void Remember(MoveInfo info) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  const MasterOptions& options_;
+  Membership* const membership_;
+
+  mutable absl::Mutex mu_ ABSL_ACQUIRED_BEFORE(membership_->mutex());
+  std::vector<MoveInfo> recent_ ABSL_GUARDED_BY(mu_);  // oldest first
+};
+
+}  // namespace ps
