@@ -259,24 +259,10 @@ absl::Status ExportPod(PsCore& core, const ExportRequest& req, ExportResponse* r
   return absl::OkStatus();
 }
 
+// Installing whole rows: ps-transfer's import (ImportRows) and a vshard move's copy
+// (PsCore::ImportChunk, ps_core_migrate.cc) both install rows this way.
+
 namespace {
-
-struct PreparedRows {
-  std::shared_ptr<EmbeddingTable> table;
-  absl::Span<const int64_t> ids;
-  absl::Span<const uint64_t> steps;
-  absl::Span<const float> values;
-  std::vector<int64_t> id_scratch;
-  std::vector<uint64_t> step_scratch;
-  std::vector<float> value_scratch;
-};
-
-struct PreparedDenseState {
-  std::shared_ptr<DenseTensor> tensor;
-  uint64_t step = 0;
-  absl::Span<const float> values;
-  std::vector<float> scratch;
-};
 
 absl::Status CheckFinite(absl::Span<const float> v, absl::string_view what) {
   for (size_t i = 0; i < v.size(); ++i) {
@@ -288,140 +274,145 @@ absl::Status CheckFinite(absl::Span<const float> v, absl::string_view what) {
   return absl::OkStatus();
 }
 
-absl::Status Prepare(PsCore& core, const ImportRowsRequest& req, const ShardOwnership& own,
-                     std::vector<PreparedRows>* rows, std::vector<PreparedDenseState>* dense) {
-  if (req.tables_size() == 0 && req.dense_size() == 0) {
-    return absl::InvalidArgumentError("import names no rows and no dense tensors");
-  }
-  rows->resize(req.tables_size());
-  for (int i = 0; i < req.tables_size(); ++i) {
-    const TableRows& e = req.tables(i);
-    PreparedRows& p = (*rows)[i];
-    p.table = core.store().FindTable(e.table());
-    if (p.table == nullptr) {
-      return absl::NotFoundError(absl::StrCat("table '", e.table(), "' does not exist"));
-    }
-    ASSIGN_OR_RETURN(p.ids, PackedView<int64_t>(e.ids(), &p.id_scratch, "ids of", e.table()));
-    ASSIGN_OR_RETURN(p.steps,
-                     PackedView<uint64_t>(e.steps(), &p.step_scratch, "steps of", e.table()));
-    ASSIGN_OR_RETURN(p.values,
-                     PackedView<float>(e.values(), &p.value_scratch, "values of", e.table()));
-    const size_t floats = p.table->dim() + p.table->slot_floats();
-    if (p.steps.size() != p.ids.size() || p.values.size() != p.ids.size() * floats) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("import into '", e.table(), "' has ", p.ids.size(), " ids, ", p.steps.size(),
-                       " steps and ", p.values.size(), " floats; expected one step and ", floats,
-                       " floats (dim + optimizer slots) per id"));
-    }
-    RETURN_IF_ERROR(CheckFinite(p.values, e.table()));
-    const uint64_t h = p.table->name_hash();
-    for (int64_t id : p.ids) {
-      const uint32_t v = VShardOf(RouteHash(h, id), own.num_vshards());
-      if (!own.Owns(v)) {
-        return absl::FailedPreconditionError(
-            absl::StrCat("id ", id, " of table '", e.table(), "' is in vshard ", v,
-                         ", which this pod does not own at epoch ", own.epoch()));
-      }
-    }
-  }
-  dense->resize(req.dense_size());
-  for (int i = 0; i < req.dense_size(); ++i) {
-    const DenseState& e = req.dense(i);
-    PreparedDenseState& p = (*dense)[i];
-    p.tensor = core.store().FindDense(e.name());
-    if (p.tensor == nullptr) {
-      return absl::NotFoundError(absl::StrCat("dense tensor '", e.name(), "' does not exist"));
-    }
-    ASSIGN_OR_RETURN(p.values, PackedView<float>(e.values(), &p.scratch, "values of", e.name()));
-    if (p.values.size() != p.tensor->numel() + p.tensor->slot_floats()) {
-      return absl::InvalidArgumentError(absl::StrCat("import of dense tensor '", e.name(), "' has ",
-                                                     p.values.size(), " floats, expected ",
-                                                     p.tensor->numel() + p.tensor->slot_floats()));
-    }
-    RETURN_IF_ERROR(CheckFinite(p.values, e.name()));
-    const uint32_t v = DenseVShard(e.name(), own.num_vshards());
-    if (!own.Owns(v)) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("dense tensor '", e.name(), "' is in vshard ", v,
-                       ", which this pod does not own at epoch ", own.epoch()));
-    }
-    p.step = e.step();
+}  // namespace
+
+absl::Status PsCore::ParseRows(absl::string_view what, const std::string& ids,
+                               const std::string& steps, const std::string& values,
+                               Installs::Rows* out) {
+  const std::string& name = out->table->spec().name();
+  ASSIGN_OR_RETURN(out->ids, PackedView<int64_t>(ids, &out->id_scratch, "ids of", name));
+  ASSIGN_OR_RETURN(out->steps, PackedView<uint64_t>(steps, &out->step_scratch, "steps of", name));
+  ASSIGN_OR_RETURN(out->values, PackedView<float>(values, &out->value_scratch, "values of", name));
+  const size_t floats = out->table->dim() + out->table->slot_floats();
+  if (out->steps.size() != out->ids.size() || out->values.size() != out->ids.size() * floats) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, " '", name, "' has ", out->ids.size(), " ids, ", out->steps.size(),
+                     " steps and ", out->values.size(), " floats; expected one step and ", floats,
+                     " floats (dim + optimizer slots) per id"));
   }
   return absl::OkStatus();
 }
 
-}  // namespace
+absl::Status PsCore::ParseDense(absl::string_view what, const std::string& values,
+                                Installs::Dense* out) {
+  const std::string& name = out->tensor->spec().name();
+  ASSIGN_OR_RETURN(out->values, PackedView<float>(values, &out->scratch, "values of", name));
+  const size_t floats = out->tensor->numel() + out->tensor->slot_floats();
+  if (out->values.size() != floats) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        what, " dense tensor '", name, "' has ", out->values.size(), " floats, expected ", floats));
+  }
+  return absl::OkStatus();
+}
+
+void PsCore::AddTouches(const Installs& in, Change* change) {
+  for (const Installs::Rows& r : in.rows) {
+    change->rows.emplace_back(r.table, r.ids);
+    change->record_bytes += r.values.size() * sizeof(float) + r.ids.size() * 16 + 64;
+  }
+  for (const Installs::Dense& d : in.dense) {
+    change->dense.push_back(d.tensor->spec().name());
+    change->record_bytes += d.values.size() * sizeof(float) + 64;
+  }
+}
+
+absl::Status PsCore::ApplyInstalls(const Installs& in, LogRecordBuilder* record,
+                                   uint64_t* installed, uint64_t* skipped) {
+  // Rows evicted under a memory budget are read back first (a failed read installs
+  // nothing); eviction waits for the apply lock this runs under.
+  for (const Installs::Rows& r : in.rows) RETURN_IF_ERROR(r.table->Load(r.ids));
+  std::vector<int64_t> ids;
+  std::vector<uint64_t> steps;
+  std::vector<float> values;
+  for (const Installs::Rows& r : in.rows) {
+    EmbeddingTable& t = *r.table;
+    const size_t floats = t.dim() + t.slot_floats();
+    ids.clear();
+    steps.clear();
+    values.clear();
+    for (size_t i = 0; i < r.ids.size(); ++i) {
+      const float* v = r.values.data() + i * floats;
+      if (!t.Install(r.ids[i], v, v + t.dim(), r.steps[i])) {
+        ++*skipped;
+        continue;
+      }
+      ++*installed;
+      if (record == nullptr) continue;
+      ids.push_back(r.ids[i]);
+      steps.push_back(r.steps[i]);
+      values.insert(values.end(), v, v + floats);
+    }
+    if (record != nullptr && !ids.empty()) {
+      record->AddInstall(t.spec().name(), static_cast<uint32_t>(floats), ids, steps, values);
+    }
+  }
+  for (const Installs::Dense& d : in.dense) {
+    ASSIGN_OR_RETURN(bool done, d.tensor->Install(d.values, d.step));
+    if (!done) {
+      ++*skipped;
+      continue;
+    }
+    ++*installed;
+    if (record != nullptr) record->AddDenseInstall(d.tensor->spec().name(), d.step, d.values);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status PsCore::PrepareImport(const ImportRowsRequest& req, const ShardOwnership& own,
+                                   Installs* in) {
+  if (req.tables_size() == 0 && req.dense_size() == 0) {
+    return absl::InvalidArgumentError("import names no rows and no dense tensors");
+  }
+  in->rows.resize(req.tables_size());
+  for (int i = 0; i < req.tables_size(); ++i) {
+    const TableRows& e = req.tables(i);
+    Installs::Rows& r = in->rows[i];
+    r.table = store_.FindTable(e.table());
+    if (r.table == nullptr) {
+      return absl::NotFoundError(absl::StrCat("table '", e.table(), "' does not exist"));
+    }
+    RETURN_IF_ERROR(ParseRows("import into", e.ids(), e.steps(), e.values(), &r));
+    RETURN_IF_ERROR(CheckFinite(r.values, e.table()));
+    RETURN_IF_ERROR(CheckOwned(own, *r.table, r.ids));
+  }
+  in->dense.resize(req.dense_size());
+  for (int i = 0; i < req.dense_size(); ++i) {
+    const DenseState& e = req.dense(i);
+    Installs::Dense& d = in->dense[i];
+    d.tensor = store_.FindDense(e.name());
+    if (d.tensor == nullptr) {
+      return absl::NotFoundError(absl::StrCat("dense tensor '", e.name(), "' does not exist"));
+    }
+    RETURN_IF_ERROR(ParseDense("import of", e.values(), &d));
+    RETURN_IF_ERROR(CheckFinite(d.values, e.name()));
+    RETURN_IF_ERROR(CheckOwnedDense(own, e.name()));
+    d.step = e.step();
+  }
+  return absl::OkStatus();
+}
+
+void PsCore::ImportRows(const ImportRowsRequest& req, ImportRowsResponse* resp, Done done) {
+  // Held from the ownership check until applied, as for a push (see migrate_mu_).
+  absl::ReaderMutexLock fence(&migrate_mu_);
+  auto own = ownership();
+  resp->set_epoch(own->epoch());
+  Installs in;
+  if (absl::Status s = PrepareImport(req, *own, &in); !s.ok()) return done(s);
+  Change change;
+  AddTouches(in, &change);
+  auto apply = [&](LogRecordBuilder* record) -> absl::Status {
+    uint64_t installed = 0, skipped = 0;
+    RETURN_IF_ERROR(ApplyInstalls(in, record, &installed, &skipped));
+    resp->set_installed(installed);
+    resp->set_skipped(skipped);
+    return absl::OkStatus();
+  };
+  ApplyChange(change, apply, std::move(done));
+}
 
 void ImportRows(PsCore& core, const ImportRowsRequest& req, ImportRowsResponse* resp,
                 PsCore::Done done) {
-  auto own = core.ownership();
-  resp->set_epoch(own->epoch());
-  std::vector<PreparedRows> rows;
-  std::vector<PreparedDenseState> dense;
-  if (absl::Status s = Prepare(core, req, *own, &rows, &dense); !s.ok()) return done(s);
-  PodStorage* storage = core.storage();
-  if (storage != nullptr) {
-    if (absl::Status s = storage->log().health(); !s.ok()) return done(s);
-  }
-  // Installs, then (durable pod) one log record of what was installed, appended under the
-  // shared apply lock as a push's is (see PodStorage::apply_mu).
-  uint64_t installed = 0, skipped = 0;
-  auto install = [&](LogRecordBuilder* record) -> absl::Status {
-    // Rows evicted under a memory budget are read back first (a failed read installs
-    // nothing); eviction waits for the apply lock this runs under.
-    for (const PreparedRows& p : rows) RETURN_IF_ERROR(p.table->Load(p.ids));
-    std::vector<int64_t> ids;
-    std::vector<uint64_t> steps;
-    std::vector<float> values;
-    for (const PreparedRows& p : rows) {
-      EmbeddingTable& t = *p.table;
-      const size_t floats = t.dim() + t.slot_floats();
-      ids.clear();
-      steps.clear();
-      values.clear();
-      for (size_t i = 0; i < p.ids.size(); ++i) {
-        const float* v = p.values.data() + i * floats;
-        if (!t.Install(p.ids[i], v, v + t.dim(), p.steps[i])) {
-          ++skipped;
-          continue;
-        }
-        ++installed;
-        if (record == nullptr) continue;
-        ids.push_back(p.ids[i]);
-        steps.push_back(p.steps[i]);
-        values.insert(values.end(), v, v + floats);
-      }
-      if (record != nullptr && !ids.empty()) {
-        record->AddInstall(t.spec().name(), static_cast<uint32_t>(floats), ids, steps, values);
-      }
-    }
-    for (const PreparedDenseState& p : dense) {
-      ASSIGN_OR_RETURN(bool done_install, p.tensor->Install(p.values, p.step));
-      if (!done_install) {
-        ++skipped;
-        continue;
-      }
-      ++installed;
-      if (record != nullptr) record->AddDenseInstall(p.tensor->spec().name(), p.step, p.values);
-    }
-    return absl::OkStatus();
-  };
-  if (storage == nullptr) {
-    absl::Status s = install(nullptr);
-    resp->set_installed(installed);
-    resp->set_skipped(skipped);
-    return done(s);
-  }
-  size_t bytes = 0;
-  for (const PreparedRows& p : rows) bytes += p.values.size() * 4 + p.ids.size() * 16 + 64;
-  for (const PreparedDenseState& p : dense) bytes += p.values.size() * 4 + 64;
-  absl::ReaderMutexLock lock(&storage->apply_mu());
-  LogRecordBuilder record(PushKey(), bytes);
-  absl::Status s = install(&record);
-  resp->set_installed(installed);
-  resp->set_skipped(skipped);
-  if (!s.ok() || installed == 0) return done(s);
-  storage->log().Append(record.Finish(), std::move(done));
+  core.ImportRows(req, resp, std::move(done));
 }
 
 }  // namespace ps

@@ -1,5 +1,7 @@
 // Export and import of a pod's rows in the portable format (docs/architecture.md,
 // "Export format"): the work behind the PodTransfer RPCs, independent of the transport.
+// pod_transfer.cc also defines PsCore's installs of whole rows (PsCore::ImportRows, and
+// the helpers a vshard move's PsCore::ImportChunk shares with it).
 #pragma once
 
 #include <functional>
@@ -29,7 +31,9 @@ absl::Status ExportPod(PsCore& core, const ExportRequest& req, ExportResponse* r
 // Installs whole rows and dense tensors (see ImportRowsRequest in proto/ps.proto): the
 // request is validated whole before anything is installed; on a durable pod `done` runs
 // once the installs are logged (they then survive kill -9 as acknowledged pushes do).
-// *resp must stay valid until `done` runs. Thread-safe.
+// *resp must stay valid until `done` runs. Thread-safe. The same as core.ImportRows (see
+// PsCore::ImportRows for the errors), which takes the path of pushes: refused while a
+// move fences the vshards, tracked while a move copies them.
 void ImportRows(PsCore& core, const ImportRowsRequest& req, ImportRowsResponse* resp,
                 PsCore::Done done);
 

@@ -88,7 +88,9 @@ PsCore::PsCore(PsCoreOptions options, ShardOwnership ownership)
       dedup_(options.dedup),
       ownership_(std::make_shared<const ShardOwnership>(std::move(ownership))) {}
 
-PsCore::~PsCore() = default;
+// The storage first: its log writer may still complete queued changes, whose callbacks
+// use this core's members.
+PsCore::~PsCore() { storage_.reset(); }
 
 absl::StatusOr<std::unique_ptr<PsCore>> PsCore::Open(PsCoreOptions options,
                                                      ShardOwnership ownership) {
@@ -233,47 +235,6 @@ absl::Status PsCore::Pull(const PullRequest& req, PullSink* sink) {
   return absl::OkStatus();
 }
 
-void PsCore::ApplyOnce(const PushKey& key, PushResponse* resp, size_t record_bytes,
-                       const std::function<absl::Status(LogRecordBuilder*)>& apply, Done done) {
-  if (storage_ != nullptr) {
-    if (absl::Status s = storage_->log().health(); !s.ok()) return done(s);
-  }
-  absl::StatusOr<PushDedup::Claim> claim = dedup_.Begin(key);
-  if (!claim.ok()) return done(claim.status());
-  switch (*claim) {
-    case PushDedup::Claim::kDuplicate:
-      counters_.duplicate_pushes.fetch_add(1, std::memory_order_relaxed);
-      resp->set_duplicate(true);
-      return done(absl::OkStatus());
-    case PushDedup::Claim::kInProgress:
-      return done(
-          absl::AbortedError(absl::StrCat("push ", key.worker_id(), "/", key.incarnation(), "/",
-                                          key.sequence(), " is being applied now; retry")));
-    case PushDedup::Claim::kNew:
-      break;
-  }
-  if (storage_ == nullptr) {
-    absl::Status s = apply(nullptr);
-    dedup_.Finish(key, /*applied=*/s.ok());
-    return done(s);
-  }
-  // Applied and logged under the shared apply lock (see PodStorage::apply_mu); the key
-  // is marked applied only once the record is durable, so a retry before then is told to
-  // wait (ABORTED) rather than acknowledged early. First, while materialization lags
-  // far behind, wait for it (outside the lock, which it needs).
-  storage_->log().WaitForRoom();
-  absl::ReaderMutexLock lock(&storage_->apply_mu());
-  LogRecordBuilder record(key, record_bytes);
-  if (absl::Status s = apply(&record); !s.ok()) {
-    dedup_.Finish(key, /*applied=*/false);  // nothing was applied
-    return done(s);
-  }
-  storage_->log().Append(record.Finish(), [this, key, done = std::move(done)](absl::Status s) {
-    dedup_.Finish(key, /*applied=*/s.ok());
-    done(s);
-  });
-}
-
 absl::Status PsCore::PreparePush(const PushRequest& req, const ShardOwnership& own,
                                  std::vector<PreparedPush>* prepared, size_t* total) {
   if (req.tables_size() == 0) return absl::InvalidArgumentError("push names no tables");
@@ -303,77 +264,105 @@ absl::Status PsCore::PreparePush(const PushRequest& req, const ShardOwnership& o
 }
 
 void PsCore::PushAsync(const PushRequest& req, PushResponse* resp, Done done) {
-  // Held until the push is applied in memory: see migrate_mu_.
+  // Held from the ownership check until applied: see migrate_mu_.
   absl::ReaderMutexLock fence(&migrate_mu_);
   auto own = ownership();
   resp->set_epoch(own->epoch());
-  // Shared so the (copyable) apply function can hold it; lives until this call returns.
-  auto prepared = std::make_shared<std::vector<PreparedPush>>();
+  std::vector<PreparedPush> prepared;
   size_t total = 0;
-  if (absl::Status s = PreparePush(req, *own, prepared.get(), &total); !s.ok()) {
+  if (absl::Status s = PreparePush(req, *own, &prepared, &total); !s.ok()) {
     return done(RefusedOrDuplicate(req.key(), resp, std::move(s)));
   }
+  Change change;
+  change.key = &req.key();
+  change.resp = resp;
+  for (const PreparedPush& p : prepared) {
+    change.rows.emplace_back(p.rows.table, p.rows.ids);
+    change.record_bytes += LogRecordBuilder::TableBytes(p.rows.table->spec().name(),
+                                                        p.rows.ids.size(), p.rows.table->dim());
+  }
+  auto apply = [&prepared](LogRecordBuilder* record) -> absl::Status {
+    // Evicted rows (memory budget) are read back first, so that a failed read applies
+    // nothing; eviction waits for the apply lock this runs under.
+    for (PreparedPush& p : prepared) RETURN_IF_ERROR(p.rows.table->Load(p.rows.ids));
+    std::vector<uint64_t> steps;
+    for (PreparedPush& p : prepared) {
+      EmbeddingTable& t = *p.rows.table;
+      if (record == nullptr) {
+        t.Push(p.rows.ids, p.grads.data(), p.lr);
+        continue;
+      }
+      steps.resize(p.rows.ids.size());
+      t.Push(p.rows.ids, p.grads.data(), p.lr, steps.data());
+      record->AddTable(t.spec().name(), p.lr, t.dim(), p.rows.ids, steps, p.grads.data());
+    }
+    return absl::OkStatus();
+  };
+  ApplyChange(change, apply, [this, total, done = std::move(done)](absl::Status s) {
+    if (s.ok()) {
+      counters_.push_requests.fetch_add(1, std::memory_order_relaxed);
+      counters_.pushed_rows.fetch_add(total, std::memory_order_relaxed);
+    }
+    done(s);
+  });
+}
+
+void PsCore::ApplyChange(const Change& change, ApplyFn apply, Done done) {
   OutgoingMove* out = outgoing_.get();
   if (out != nullptr) {
-    std::vector<uint32_t> vshards;
-    for (const PreparedPush& p : *prepared) {
-      const uint64_t h = p.rows.table->name_hash();
-      for (int64_t id : p.rows.ids)
-        vshards.push_back(VShardOf(RouteHash(h, id), own->num_vshards()));
-    }
-    if (absl::Status s = CheckFence(*out, req.key(), resp, vshards); !s.ok() || resp->duplicate()) {
-      return done(s);
+    if (absl::Status fenced = CheckFence(*out, change); !fenced.ok()) {
+      // A push applied here before the fence is acknowledged as such: its retry is safe.
+      if (change.key != nullptr && dedup_.Peek(*change.key) == PushDedup::Claim::kDuplicate) {
+        return done(Repeated(*change.key, PushDedup::Claim::kDuplicate, change.resp));
+      }
+      return done(fenced);
     }
   }
-  size_t record_bytes = 0;
-  for (const PreparedPush& p : *prepared) {
-    record_bytes += LogRecordBuilder::TableBytes(p.rows.table->spec().name(), p.rows.ids.size(),
-                                                 p.rows.table->dim());
+  if (change.key != nullptr) {
+    absl::StatusOr<PushDedup::Claim> claim = dedup_.Begin(*change.key);
+    if (!claim.ok()) return done(claim.status());
+    if (*claim != PushDedup::Claim::kNew) return done(Repeated(*change.key, *claim, change.resp));
   }
-  ApplyOnce(
-      req.key(), resp, record_bytes,
-      [this, prepared, out](LogRecordBuilder* record) -> absl::Status {
-        // Evicted rows (memory budget) are read back first, so that a failed read
-        // applies nothing; eviction waits for the apply lock this runs under.
-        for (PreparedPush& p : *prepared) RETURN_IF_ERROR(p.rows.table->Load(p.rows.ids));
-        std::vector<uint64_t> steps;
-        for (PreparedPush& p : *prepared) {
-          EmbeddingTable& t = *p.rows.table;
-          if (record == nullptr) {
-            t.Push(p.rows.ids, p.grads.data(), p.lr);
-          } else {
-            steps.resize(p.rows.ids.size());
-            t.Push(p.rows.ids, p.grads.data(), p.lr, steps.data());
-            record->AddTable(t.spec().name(), p.lr, t.dim(), p.rows.ids, steps, p.grads.data());
-          }
-          if (out != nullptr) RecordTouched(out, p.rows.table, p.rows.ids);
-        }
-        return absl::OkStatus();
-      },
-      [this, total, done = std::move(done)](absl::Status s) {
-        if (s.ok()) {
-          counters_.push_requests.fetch_add(1, std::memory_order_relaxed);
-          counters_.pushed_rows.fetch_add(total, std::memory_order_relaxed);
-        }
-        done(s);
-      });
+  auto apply_and_track = [&](LogRecordBuilder* record) -> absl::Status {
+    RETURN_IF_ERROR(apply(record));
+    // After applying: a row the move's export reads from now on is current, and one it
+    // read before is copied again in the next phase.
+    if (out != nullptr) RecordTouched(out, change);
+    return absl::OkStatus();
+  };
+  if (storage_ == nullptr) {
+    absl::Status s = apply_and_track(nullptr);
+    if (change.key != nullptr) dedup_.Finish(*change.key, /*applied=*/s.ok());
+    return done(s);
+  }
+  if (change.key == nullptr) {
+    return storage_->ApplyLogged(PushKey(), change.record_bytes, apply_and_track, std::move(done));
+  }
+  // The key is marked applied only once the record is durable, so a retry before then is
+  // told to wait (ABORTED) rather than acknowledged early.
+  storage_->ApplyLogged(*change.key, change.record_bytes, apply_and_track,
+                        [this, key = *change.key, done = std::move(done)](absl::Status s) {
+                          dedup_.Finish(key, /*applied=*/s.ok());
+                          done(s);
+                        });
 }
 
 absl::Status PsCore::RefusedOrDuplicate(const PushKey& key, PushResponse* resp,
                                         absl::Status refused) {
   if (refused.code() != absl::StatusCode::kFailedPrecondition) return refused;
-  switch (dedup_.Peek(key)) {
-    case PushDedup::Claim::kDuplicate:
-      counters_.duplicate_pushes.fetch_add(1, std::memory_order_relaxed);
-      resp->set_duplicate(true);
-      return absl::OkStatus();
-    case PushDedup::Claim::kInProgress:
-      return absl::AbortedError(absl::StrCat("push ", key.worker_id(), "/", key.incarnation(), "/",
-                                             key.sequence(), " is being applied now; retry"));
-    case PushDedup::Claim::kNew:
-      break;
+  const PushDedup::Claim claim = dedup_.Peek(key);
+  if (claim == PushDedup::Claim::kNew) return refused;
+  return Repeated(key, claim, resp);
+}
+
+absl::Status PsCore::Repeated(const PushKey& key, PushDedup::Claim claim, PushResponse* resp) {
+  if (claim == PushDedup::Claim::kInProgress) {
+    return absl::AbortedError(absl::StrCat("push ", key.worker_id(), "/", key.incarnation(), "/",
+                                           key.sequence(), " is being applied now; retry"));
   }
-  return refused;
+  counters_.duplicate_pushes.fetch_add(1, std::memory_order_relaxed);
+  resp->set_duplicate(true);
+  return absl::OkStatus();
 }
 
 namespace {
@@ -456,33 +445,25 @@ void PsCore::PushDenseAsync(const DensePushRequest& req, PushResponse* resp, Don
   absl::ReaderMutexLock fence(&migrate_mu_);
   auto own = ownership();
   resp->set_epoch(own->epoch());
-  auto prepared = std::make_shared<std::vector<PreparedDense>>();
-  if (absl::Status s = PrepareDensePush(req, *own, prepared.get()); !s.ok()) {
+  std::vector<PreparedDense> prepared;
+  if (absl::Status s = PrepareDensePush(req, *own, &prepared); !s.ok()) {
     return done(RefusedOrDuplicate(req.key(), resp, std::move(s)));
   }
-  OutgoingMove* out = outgoing_.get();
-  if (out != nullptr) {
-    std::vector<uint32_t> vshards;
-    for (const PreparedDense& p : *prepared) {
-      vshards.push_back(DenseVShard(p.tensor->spec().name(), own->num_vshards()));
-    }
-    if (absl::Status s = CheckFence(*out, req.key(), resp, vshards); !s.ok() || resp->duplicate()) {
-      return done(s);
-    }
+  Change change;
+  change.key = &req.key();
+  change.resp = resp;
+  for (const PreparedDense& p : prepared) {
+    change.dense.push_back(p.tensor->spec().name());
+    change.record_bytes += 32 + p.grads.size() * sizeof(float);
   }
-  size_t record_bytes = 0;
-  for (const PreparedDense& p : *prepared) record_bytes += 32 + p.grads.size() * sizeof(float);
-  ApplyOnce(
-      req.key(), resp, record_bytes,
-      [this, prepared, out](LogRecordBuilder* record) {
-        for (PreparedDense& p : *prepared) {
-          const uint64_t step = p.tensor->Push(p.grads.data(), p.lr);
-          if (record != nullptr) record->AddDense(p.tensor->spec().name(), p.lr, step, p.grads);
-          if (out != nullptr) RecordTouchedDense(out, p.tensor->spec().name());
-        }
-        return absl::OkStatus();
-      },
-      std::move(done));
+  auto apply = [&prepared](LogRecordBuilder* record) {
+    for (PreparedDense& p : prepared) {
+      const uint64_t step = p.tensor->Push(p.grads.data(), p.lr);
+      if (record != nullptr) record->AddDense(p.tensor->spec().name(), p.lr, step, p.grads);
+    }
+    return absl::OkStatus();
+  };
+  ApplyChange(change, apply, std::move(done));
 }
 
 absl::Status PsCore::Stats(const StatsRequest&, StatsResponse* resp) {
@@ -504,7 +485,7 @@ absl::Status PsCore::Stats(const StatsRequest&, StatsResponse* resp) {
   resp->set_uptime_seconds(absl::ToDoubleSeconds(absl::Now() - started_));
   if (storage_ != nullptr) {
     resp->set_durability(DurabilityName(storage_->durability()));
-    const DurableLog::Stats log = storage_->log().stats();
+    const DurableLog::Stats log = storage_->log_stats();
     resp->set_log_records(log.records);
     resp->set_log_groups(log.groups);
     resp->set_log_bytes(log.bytes);

@@ -1,7 +1,13 @@
 // The request logic of one PS pod, independent of the transport: validates a request
 // whole before applying any of it, checks vshard ownership, de-duplicates keyed pushes,
-// and runs pulls and pushes against the ModelStore. The gRPC service (ps_service.h) is a
-// thin adapter over it.
+// and runs pulls and pushes against the ModelStore. The gRPC services (ps_service.h,
+// transfer_service.h) are thin adapters over it.
+//
+// Every request that changes rows or dense tensors (Push, PushDense, ImportRows, and
+// ImportChunk, a vshard move's copy) takes one path, ApplyChange: the ownership (or, for a
+// move's copy, the receiving) checked and kept until applied, an outgoing move's fence and
+// touched-row tracking, the exactly-once claim of keyed pushes, and the durable apply
+// (PodStorage::ApplyLogged) or the in-memory one.
 #pragma once
 
 #include <atomic>
@@ -10,6 +16,7 @@
 #include <memory>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
@@ -82,6 +89,16 @@ class PsCore {
   void PushAsync(const PushRequest& req, PushResponse* resp, Done done);
   void PushDenseAsync(const DensePushRequest& req, PushResponse* resp, Done done);
 
+  // Installs whole rows and dense tensors (PodTransfer.ImportRows: ps-transfer import;
+  // ps/pod_transfer.cc). The request is validated whole first: NOT_FOUND (unknown table or
+  // tensor), INVALID_ARGUMENT (sizes, non-finite values), FAILED_PRECONDITION (an id of a
+  // vshard this pod does not own); UNAVAILABLE while a move has fenced one of its vshards
+  // (retry). Each row is installed only if it is missing or has fewer updates than the
+  // imported step (EmbeddingTable::Install), so an import is idempotent; resp counts the
+  // installed and skipped ones. `done` runs as PushAsync's does: on a durable pod once the
+  // installs are logged. *resp must stay valid until then. Thread-safe.
+  void ImportRows(const ImportRowsRequest& req, ImportRowsResponse* resp, Done done);
+
   // Replaces the ownership (a new shard map epoch). Waits for pushes being applied; a
   // push applies entirely under one ownership. Thread-safe.
   void SetOwnership(ShardOwnership ownership);
@@ -99,7 +116,10 @@ class PsCore {
   absl::Status MigrateExport(const MigrateExportRequest& req, MigrateExportResponse* resp);
   // Destination side: BeginImport keeps the vshards' rows from being dropped until the
   // move ends; ImportChunk installs an exported chunk (creating its tables), adding its
-  // row count and bytes; FinishImport makes everything imported durable.
+  // row count and bytes: logged like an import, not waiting for the write; ABORTED once
+  // any of its vshards is no longer being received, FAILED_PRECONDITION for a row older
+  // than this pod's copy of it (see ImportChunk). FinishImport waits until everything
+  // imported is durable and returns the first error of any chunk since BeginImport.
   absl::Status BeginImport(uint64_t move_id, absl::Span<const uint32_t> vshards);
   absl::Status ImportChunk(const MigrateExportResponse& chunk, uint64_t* rows, uint64_t* bytes);
   // ABORTED once any of `vshards` is no longer being received (the master gave up on the
@@ -128,11 +148,6 @@ class PsCore {
   absl::Status CheckOwned(const ShardOwnership& own, const EmbeddingTable& table,
                           absl::Span<const int64_t> ids);
   absl::Status CheckOwnedDense(const ShardOwnership& own, absl::string_view name);
-  // Runs `apply` once for a key: handles duplicates and in-flight retries. `apply` adds
-  // the push's entries to the log record it is given (when the pod is durable), or fails
-  // having applied nothing; `done` gets the outcome once the push is durable.
-  void ApplyOnce(const PushKey& key, PushResponse* resp, size_t record_bytes,
-                 const std::function<absl::Status(LogRecordBuilder*)>& apply, Done done);
   absl::Status PreparePush(const PushRequest& req, const ShardOwnership& own,
                            std::vector<PreparedPush>* prepared, size_t* total);
   struct PreparedDense {
@@ -144,6 +159,70 @@ class PsCore {
   absl::Status PrepareDensePush(const DensePushRequest& req, const ShardOwnership& own,
                                 std::vector<PreparedDense>* prepared);
 
+  // A change of rows or dense tensors that a request has validated whole.
+  struct Change {
+    // What it may write: an outgoing move fences these and records them as touched.
+    std::vector<std::pair<std::shared_ptr<EmbeddingTable>, absl::Span<const int64_t>>> rows;
+    std::vector<absl::string_view> dense;  // tensor names
+    size_t record_bytes = 0;               // log record size hint
+    // Pushes: the key claimed once (PushDedup) and the response that answers a duplicate.
+    // Imports carry none: installs are idempotent by their steps.
+    const PushKey* key = nullptr;
+    PushResponse* resp = nullptr;
+  };
+  // Applies the change in memory and adds its entries to `record` (null on an in-memory
+  // pod), or fails having applied nothing.
+  using ApplyFn = absl::FunctionRef<absl::Status(LogRecordBuilder* record)>;
+  // The one path of every change (see the file comment). The caller holds migrate_mu_
+  // shared from its ownership check on, so no assignment or fence comes between. Refuses
+  // a change that touches a fenced vshard (UNAVAILABLE; a push applied before is answered
+  // as a duplicate instead), claims a push's key, runs `apply` (through
+  // PodStorage::ApplyLogged on a durable pod), records what an outgoing move must copy
+  // again, and calls `done` once durable, as PushAsync describes.
+  void ApplyChange(const Change& change, ApplyFn apply, Done done)
+      ABSL_SHARED_LOCKS_REQUIRED(migrate_mu_);
+
+  // Whole rows and dense tensors to install (ImportRows, ImportChunk: their messages have
+  // the same fields; ps/pod_transfer.cc). The spans point into the request or the scratch
+  // vectors.
+  struct Installs {
+    struct Rows {
+      std::shared_ptr<EmbeddingTable> table;
+      absl::Span<const int64_t> ids;
+      absl::Span<const uint64_t> steps;
+      absl::Span<const float> values;  // per row: dim weights, then the optimizer slots
+      std::vector<int64_t> id_scratch;
+      std::vector<uint64_t> step_scratch;
+      std::vector<float> value_scratch;
+    };
+    struct Dense {
+      std::shared_ptr<DenseTensor> tensor;
+      uint64_t step = 0;
+      absl::Span<const float> values;  // weights then slots
+      std::vector<float> scratch;
+    };
+    std::vector<Rows> rows;
+    std::vector<Dense> dense;
+  };
+  // Parses the packed arrays of `out->table`'s rows; INVALID_ARGUMENT (naming `what`) unless
+  // there is one step and dim + slot floats per id.
+  static absl::Status ParseRows(absl::string_view what, const std::string& ids,
+                                const std::string& steps, const std::string& values,
+                                Installs::Rows* out);
+  // Parses `out->tensor`'s values; INVALID_ARGUMENT unless numel + slot floats.
+  static absl::Status ParseDense(absl::string_view what, const std::string& values,
+                                 Installs::Dense* out);
+  // ImportRows' validation (ps/pod_transfer.cc): tables and tensors exist, sizes, finite
+  // values, every id owned.
+  absl::Status PrepareImport(const ImportRowsRequest& req, const ShardOwnership& own, Installs* in);
+  // What installing `in` may write.
+  static void AddTouches(const Installs& in, Change* change);
+  // The ApplyFn of an install: reads evicted rows back (a failed read installs nothing),
+  // installs each row and tensor that is missing or older than its step (Install), and
+  // logs those it installed; counts the others as skipped.
+  static absl::Status ApplyInstalls(const Installs& in, LogRecordBuilder* record,
+                                    uint64_t* installed, uint64_t* skipped);
+
   const PsCoreOptions options_;
   const absl::Time started_;
   ModelStore store_;
@@ -151,22 +230,25 @@ class PsCore {
   std::unique_ptr<PodStorage> storage_;  // null: in memory only
   absl::Mutex create_mu_;                // serializes table and tensor creation
 
-  // Migration. Pushes hold migrate_mu_ shared from reading the ownership until they are
-  // applied in memory (and their touched rows recorded); changing the ownership or
-  // fencing takes it exclusively, so no push straddles either.
+  // Migration. Changes (ApplyChange) hold migrate_mu_ shared from reading the ownership
+  // until they are applied in memory (and their touched rows recorded); changing the
+  // ownership or fencing takes it exclusively, so no change straddles either.
   struct OutgoingMove;
-  // OK, or the error a push or dense push touching a fenced vshard gets.
-  absl::Status CheckFence(const OutgoingMove& out, const PushKey& key, PushResponse* resp,
-                          const std::vector<uint32_t>& vshards);
-  // Remember rows pushes changed while an outgoing move tracks their vshards.
-  static void RecordTouched(OutgoingMove* out, const std::shared_ptr<EmbeddingTable>& table,
-                            absl::Span<const int64_t> ids);
-  static void RecordTouchedDense(OutgoingMove* out, const std::string& name);
+  // UNAVAILABLE ("moving; retry") if the change touches a vshard `out` has fenced.
+  static absl::Status CheckFence(const OutgoingMove& out, const Change& change);
+  // Remembers the rows and tensors a change wrote that `out` tracks, for its next phase.
+  static void RecordTouched(OutgoingMove* out, const Change& change);
+  // A move's copy: ABORTED unless every row and tensor of `in` is in a vshard this pod is
+  // receiving.
+  absl::Status CheckReceiving(const Installs& in) ABSL_SHARED_LOCKS_REQUIRED(migrate_mu_);
   // Erases the rows of `vshards` from memory and storage.
   absl::Status DropVShards(const std::vector<uint32_t>& vshards);
   // A refused push (FAILED_PRECONDITION): a key this pod already applied is a duplicate
   // even if it no longer owns the vshards; one being applied is ABORTED (retry).
   absl::Status RefusedOrDuplicate(const PushKey& key, PushResponse* resp, absl::Status refused);
+  // The answer to a push whose key is not new: OK with resp->duplicate (applied before), or
+  // ABORTED (being applied now: retry).
+  absl::Status Repeated(const PushKey& key, PushDedup::Claim claim, PushResponse* resp);
   absl::Mutex migrate_mu_ ABSL_ACQUIRED_BEFORE(mu_);
   std::shared_ptr<OutgoingMove> outgoing_ ABSL_GUARDED_BY(migrate_mu_);
   std::vector<bool> incoming_ ABSL_GUARDED_BY(migrate_mu_);
@@ -174,6 +256,10 @@ class PsCore {
   std::vector<bool> held_ ABSL_GUARDED_BY(migrate_mu_);
   bool assigned_ ABSL_GUARDED_BY(migrate_mu_) = false;
   absl::Mutex drop_mu_;  // one drop at a time
+  // The destination of a move: the first error of its chunks (applying, or writing their
+  // log records), which ImportChunk and FinishImport return. Reset by BeginImport.
+  absl::Mutex import_mu_;
+  absl::Status import_error_ ABSL_GUARDED_BY(import_mu_);
 
   mutable absl::Mutex mu_;
   std::shared_ptr<const ShardOwnership> ownership_ ABSL_GUARDED_BY(mu_);

@@ -1,12 +1,16 @@
 // PsCore: live vshard migration (the protocol is described in proto/ps.proto).
 //
-// Source side: MigrateBegin installs an OutgoingMove; from then on every push that
-// touches one of its vshards records the rows it changed (after applying them, under
-// migrate_mu_ shared). Exports read rows as they are now: the SNAPSHOT phase every row
-// present at MigrateBegin, each DELTA phase the rows touched since the previous phase
-// began, and FINAL the same after fencing. A row read after its last change is current,
-// and every change after a read is recorded for the next phase, so after the fence the
-// destination holds exactly the source's rows.
+// Source side: MigrateBegin installs an OutgoingMove; from then on every change (a push,
+// an import) that touches one of its vshards records the rows it changed, after applying
+// them, under migrate_mu_ shared (PsCore::ApplyChange). Exports read rows as they are now:
+// the SNAPSHOT phase every row present at MigrateBegin, each DELTA phase the rows touched
+// since the previous phase began, and FINAL the same after fencing. A row read after its
+// last change is current, and every change after a read is recorded for the next phase,
+// so after the fence the destination holds exactly the source's rows.
+//
+// Destination side: ImportChunk installs each chunk through the same path as the source's
+// changes (ApplyChange: logged on a durable pod, as an import is), while the vshards are
+// being received; FinishImport waits until every chunk is durable.
 #include <glog/logging.h>
 
 #include <algorithm>
@@ -63,40 +67,41 @@ std::vector<bool> BitsOf(absl::Span<const uint32_t> vshards, uint32_t n) {
 
 }  // namespace
 
-void PsCore::RecordTouched(OutgoingMove* out, const std::shared_ptr<EmbeddingTable>& table,
-                           absl::Span<const int64_t> ids) {
-  const uint64_t h = table->name_hash();
+void PsCore::RecordTouched(OutgoingMove* out, const Change& change) {
   const uint32_t n = static_cast<uint32_t>(out->vshards.size());
   absl::MutexLock lock(&out->touched_mu);
-  std::pair<std::shared_ptr<EmbeddingTable>, absl::flat_hash_set<int64_t>>* entry = nullptr;
-  for (int64_t id : ids) {
-    if (!out->Has(VShardOf(RouteHash(h, id), n))) continue;
-    if (entry == nullptr) {
-      entry = &out->touched[table.get()];
-      entry->first = table;
+  for (const auto& [table, ids] : change.rows) {
+    const uint64_t h = table->name_hash();
+    std::pair<std::shared_ptr<EmbeddingTable>, absl::flat_hash_set<int64_t>>* entry = nullptr;
+    for (int64_t id : ids) {
+      if (!out->Has(VShardOf(RouteHash(h, id), n))) continue;
+      if (entry == nullptr) {
+        entry = &out->touched[table.get()];
+        entry->first = table;
+      }
+      entry->second.insert(id);
     }
-    entry->second.insert(id);
+  }
+  for (absl::string_view name : change.dense) {
+    if (out->Has(DenseVShard(name, n))) out->touched_dense.emplace(name);
   }
 }
 
-void PsCore::RecordTouchedDense(OutgoingMove* out, const std::string& name) {
-  if (!out->Has(DenseVShard(name, static_cast<uint32_t>(out->vshards.size())))) return;
-  absl::MutexLock lock(&out->touched_mu);
-  out->touched_dense.insert(name);
-}
-
-absl::Status PsCore::CheckFence(const OutgoingMove& out, const PushKey& key, PushResponse* resp,
-                                const std::vector<uint32_t>& vshards) {
+absl::Status PsCore::CheckFence(const OutgoingMove& out, const Change& change) {
   if (!out.fenced) return absl::OkStatus();
-  for (uint32_t v : vshards) {
-    if (!out.Has(v)) continue;
-    if (dedup_.Peek(key) == PushDedup::Claim::kDuplicate) {
-      counters_.duplicate_pushes.fetch_add(1, std::memory_order_relaxed);
-      resp->set_duplicate(true);
-      return absl::OkStatus();
-    }
+  const uint32_t n = static_cast<uint32_t>(out.vshards.size());
+  auto refused = [&](uint32_t v) {
     return absl::UnavailableError(absl::StrCat("vshard ", v, " is moving to another pod (move ",
                                                out.move_id, "); retry shortly"));
+  };
+  for (const auto& [table, ids] : change.rows) {
+    const uint64_t h = table->name_hash();
+    for (int64_t id : ids) {
+      if (const uint32_t v = VShardOf(RouteHash(h, id), n); out.Has(v)) return refused(v);
+    }
+  }
+  for (absl::string_view name : change.dense) {
+    if (const uint32_t v = DenseVShard(name, n); out.Has(v)) return refused(v);
   }
   return absl::OkStatus();
 }
@@ -372,6 +377,10 @@ absl::Status PsCore::BeginImport(uint64_t move_id, absl::Span<const uint32_t> vs
     incoming_[v] = true;
     held_[v] = true;
   }
+  {
+    absl::MutexLock lock(&import_mu_);
+    import_error_ = absl::OkStatus();
+  }
   LOG(INFO) << "move " << move_id << ": receiving vshards "
             << VShardList(std::vector<uint32_t>(vshards.begin(), vshards.end()));
   return absl::OkStatus();
@@ -387,8 +396,25 @@ absl::Status PsCore::CheckImporting(absl::Span<const uint32_t> vshards) {
   return absl::OkStatus();
 }
 
+absl::Status PsCore::CheckReceiving(const Installs& in) {
+  const uint32_t n = ownership()->num_vshards();
+  auto check = [&](uint32_t v) {
+    if (v < incoming_.size() && incoming_[v]) return absl::OkStatus();
+    return absl::AbortedError(absl::StrCat("vshard ", v, " is no longer moving to this pod"));
+  };
+  for (const Installs::Rows& r : in.rows) {
+    const uint64_t h = r.table->name_hash();
+    for (int64_t id : r.ids) RETURN_IF_ERROR(check(VShardOf(RouteHash(h, id), n)));
+  }
+  for (const Installs::Dense& d : in.dense) {
+    RETURN_IF_ERROR(check(DenseVShard(d.tensor->spec().name(), n)));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status PsCore::ImportChunk(const MigrateExportResponse& chunk, uint64_t* rows,
                                  uint64_t* bytes) {
+  // The source's catalog (the snapshot's first chunk), before the rows that need it.
   for (const TableSpec& spec : chunk.tables()) {
     CreateTableRequest req;
     *req.mutable_spec() = spec;
@@ -401,55 +427,99 @@ absl::Status PsCore::ImportChunk(const MigrateExportResponse& chunk, uint64_t* r
     CreateDenseResponse ignored;
     RETURN_IF_ERROR(CreateDense(req, &ignored));
   }
-  std::vector<int64_t> id_scratch;
-  std::vector<uint64_t> step_scratch;
-  std::vector<float> value_scratch;
-  for (const MigratedRows& e : chunk.rows()) {
-    auto table = store_.FindTable(e.table());
-    if (table == nullptr) {
+  Installs in;
+  in.rows.resize(chunk.rows_size());
+  for (int i = 0; i < chunk.rows_size(); ++i) {
+    const MigratedRows& e = chunk.rows(i);
+    Installs::Rows& r = in.rows[i];
+    r.table = store_.FindTable(e.table());
+    if (r.table == nullptr) {
       return absl::FailedPreconditionError(
           absl::StrCat("imported rows of table '", e.table(), "', which the source did not send"));
     }
-    ASSIGN_OR_RETURN(auto ids, PackedView<int64_t>(e.ids(), &id_scratch, "ids of", e.table()));
-    ASSIGN_OR_RETURN(auto steps,
-                     PackedView<uint64_t>(e.steps(), &step_scratch, "steps of", e.table()));
-    ASSIGN_OR_RETURN(auto values,
-                     PackedView<float>(e.values(), &value_scratch, "values of", e.table()));
-    const uint32_t dim = table->dim(), row_floats = dim + table->slot_floats();
-    if (steps.size() != ids.size() || values.size() != ids.size() * row_floats) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("imported rows of '", e.table(), "' have mismatched sizes: ", ids.size(),
-                       " ids, ", steps.size(), " steps, ", values.size(), " floats"));
-    }
-    for (size_t i = 0; i < ids.size(); ++i) {
-      const float* row = values.data() + i * row_floats;
-      table->Restore(ids[i], row, row + dim, steps[i]);
-    }
-    if (storage_ != nullptr) {
-      RETURN_IF_ERROR(storage_->WriteImported(e.table(), ids, steps, values, dim));
-    }
-    *rows += ids.size();
-    *bytes += e.ids().size() + e.steps().size() + e.values().size();
+    RETURN_IF_ERROR(ParseRows("imported rows of", e.ids(), e.steps(), e.values(), &r));
   }
-  for (const MigratedDense& e : chunk.dense_values()) {
-    auto d = store_.FindDense(e.name());
-    if (d == nullptr) {
+  in.dense.resize(chunk.dense_values_size());
+  for (int i = 0; i < chunk.dense_values_size(); ++i) {
+    const MigratedDense& e = chunk.dense_values(i);
+    Installs::Dense& d = in.dense[i];
+    d.tensor = store_.FindDense(e.name());
+    if (d.tensor == nullptr) {
       return absl::FailedPreconditionError(
           absl::StrCat("imported dense tensor '", e.name(), "', which the source did not send"));
     }
-    ASSIGN_OR_RETURN(auto values,
-                     PackedView<float>(e.values(), &value_scratch, "values of", e.name()));
-    RETURN_IF_ERROR(d->Restore(values, e.step()));
-    if (storage_ != nullptr)
-      RETURN_IF_ERROR(storage_->WriteImportedDense(e.name(), e.step(), values));
-    *bytes += e.values().size();
+    RETURN_IF_ERROR(ParseDense("imported", e.values(), &d));
+    d.step = e.step();
   }
+
+  // Held from the receiving check until applied, as a push holds it from its ownership
+  // check: an assignment that ends the receiving (an aborted move) comes before this chunk
+  // (refused) or after it (its rows are dropped with the rest).
+  absl::ReaderMutexLock fence(&migrate_mu_);
+  RETURN_IF_ERROR(CheckReceiving(in));
+  Change change;
+  AddTouches(in, &change);
+  // Install, not Restore: a chunk's row replaces this pod's copy only if the copy has fewer
+  // updates (or is missing). That is the rule the log replays (installs in step order,
+  // idempotent), so a restart recovers what memory held. And it leaves exactly the
+  // source's rows: while the source owns the vshards a row only gains updates, and (id,
+  // step) names one state of it; each phase reads a row after the phase before did, so a
+  // chunk carries every row at least as new as any earlier chunk; and this pod holds no
+  // other copy of a vshard it receives (it drops the rows of vshards it neither owns nor
+  // receives, and refuses pushes and imports to them). A chunk older than the copy here
+  // breaks that (a copy that outlived a failed drop, a source restored from an older
+  // checkpoint): the import fails, rather than commit rows that differ from the source's,
+  // and the aborted move drops the copy.
+  auto newer_here = [&in]() -> absl::Status {
+    for (const Installs::Rows& r : in.rows) {
+      for (size_t i = 0; i < r.ids.size(); ++i) {
+        uint64_t here = 0;
+        if (r.table->Inspect(r.ids[i], [&](const RowView& row) { here = row.step; }) &&
+            here > r.steps[i]) {
+          return absl::FailedPreconditionError(
+              absl::StrCat("row ", r.ids[i], " of '", r.table->spec().name(), "' has ", here,
+                           " updates here but ", r.steps[i],
+                           " in the move's copy: this pod holds a stale copy "
+                           "of the vshard; the move must be aborted"));
+        }
+      }
+    }
+    for (const Installs::Dense& d : in.dense) {
+      if (const uint64_t here = d.tensor->step(); here > d.step) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "dense tensor '", d.tensor->spec().name(), "' has ", here, " updates here but ", d.step,
+            " in the move's copy; the move must be aborted"));
+      }
+    }
+    return absl::OkStatus();
+  };
+  uint64_t installed = 0, skipped = 0;
+  auto apply = [&](LogRecordBuilder* record) -> absl::Status {
+    RETURN_IF_ERROR(newer_here());
+    return ApplyInstalls(in, record, &installed, &skipped);
+  };
+  // Not waiting for the record's write: FinishImport waits for every chunk's.
+  ApplyChange(change, apply, [this](absl::Status s) {
+    if (s.ok()) return;
+    absl::MutexLock lock(&import_mu_);
+    if (import_error_.ok()) import_error_ = s;
+  });
+  absl::MutexLock lock(&import_mu_);
+  RETURN_IF_ERROR(import_error_);
+  for (const MigratedRows& e : chunk.rows()) {
+    *rows += e.ids().size() / sizeof(int64_t);
+    *bytes += e.ids().size() + e.steps().size() + e.values().size();
+  }
+  for (const MigratedDense& e : chunk.dense_values()) *bytes += e.values().size();
   return absl::OkStatus();
 }
 
 absl::Status PsCore::FinishImport() {
-  if (storage_ != nullptr) return storage_->FlushImported();
-  return absl::OkStatus();
+  // Every chunk's record was appended by ImportChunk; wait for the writes (and fsync them
+  // in periodic mode), so the copy survives a crash of this pod once reported.
+  if (storage_ != nullptr) RETURN_IF_ERROR(storage_->SyncApplied());
+  absl::MutexLock lock(&import_mu_);
+  return import_error_;
 }
 
 }  // namespace ps

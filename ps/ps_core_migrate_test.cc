@@ -1,14 +1,19 @@
 // Live migration on the pod side, in process: de-duplication before ownership, a move from
 // one PsCore to another (snapshot, catch-up, fence, commit, drop), durability of what the
-// destination received, and an aborted move.
+// destination received, an aborted move, and imports (ps-transfer) during a move, which
+// take the same path as pushes.
 #include <stdlib.h>
 
+#include <algorithm>
 #include <cstring>
 #include <filesystem>
+#include <map>
 
+#include "absl/synchronization/notification.h"
 #include "common/routing/hash.h"
 #include "gtest/gtest.h"
 #include "proto/packed.h"
+#include "ps/pod_transfer.h"
 #include "ps/ps_core.h"
 
 namespace ps {
@@ -107,7 +112,62 @@ class MigrateTest : public testing::Test {
     return rows;
   }
 
+  // Whole rows of "emb" (dim 2, Adagrad: 4 floats a row) at `step`, every float `value`.
+  static ImportRowsRequest MakeImport(const std::vector<int64_t>& ids, uint64_t step, float value) {
+    ImportRowsRequest req;
+    TableRows* t = req.add_tables();
+    t->set_table("emb");
+    t->set_ids(Pack<int64_t>(ids));
+    t->set_steps(Pack<uint64_t>(std::vector<uint64_t>(ids.size(), step)));
+    t->set_values(Pack<float>(std::vector<float>(ids.size() * 4, value)));
+    return req;
+  }
+
+  static absl::Status Import(PsCore& core, const ImportRowsRequest& req, ImportRowsResponse* resp) {
+    absl::Notification done;
+    absl::Status result;
+    ImportRows(core, req, resp, [&](absl::Status s) {
+      result = s;
+      done.Notify();
+    });
+    done.WaitForNotification();
+    return result;
+  }
+
+  // A, owning every vshard, with rows 0..99 pushed once; B, owning none; and a move of
+  // `moving` from A to B begun (tracking on A, receiving on B), before any copy.
+  void StartMove(const std::vector<uint32_t>& moving, uint64_t move_id) {
+    a_ = Open("a");
+    b_ = Open("b");
+    ASSERT_TRUE(a_ && b_);
+    ApplyAssignmentResponse ar;
+    ASSERT_TRUE(a_->ApplyAssignment(Assign(1, Range(0, kVShards)), &ar).ok());
+    ASSERT_TRUE(b_->ApplyAssignment(Assign(1, {}), &ar).ok());
+    CreateTable(*a_);
+    std::vector<int64_t> ids;
+    for (int64_t id = 0; id < 100; ++id) ids.push_back(id);
+    PushResponse resp;
+    ASSERT_TRUE(a_->Push(MakePush(ids, 1, 1), &resp).ok());
+    ASSERT_TRUE(a_->ApplyAssignment(Assign(2, Range(0, kVShards), {}, moving), &ar).ok());
+    ASSERT_TRUE(b_->ApplyAssignment(Assign(2, {}, moving), &ar).ok());
+    MigrateBeginRequest begin;
+    begin.set_move_id(move_id);
+    for (uint32_t v : moving) begin.add_vshards(v);
+    MigrateBeginResponse begun;
+    ASSERT_TRUE(a_->MigrateBegin(begin, &begun).ok());
+    ASSERT_TRUE(b_->BeginImport(move_id, moving).ok());
+  }
+
+  // The first id in 0..99 whose vshard is (or is not) in `vshards`.
+  static int64_t IdIn(const std::vector<uint32_t>& vshards, bool in) {
+    for (int64_t id = 0; id < 100; ++id) {
+      if ((std::count(vshards.begin(), vshards.end(), VShardOfId(id)) > 0) == in) return id;
+    }
+    return -1;
+  }
+
   std::string root_;
+  std::unique_ptr<PsCore> a_, b_;
 };
 
 TEST_F(MigrateTest, DuplicateIsAnsweredEvenAfterOwnershipMovedAway) {
@@ -244,6 +304,101 @@ TEST_F(MigrateTest, AbortedMoveUnfencesTheSourceAndDropsTheCopy) {
   // those vshards until the move ends.
   ASSERT_TRUE(a->ApplyAssignment(Assign(4, Range(0, kVShards), {}, moving), &ar).ok());
   EXPECT_EQ(a->Push(MakePush(ids, 1, 4), &resp).code(), absl::StatusCode::kUnavailable);
+}
+
+// An import (ps-transfer import) that lands on the source while a move tracks its vshards
+// is recorded as touched like a push, so the catch-up copies it: the destination ends with
+// exactly the source's rows.
+TEST_F(MigrateTest, ImportDuringAMoveIsCopiedByTheCatchUp) {
+  const std::vector<uint32_t> moving = {2, 3};
+  StartMove(moving, 5);
+  if (HasFatalFailure()) return;
+  Copy(*a_, *b_, 5, MigrateExportRequest::SNAPSHOT);
+  const int64_t moved = IdIn(moving, true);
+  ASSERT_GE(moved, 0);
+  ImportRowsResponse imported;
+  ASSERT_TRUE(Import(*a_, MakeImport({moved}, 1000, 0.25f), &imported).ok());
+  ASSERT_EQ(imported.installed(), 1u);
+  Copy(*a_, *b_, 5, MigrateExportRequest::DELTA);
+  Copy(*a_, *b_, 5, MigrateExportRequest::FINAL);
+  ASSERT_TRUE(b_->FinishImport().ok());
+  const auto expected = Rows(*a_, moving);
+  ASSERT_EQ(expected.at(moved).back(), 1000.0f);  // the imported step
+  EXPECT_EQ(Rows(*b_, moving), expected);
+}
+
+// Once a move has fenced its vshards, an import touching them is refused with a retryable
+// code and applies nothing, as a push is; an import of other vshards still lands.
+TEST_F(MigrateTest, ImportIntoFencedVShardsIsRefusedAsAPushIs) {
+  const std::vector<uint32_t> moving = {4, 5};
+  StartMove(moving, 6);
+  if (HasFatalFailure()) return;
+  Copy(*a_, *b_, 6, MigrateExportRequest::SNAPSHOT);
+  Copy(*a_, *b_, 6, MigrateExportRequest::FINAL);
+  const int64_t moved = IdIn(moving, true), staying = IdIn(moving, false);
+  ASSERT_TRUE(moved >= 0 && staying >= 0);
+  const auto before = Rows(*a_, moving);
+  ImportRowsResponse resp;
+  absl::Status s = Import(*a_, MakeImport({staying, moved}, 1000, 0.25f), &resp);
+  EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable) << s;
+  EXPECT_EQ(Rows(*a_, moving), before);
+  EXPECT_EQ(Rows(*a_, {VShardOfId(staying)}).at(staying).back(), 1.0f);  // nothing applied
+  ASSERT_TRUE(Import(*a_, MakeImport({staying}, 1000, 0.25f), &resp).ok());
+  EXPECT_EQ(resp.installed(), 1u);
+}
+
+// A chunk that arrives after the destination stopped receiving the vshards (the master
+// gave up on the move) is refused and leaves no rows behind.
+TEST_F(MigrateTest, ChunkAfterTheMoveWasAbortedIsRefused) {
+  const std::vector<uint32_t> moving = {6, 7};
+  StartMove(moving, 8);
+  if (HasFatalFailure()) return;
+  MigrateExportRequest req;
+  req.set_move_id(8);
+  req.set_phase(MigrateExportRequest::SNAPSHOT);
+  MigrateExportResponse chunk;
+  ASSERT_TRUE(a_->MigrateExport(req, &chunk).ok());
+  ASSERT_GT(chunk.rows_size(), 0);
+  ApplyAssignmentResponse ar;
+  ASSERT_TRUE(b_->ApplyAssignment(Assign(3, {}), &ar).ok());  // aborted
+  uint64_t rows = 0, bytes = 0;
+  EXPECT_EQ(b_->ImportChunk(chunk, &rows, &bytes).code(), absl::StatusCode::kAborted);
+  EXPECT_TRUE(Rows(*b_, moving).empty());
+}
+
+// Chunks are installed only over older copies: a chunk older than what the destination
+// holds (it has a copy the source does not) fails the import, so the move is aborted
+// rather than committed with rows that differ from the source's.
+TEST_F(MigrateTest, ChunkOlderThanTheDestinationsCopyFailsTheImport) {
+  auto b = Open("b");
+  ASSERT_TRUE(b);
+  const std::vector<uint32_t> moving = {9};
+  ASSERT_TRUE(b->BeginImport(9, moving).ok());
+  int64_t id = 0;
+  while (VShardOfId(id) != 9) ++id;
+  auto chunk = [&](uint64_t step, float value) {
+    MigrateExportResponse c;
+    TableSpec* spec = c.add_tables();
+    spec->set_name("emb");
+    spec->set_dim(2);
+    spec->mutable_optimizer()->set_kind(OptimizerSpec::ADAGRAD);
+    spec->mutable_optimizer()->set_learning_rate(0.5f);
+    MigratedRows* r = c.add_rows();
+    r->set_table("emb");
+    r->set_ids(Pack<int64_t>({id}));
+    r->set_steps(Pack<uint64_t>({step}));
+    r->set_values(Pack<float>(std::vector<float>(4, value)));
+    return c;
+  };
+  uint64_t rows = 0, bytes = 0;
+  ASSERT_TRUE(b->ImportChunk(chunk(5, 1), &rows, &bytes).ok());
+  ASSERT_TRUE(b->ImportChunk(chunk(5, 1), &rows, &bytes).ok());  // the same state again
+  ASSERT_TRUE(b->ImportChunk(chunk(7, 2), &rows, &bytes).ok());
+  EXPECT_EQ(b->ImportChunk(chunk(6, 3), &rows, &bytes).code(),
+            absl::StatusCode::kFailedPrecondition);
+  // The import as a whole failed; the refused chunk applied nothing.
+  EXPECT_EQ(b->FinishImport().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(Rows(*b, moving).at(id), (std::vector<float>{2, 2, 2, 2, 7}));
 }
 
 }  // namespace

@@ -71,7 +71,7 @@ class Reader {
 }  // namespace
 
 LogRecordBuilder::LogRecordBuilder(const PushKey& key, size_t expected_bytes) {
-  out_.reserve(25 + expected_bytes);
+  out_.reserve(kHeaderBytes + expected_bytes);
   Put<uint8_t>(&out_, kVersion);
   Put<uint64_t>(&out_, key.worker_id());
   Put<uint64_t>(&out_, key.incarnation());

@@ -9,7 +9,8 @@
 //   u8 1 (table), u16 name length, name, f32 lr, u32 n, u32 dim, n i64 ids, n u64 steps,
 //        n*dim f32 gradients
 //   u8 2 (dense), u16 name length, name, f32 lr, u64 step, u32 numel, numel f32 gradients
-//   u8 3 (installed rows, an import), u16 name length, name, u32 n, u32 floats per row
+//   u8 3 (installed rows: an import, or a vshard move's copy), u16 name length, name, u32 n, u32
+//   floats per row
 //        (dim + slot floats), n i64 ids, n u64 steps, n*floats f32 weights then slots
 //   u8 4 (installed dense tensor), u16 name length, name, u64 step, u32 count, count f32
 //        values (weights then slots)
@@ -45,7 +46,7 @@ struct LogDenseEntry {
   std::vector<float> grads;
 };
 
-// Whole rows installed by an import (EmbeddingTable::Install).
+// Whole rows installed by an import or a vshard move (EmbeddingTable::Install).
 struct LogInstallEntry {
   std::string table;
   uint32_t row_floats = 0;  // dim + slot floats
@@ -80,8 +81,12 @@ class LogRecordBuilder {
   void AddInstall(absl::string_view table, uint32_t row_floats, absl::Span<const int64_t> ids,
                   absl::Span<const uint64_t> steps, absl::Span<const float> values);
   void AddDenseInstall(absl::string_view name, uint64_t step, absl::Span<const float> values);
+  // Whether an entry was added: a record without one changes nothing.
+  bool has_entries() const { return out_.size() > kHeaderBytes; }
   // The encoded record; the builder is empty afterwards.
   std::string Finish() { return std::move(out_); }
+
+  static constexpr size_t kHeaderBytes = 1 + 3 * 8;  // version, key
 
   static size_t TableBytes(absl::string_view table, size_t n, uint32_t dim) {
     return 1 + 2 + table.size() + 4 + 4 + 4 + n * (8 + 8 + 4 * size_t{dim});

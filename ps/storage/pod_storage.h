@@ -1,32 +1,46 @@
 // Durability of one PS pod: its RocksDB database (storage_db.h), the push log
 // (durable_log.h), recovery at start and the background materializer.
 //
-// How an update becomes durable: a push is applied in memory, then its record (key, ids,
-// row steps, gradients) is appended to the log and the push is acknowledged when the log
-// says so (durable_log.h). The materializer, every `materialize_ms`, writes the rows that
-// changed to the rows column family (sorted table files, ingested), and deletes the log
-// records they make redundant, storing the push de-duplication state with that deletion. Recovery
-// loads the catalog, the rows and the de-duplication state, then replays the remaining log records,
-// each row's updates in step order, skipping those its stored row already holds.
+// How an update becomes durable: every change of rows (a push, an import, a vshard move's
+// installs) goes through ApplyLogged: it is applied in memory, then its record (key, ids,
+// row steps, gradients or whole rows) is appended to the log, and the change is
+// acknowledged when the log says so (durable_log.h). The materializer, every
+// `materialize_ms`, writes the rows that changed to the rows column family (sorted table
+// files, ingested), and deletes the log records they make redundant, storing the push
+// de-duplication state with that deletion. Recovery loads the catalog, the rows and the
+// de-duplication state, then replays the remaining log records, each row's updates in step
+// order, skipping those its stored row already holds.
 //
 // Invariants (docs/architecture.md, "Durability"): a stored row holds only updates whose
 // records are written (the materializer waits for the log before writing a group of
 // rows), so a retried push is never applied twice; a log record is deleted only after
 // the rows it changed are flushed, so an acknowledged push is never lost.
+//
+// The implementation is split by concern: pod_storage.cc (opening, the apply path, moves,
+// checkpoints), pod_storage_recover.cc (recovery), pod_storage_materialize.cc (the
+// materializer and eviction), pod_storage_lazy.cc (rows read back from the database: lazy
+// start, lazy replay, memory budget) and pod_storage_pending.h (the recovered log's updates
+// per row).
 #pragma once
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <thread>
+#include <utility>
+#include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
+#include "absl/functional/function_ref.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "embedding/model_store.h"
+#include "embedding/row_source.h"
 #include "ps/storage/durable_log.h"
+#include "ps/storage/log_record.h"
 #include "ps/storage/push_dedup.h"
 #include "ps/storage/storage_db.h"
 
@@ -74,12 +88,8 @@ struct PodStorageOptions {
 
 struct RecoveryStats {
   uint64_t tables = 0, dense = 0, rows = 0, log_records = 0, replayed_updates = 0;
-  bool lazy = false;  // stored rows were left on disk at start (lazy_start, memory budget)
-  bool lazy_replay = false;
-  // Without lazy_start (and a budget): start lazily, with lazy replay, anyway when the
-  // database holds at least this many rows (RocksDB's estimate), where an eager start
-  // would take seconds. 0: never.
-  uint64_t lazy_start_rows = 0;  // the log's updates were left to apply as rows load
+  bool lazy = false;         // stored rows were left on disk at start (lazy_start, budget)
+  bool lazy_replay = false;  // the log's updates were left to apply as rows load
   double seconds = 0;
 };
 
@@ -99,28 +109,40 @@ class PodStorage {
   absl::Status AddTable(const TableSpec& spec);
   absl::Status AddDense(const DenseSpec& spec);
 
-  // Pushes hold this shared from before they apply until their record is appended, so
-  // the materializer (which takes it exclusively, briefly) knows every update it reads
-  // from memory has a log sequence number below the one it then sees.
-  absl::Mutex& apply_mu() { return apply_mu_; }
-  DurableLog& log() { return *log_; }
+  // Applies one change of rows or dense tensors durably; the one path of every change
+  // (pushes, imports, a vshard move's installs). In order: fails at once with UNAVAILABLE
+  // if a log write has failed; waits while the log is over its bound (max_log_bytes,
+  // without holding any lock the materializer needs); then, under the apply lock (shared),
+  // runs `apply`, which applies the change in memory and adds its entries to the record
+  // (tagged with `key`; PushKey() for a change without one), or fails having applied
+  // nothing; and appends the record. `done` gets apply's error, or OK once the record is
+  // durable in the pod's durability mode (or the write's error). A change that added no
+  // entry (nothing changed) is not logged: done(OK) at once. `done` runs exactly once, on
+  // this thread (possibly before ApplyLogged returns, possibly under the apply lock: it
+  // must not call back into the storage) or on the log writer's; record_bytes sizes the
+  // record's buffer. Thread-safe.
+  //
+  // The apply lock is what makes materialization exact: a round takes it exclusively for
+  // an instant to read the log's next sequence number, so every update it then reads from
+  // memory has its record below that number.
+  void ApplyLogged(const PushKey& key, size_t record_bytes,
+                   absl::FunctionRef<absl::Status(LogRecordBuilder* record)> apply,
+                   DurableLog::Done done);
+  // Blocks until every change applied so far has its log record written (the source of a
+  // move before its last copy); returns the log's write error, if any. Thread-safe.
+  absl::Status WaitApplied();
+  // WaitApplied, and in periodic mode an fsync of the log too: every change applied so far
+  // then survives a crash of the process, and power loss unless the mode is process. For
+  // the destination of a move before it reports its copy durable (the source then drops
+  // the rows). Thread-safe.
+  absl::Status SyncApplied();
 
-  // Live migration (ps/ps_core_migrate.cc). Rows a move brought here (per id: `dim`
-  // weights then the slots), written through the WAL: durable (in the pod's durability
-  // mode) after FlushImported, with no memtable flush. Thread-safe.
-  absl::Status WriteImported(const std::string& table, absl::Span<const int64_t> ids,
-                             absl::Span<const uint64_t> steps, absl::Span<const float> values,
-                             uint32_t dim);
-  absl::Status WriteImportedDense(const std::string& name, uint64_t step,
-                                  absl::Span<const float> values);
-  absl::Status FlushImported();
-  // Deletes rows (and dense tensors) of vshards that moved away, durably, then truncates
-  // the log so a restart does not replay their updates. The caller erased them from
-  // memory first. Thread-safe.
+  // Live migration. Deletes rows (and dense tensors) of vshards this pod no longer holds
+  // (moved away, or an aborted move's copy), durably, after a round that truncates the log
+  // so a restart does not replay their updates. The caller erased them from memory first.
+  // Thread-safe.
   absl::Status DropRows(const std::vector<std::pair<std::string, std::vector<int64_t>>>& rows,
                         const std::vector<std::string>& dense);
-  // Waits until every update applied in memory so far has its log record written.
-  absl::Status WaitApplied();
 
   // One materialization round now (the background thread calls it too). Thread-safe.
   absl::Status Materialize();
@@ -144,46 +166,81 @@ class PodStorage {
     uint64_t disk_bytes = 0;
   };
   Stats stats();
+  // The push log's counters (records, groups, bytes, lag). Thread-safe.
+  DurableLog::Stats log_stats() const { return log_->stats(); }
 
  private:
   PodStorage(const PodStorageOptions& options, std::unique_ptr<StorageDb> db, ModelStore* store,
              PushDedup* dedup);
-  absl::Status Recover();
   uint64_t BarrierLsn();  // next_lsn read with apply_mu_ held exclusively
+
+  // Recovery (pod_storage_recover.cc): Recover runs these steps in this order.
+  struct RecoveredLog;
+  using TablesByNumber = absl::flat_hash_map<uint32_t, std::shared_ptr<EmbeddingTable>>;
+  absl::Status Recover();
+  // Creates the catalog's tables and tensors and restores the de-duplication state.
+  absl::Status LoadCatalog(const StorageDb::Catalog& catalog, TablesByNumber* tables);
+  // Reads the log records from `base` on (parsed in place) and indexes every row and dense
+  // update; marks the keys of the records applied.
+  absl::Status ReadLog(uint64_t base, const TablesByNumber& tables, RecoveredLog* log);
+  // Sets recovery_.lazy (stored rows stay on disk until touched) and returns whether the
+  // log's row updates wait for their rows too (lazy replay).
+  bool ChooseLazy(bool log_updates_rows);
+  // Every stored dense tensor, and every stored row unless the start is lazy.
+  absl::Status LoadStoredRows(const TablesByNumber& tables);
+  // A lazy start without lazy replay: reads back the rows the log updates.
+  absl::Status ReadBackLoggedRows(const RecoveredLog& log);
+  // Replays the log's row updates, each row in step order, tables' shards in parallel.
+  void ReplayRows(const RecoveredLog& log);
+  absl::Status ReplayDense(RecoveredLog& log);
+  // Starts the log writer at `next_lsn`, the materializer and the background load.
+  void StartBackground(uint64_t next_lsn, bool lazy_replay);
+
+  // The materializer and eviction (pod_storage_materialize.cc).
   void RunMaterializer();
   absl::Status MaterializeLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(materialize_mu_);
-  // Gives `table` (number `no`) its RowSource over the rows column family, once.
-  void AttachSource(uint32_t no, EmbeddingTable& table);
   // Evicts rows down to the budget; after a successful round (every dirty row written).
   void EvictToBudget();
+  // The tables the catalog numbers, with their numbers.
+  std::vector<std::pair<uint32_t, std::shared_ptr<EmbeddingTable>>> NumberedTables();
+
+  // Rows read back from the database (pod_storage_lazy.cc).
+  class StoredRowSource;
+  struct Pending;
+  // Gives `table` (number `no`) its RowSource over the rows column family, once.
+  void AttachSource(uint32_t no, EmbeddingTable& table);
+  std::shared_ptr<const Pending> pending();
+  // Lazy replay: loads every row the recovered log updates (applying its updates) and
+  // stores it, then drops the pending updates. false if stopped or failed.
+  bool ApplyPending(const Pending& pending);
   // Lazy start without a budget: loads every stored row that is not resident, then
   // detaches the tables' sources (every row is then in memory).
   void LoadInBackground();
 
+  // Constant after Open.
   const PodStorageOptions options_;
   std::unique_ptr<StorageDb> db_;
   ModelStore* const store_;
   PushDedup* const dedup_;
   RecoveryStats recovery_;
   std::unique_ptr<DurableLog> log_;
-  absl::Mutex apply_mu_;
 
+  // Held shared by ApplyLogged from apply to append, exclusively by the materializer for
+  // an instant (BarrierLsn) and by eviction.
+  absl::Mutex apply_mu_;
   absl::Mutex materialize_mu_;  // one round at a time
+
   absl::Mutex mu_;
   absl::flat_hash_map<std::string, uint32_t> table_numbers_ ABSL_GUARDED_BY(mu_);
-  class StoredRowSource;
-  struct Pending;
+  uint32_t next_table_no_ ABSL_GUARDED_BY(mu_) = 1;
   // The recovered log's updates not yet applied (lazy replay); null once the background
   // load has applied and stored them. The log is not truncated meanwhile.
   std::shared_ptr<const Pending> pending_ ABSL_GUARDED_BY(mu_);
-  std::shared_ptr<const Pending> pending();
-  // Lazy replay: loads every row the recovered log updates (applying its updates) and
-  // stores it, then drops the pending updates. false if stopped or failed.
-  bool ApplyPending(const Pending& pending);
-  absl::flat_hash_map<uint32_t, std::unique_ptr<StoredRowSource>> sources_ ABSL_GUARDED_BY(mu_);
-  uint32_t next_table_no_ ABSL_GUARDED_BY(mu_) = 1;
+  // Each table's StoredRowSource, by table number.
+  absl::flat_hash_map<uint32_t, std::unique_ptr<RowSource>> sources_ ABSL_GUARDED_BY(mu_);
   Stats stats_ ABSL_GUARDED_BY(mu_);
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
+
   std::thread materializer_;
   std::thread loader_;
   std::atomic<bool> loaded_{false};

@@ -15,6 +15,7 @@
 #include <random>
 
 #include "absl/time/clock.h"
+#include "common/routing/hash.h"
 #include "embedding/spec.h"
 #include "proto/packed.h"
 #include "ps/pod_transfer.h"
@@ -556,6 +557,96 @@ TEST_F(PodStorageTest, BigDatabaseStartsLazilyByItself) {
   }
   ASSERT_TRUE(lazy->storage()->rows_loaded());
   EXPECT_EQ(Snapshot(*lazy), Snapshot(*eager));
+}
+
+// A vshard move's destination logs what it installs, as an import does: after FinishImport
+// a kill -9 of the destination loses nothing, the rows come back from the push log (no
+// stored row yet), and once a round has stored them they come back from the rows.
+TEST_F(PodStorageTest, MovedRowsSurviveARestartOfTheDestinationFromTheLog) {
+  constexpr uint32_t kVShards = 16;
+  const std::vector<uint32_t> moving = {1, 6, 11};
+  PsCore source(PsCoreOptions(), ShardOwnership::All(kVShards));
+  CreateTableRequest create;
+  *create.mutable_spec() = Spec(OptimizerSpec::ADAM);
+  CreateTableResponse cr;
+  ASSERT_TRUE(source.CreateTable(create, &cr).ok());
+  CreateDenseRequest dense;
+  dense.mutable_spec()->set_name("w");
+  dense.mutable_spec()->add_shape(3);
+  dense.mutable_spec()->mutable_optimizer()->set_kind(OptimizerSpec::MOMENTUM);
+  CreateDenseResponse dr;
+  ASSERT_TRUE(source.CreateDense(dense, &dr).ok());
+  std::mt19937 rng(23);
+  PushSome(source, 1, 30, &rng);
+  DensePushRequest dpush;
+  dpush.mutable_key()->set_worker_id(11);
+  dpush.mutable_key()->set_incarnation(1);
+  dpush.mutable_key()->set_sequence(1000);
+  DenseGrads* g = dpush.add_tensors();
+  g->set_name("w");
+  *g->mutable_grads() = Pack<float>(std::vector<float>{1, 2, 3});
+  PushResponse pr;
+  ASSERT_TRUE(source.PushDense(dpush, &pr).ok());
+  // The dense tensor routes to one vshard: move that one too.
+  std::vector<uint32_t> vshards = moving;
+  vshards.push_back(DenseVShard("w", kVShards));
+  MigrateBeginRequest begin;
+  begin.set_move_id(1);
+  for (uint32_t v : vshards) begin.add_vshards(v);
+  MigrateBeginResponse begun;
+  ASSERT_TRUE(source.MigrateBegin(begin, &begun).ok());
+  ASSERT_GT(begun.rows(), 0u);
+
+  auto moved_rows = [&](PsCore& core) {
+    std::map<int64_t, std::vector<float>> rows;
+    const uint64_t h = NameHash("emb");
+    for (const auto& [id, row] : Snapshot(core)) {
+      const uint32_t v = VShardOf(RouteHash(h, id), kVShards);
+      if (std::count(vshards.begin(), vshards.end(), v) > 0) rows[id] = row;
+    }
+    return rows;
+  };
+  auto dense_of = [](PsCore& core) {
+    std::vector<float> v(3);
+    core.store().FindDense("w")->Pull(v.data());
+    v.push_back(static_cast<float>(core.store().FindDense("w")->step()));
+    return v;
+  };
+  const auto expected = moved_rows(source);
+  const auto expected_dense = dense_of(source);
+  {
+    auto b = Open(/*materialize_on_close=*/false);
+    ASSERT_TRUE(b->BeginImport(1, vshards).ok());
+    for (auto phase : {MigrateExportRequest::SNAPSHOT, MigrateExportRequest::FINAL}) {
+      MigrateExportRequest req;
+      req.set_move_id(1);
+      req.set_phase(phase);
+      req.set_max_bytes(256);
+      for (;;) {
+        MigrateExportResponse chunk;
+        ASSERT_TRUE(source.MigrateExport(req, &chunk).ok());
+        uint64_t rows = 0, bytes = 0;
+        ASSERT_TRUE(b->ImportChunk(chunk, &rows, &bytes).ok());
+        if (chunk.done()) break;
+        req.set_cursor(chunk.next_cursor());
+      }
+    }
+    ASSERT_TRUE(b->FinishImport().ok());
+    EXPECT_EQ(moved_rows(*b), expected);
+  }  // killed: nothing materialized
+  {
+    auto b = Open(/*materialize_on_close=*/false);
+    EXPECT_EQ(b->storage()->recovery().rows, 0u);
+    EXPECT_GT(b->storage()->recovery().log_records, 0u);
+    EXPECT_EQ(moved_rows(*b), expected);
+    EXPECT_EQ(dense_of(*b), expected_dense);
+    ASSERT_TRUE(b->storage()->Materialize().ok());
+  }
+  auto b = Open(/*materialize_on_close=*/false);
+  EXPECT_EQ(b->storage()->recovery().rows, expected.size());
+  EXPECT_EQ(b->storage()->recovery().log_records, 0u);
+  EXPECT_EQ(moved_rows(*b), expected);
+  EXPECT_EQ(dense_of(*b), expected_dense);
 }
 
 TEST_F(PodStorageTest, RefusesDirectoriesThatAreNotAPodDatabase) {

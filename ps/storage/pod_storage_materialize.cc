@@ -1,0 +1,143 @@
+// PodStorage: the materializer (changed rows written to the rows column family, then the
+// log truncated below them) and, under a memory budget, eviction after each round.
+#include <glog/logging.h>
+
+#include "absl/time/clock.h"
+#include "common/base/status_macros.h"
+#include "ps/storage/pod_storage.h"
+
+namespace ps {
+
+std::vector<std::pair<uint32_t, std::shared_ptr<EmbeddingTable>>> PodStorage::NumberedTables() {
+  std::vector<std::pair<uint32_t, std::shared_ptr<EmbeddingTable>>> tables;
+  absl::MutexLock lock(&mu_);
+  for (auto& t : store_->Tables()) {
+    auto it = table_numbers_.find(t->spec().name());
+    if (it != table_numbers_.end()) tables.emplace_back(it->second, std::move(t));
+  }
+  return tables;
+}
+
+void PodStorage::RunMaterializer() {
+  for (;;) {
+    {
+      absl::MutexLock lock(&mu_);
+      if (mu_.AwaitWithTimeout(absl::Condition(&stop_),
+                               absl::Milliseconds(options_.materialize_ms))) {
+        return;
+      }
+    }
+    absl::Status s = Materialize();
+    if (!s.ok()) {
+      LOG_EVERY_N(ERROR, 10) << "materialization failed (will retry): " << s;
+    }
+  }
+}
+
+absl::Status PodStorage::Materialize() {
+  absl::MutexLock round(&materialize_mu_);
+  return MaterializeLocked();
+}
+
+absl::Status PodStorage::MaterializeLocked() {
+  const absl::Time start = absl::Now();
+  // Every update of a record below `cut` is in memory and its key is marked applied.
+  const uint64_t cut = BarrierLsn();
+  RETURN_IF_ERROR(log_->WaitWritten(cut));
+
+  RowFile file;
+  file.Reserve(options_.materialize_group_bytes + (size_t{1} << 20));
+  absl::Status status;
+  // Before a group of rows is written, the log records of every update in it must be
+  // written (else a crash could keep the update in a row while its key is forgotten).
+  auto write_group = [&] {
+    if (!status.ok() || file.count() == 0) return;
+    status = log_->WaitWritten(BarrierLsn());
+    if (status.ok()) status = db_->IngestRows(&file);
+    file.Clear();
+  };
+  size_t rows = 0;
+  for (auto& [no, table] : NumberedTables()) {
+    const uint32_t dim = table->dim();
+    const uint32_t slots = table->slot_floats();
+    rows += table->CollectDirty(
+        [&, no = no](const RowView& r) {
+          file.AddRow(no, r.id, r.step, absl::MakeConstSpan(r.weights, dim),
+                      absl::MakeConstSpan(r.slots, slots));
+        },
+        [&] {
+          if (file.bytes() >= options_.materialize_group_bytes) write_group();
+        });
+  }
+  write_group();
+  // Dense tensors (few, small) through the memtable, flushed below.
+  RowBatch batch = db_->NewRowBatch();
+  std::vector<float> values;
+  for (auto& d : store_->DenseTensors()) {
+    uint64_t step;
+    if (d->Snapshot(/*always=*/false, &values, &step)) {
+      batch.AddDense(d->spec().name(), step, values);
+    }
+  }
+  if (status.ok() && batch.count() > 0) {
+    status = log_->WaitWritten(BarrierLsn());
+    if (status.ok()) status = db_->WriteRows(&batch);
+  }
+  RETURN_IF_ERROR(status);
+  RETURN_IF_ERROR(db_->FlushRows());
+  // The stored de-duplication state may only name pushes whose records are written: in
+  // periodic mode a key is marked applied when acknowledged, before its write, and a
+  // stored key whose record was then lost would turn the client's retry into a false
+  // "duplicate". Pushes are acknowledged under apply_mu (shared), so every key in a
+  // snapshot taken under it exclusively has a record below `dedup_lsn`.
+  std::string dedup;
+  uint64_t dedup_lsn;
+  {
+    absl::WriterMutexLock lock(&apply_mu_);
+    dedup_lsn = log_->next_lsn();
+    dedup = dedup_->Serialize();
+  }
+  RETURN_IF_ERROR(log_->WaitWritten(dedup_lsn));
+  // During a lazy replay the recovered records are the only copy of the updates of rows
+  // not loaded yet: the log stays whole until ApplyPending has stored those rows.
+  if (pending() == nullptr) {
+    RETURN_IF_ERROR(db_->TruncateLog(cut, dedup, options_.log.durability != Durability::kProcess));
+    log_->Truncated(cut);
+  }
+  if (options_.memory_budget_bytes > 0) EvictToBudget();
+  const double ms = absl::ToDoubleMilliseconds(absl::Now() - start);
+  if (ms > 1000) {
+    LOG(INFO) << "materialized " << rows << " rows in " << ms << " ms; log truncated below " << cut;
+  } else {
+    VLOG(1) << "materialized " << rows << " rows in " << ms << " ms; log truncated below " << cut;
+  }
+  absl::MutexLock lock(&mu_);
+  stats_.materialize_rounds++;
+  stats_.materialized_rows += rows;
+  stats_.last_materialize_ms = absl::ToDoubleMilliseconds(absl::Now() - start);
+  return absl::OkStatus();
+}
+
+void PodStorage::EvictToBudget() {
+  const auto tables = NumberedTables();
+  uint64_t total = 0;
+  for (auto& [no, t] : tables) total += t->rows() * t->row_bytes();
+  if (total <= options_.memory_budget_bytes) return;
+  // Down to 90% of the budget, each table in proportion to its share, so rows touched
+  // before the next round fit. Changes (which load rows, then update them) wait meanwhile.
+  const double keep = 0.9 * static_cast<double>(options_.memory_budget_bytes) / total;
+  uint64_t evicted = 0;
+  {
+    absl::WriterMutexLock lock(&apply_mu_);
+    for (auto& [no, t] : tables) {
+      AttachSource(no, *t);
+      evicted += t->Evict(static_cast<uint64_t>(keep * t->rows()));
+    }
+  }
+  VLOG(1) << "evicted " << evicted << " rows: resident row bytes were " << total << ", budget "
+          << options_.memory_budget_bytes;
+  absl::MutexLock lock(&mu_);
+  stats_.evicted_rows += evicted;
+}
+
+}  // namespace ps
