@@ -5,6 +5,21 @@
 
 namespace ps {
 namespace internal {
+namespace {
+
+// Then callbacks running on this thread (nested when one finishes another call at once).
+thread_local int then_depth = 0;
+
+// Runs a Then callback, marking the thread as inside one for Handle::Wait.
+void RunThen(const std::function<void(absl::Status)>& done, absl::Status result) {
+  ++then_depth;
+  done(std::move(result));
+  --then_depth;
+}
+
+}  // namespace
+
+bool InThenCallback() { return then_depth > 0; }
 
 void Op::RpcDone(const absl::Status& s) {
   std::function<void(absl::Status)> then;
@@ -17,7 +32,7 @@ void Op::RpcDone(const absl::Status& s) {
       then = std::move(then_);
     }
   }
-  if (then) then(std::move(result));
+  if (then) RunThen(then, std::move(result));
 }
 
 void Op::Add(int n) {
@@ -52,7 +67,7 @@ void Op::Then(std::function<void(absl::Status)> done) {
     }
     result = FinishLocked();
   }
-  done(std::move(result));
+  RunThen(done, std::move(result));
 }
 
 std::shared_ptr<Op> Op::Failed(absl::Status s) {
@@ -74,11 +89,13 @@ absl::Status Op::FinishLocked() {
 
 absl::Status Handle::Wait() {
   if (op_ == nullptr) return absl::FailedPreconditionError("Wait on an empty Handle");
-  if (CompletionThreads::OnCompletionThread() && !op_->done()) {
-    // The answer may have to arrive on this very thread: waiting could never end.
+  if (internal::InThenCallback() || CompletionThreads::OnCompletionThread()) {
+    // On a completion thread the answer may have to arrive on this very thread: waiting
+    // could never end. Refused in every Then callback, whichever thread runs it and
+    // whether or not the call is finished already, so the outcome never depends on a race.
     return absl::FailedPreconditionError(
-        "Handle::Wait called from a completion callback (Handle::Then) on a call not "
-        "finished yet; chain it with Then instead");
+        "Handle::Wait called from a completion callback (Handle::Then); chain the call with "
+        "Then instead");
   }
   return op_->Wait();
 }

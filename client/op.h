@@ -63,4 +63,7 @@ class Op {
   std::function<void(absl::Status)> then_ ABSL_GUARDED_BY(mu_);
 };
 
+// True while a Then callback runs on this thread (Handle::Wait refuses to wait there).
+bool InThenCallback();
+
 }  // namespace ps::internal

@@ -103,8 +103,10 @@ class Handle {
   // map change), which answers the client's other calls too, so done must be short, and
   // must not destroy the client. It may start other calls and chain them with Then (a
   // driver keeps a pipeline full that way, with no thread woken to do it); it must not
-  // Wait for an unfinished call (Wait then returns FAILED_PRECONDITION rather than wait
-  // for an answer that this very thread would have to receive). The client's other
+  // Wait: Wait inside a Then callback (or anywhere on a completion thread) always returns
+  // FAILED_PRECONDITION, whichever thread runs the callback and whether or not the call
+  // is finished, rather than risk waiting for an answer this very thread would have to
+  // receive. The client's other
   // methods (CreateTable, PullDense, Stats...) may be called from it: they block the
   // thread for their round trip but use a queue of their own. The handle may be dropped
   // after Then; the call's buffers must stay valid until done runs. At most one Then per

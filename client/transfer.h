@@ -73,10 +73,11 @@ struct ImportResult {
 };
 
 // Imports the export in `dir` (an export.json with parts, or a single part directory)
-// into the cluster. Idempotent: running it again installs nothing new. Errors: DATA_LOSS
-// (damaged or incomplete files), INVALID_ARGUMENT (not an export, parts that disagree on
-// a table's spec), ALREADY_EXISTS (the target has the table with another spec), or the
-// pods' errors.
+// into the cluster. Idempotent: running it again installs nothing new. Every file is
+// checked before anything is sent. Errors: DATA_LOSS (a damaged or truncated file),
+// NOT_FOUND (a file or part the manifests name is missing), INVALID_ARGUMENT (not an export, parts
+// that disagree on a table's spec), ALREADY_EXISTS (the target has the table with another spec), or
+// the pods' errors.
 absl::StatusOr<ImportResult> ImportCluster(const Cluster& cluster, const std::string& dir,
                                            const ImportOptions& options = {});
 

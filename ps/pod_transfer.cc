@@ -410,9 +410,4 @@ void PsCore::ImportRows(const ImportRowsRequest& req, ImportRowsResponse* resp, 
   ApplyChange(change, apply, std::move(done));
 }
 
-void ImportRows(PsCore& core, const ImportRowsRequest& req, ImportRowsResponse* resp,
-                PsCore::Done done) {
-  core.ImportRows(req, resp, std::move(done));
-}
-
 }  // namespace ps

@@ -28,13 +28,4 @@ struct ExportOptions {
 absl::Status ExportPod(PsCore& core, const ExportRequest& req, ExportResponse* resp,
                        const ExportOptions& options = {});
 
-// Installs whole rows and dense tensors (see ImportRowsRequest in proto/ps.proto): the
-// request is validated whole before anything is installed; on a durable pod `done` runs
-// once the installs are logged (they then survive kill -9 as acknowledged pushes do).
-// *resp must stay valid until `done` runs. Thread-safe. The same as core.ImportRows (see
-// PsCore::ImportRows for the errors), which takes the path of pushes: refused while a
-// move fences the vshards, tracked while a move copies them.
-void ImportRows(PsCore& core, const ImportRowsRequest& req, ImportRowsResponse* resp,
-                PsCore::Done done);
-
 }  // namespace ps

@@ -117,7 +117,7 @@ class PodTransferTest : public ::testing::Test {
   static absl::Status Import(PsCore& core, const ImportRowsRequest& req, ImportRowsResponse* resp) {
     absl::Notification done;
     absl::Status result;
-    ImportRows(core, req, resp, [&](absl::Status s) {
+    core.ImportRows(req, resp, [&](absl::Status s) {
       result = s;
       done.Notify();
     });

@@ -50,8 +50,8 @@ grpc::ServerUnaryReactor* PodTransferService::ImportRows(grpc::CallbackServerCon
   if (Refused(auth_, ctx, reactor)) return reactor;
   PsCore* core = core_;
   if (!pool_->TrySubmit([core, req, resp, reactor] {
-        ps::ImportRows(*core, *req, resp,
-                       [reactor](absl::Status s) { reactor->Finish(ToGrpcStatus(s)); });
+        core->ImportRows(*req, resp,
+                         [reactor](absl::Status s) { reactor->Finish(ToGrpcStatus(s)); });
       })) {
     reactor->Finish(grpc::Status(grpc::StatusCode::UNAVAILABLE,
                                  "server work queue is full; retry with backoff"));

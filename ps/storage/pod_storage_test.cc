@@ -455,7 +455,7 @@ TEST_F(PodStorageTest, LazyReplayServesRecoveredRowsBeforeApplyingTheLog) {
     *rows->mutable_values() = Pack<float>(values);
     ImportRowsResponse imported;
     std::promise<absl::Status> done;
-    ImportRows(*core, import, &imported, [&done](absl::Status s) { done.set_value(s); });
+    core->ImportRows(import, &imported, [&done](absl::Status s) { done.set_value(s); });
     ASSERT_TRUE(done.get_future().get().ok());
     ASSERT_EQ(imported.installed(), 3u);
     ASSERT_TRUE(core->Push(MakePush({300, 3}, &rng, 82), &resp).ok());
