@@ -22,7 +22,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-from elastic_ps import criteo  # noqa: E402
+from elastic_ps import criteo, manifest  # noqa: E402
 from elastic_ps.metrics import auc, logloss  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -126,7 +126,8 @@ def train_baseline(train_files, holdout, epochs=1, batch=deepfm.BATCH, seed=0, l
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--manifest", required=True, help="manifest.json of elastic_ps.synth")
+    ap.add_argument("--manifest", required=True,
+                    help="the data's manifest.json (elastic_ps.manifest or elastic_ps.synth)")
     ap.add_argument("--epochs", type=int, default=1, help="passes over the training files")
     ap.add_argument("--batch", type=int, default=deepfm.BATCH, help="minibatch size")
     ap.add_argument("--seed", type=int, default=0, help="torch seed (initial rows)")
@@ -137,8 +138,9 @@ def main():
     ap.add_argument("--json", help="write the result here as JSON")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
-    with open(args.manifest) as f:
-        m = json.load(f)
+    m = manifest.load(args.manifest)
+    if not m.get("holdout"):
+        ap.error(f"{args.manifest} names no held-out file (elastic_ps.manifest --holdout)")
     res = train_baseline([(e["path"], e["records"]) for e in m["files"]],
                          m["holdout"]["path"], args.epochs, args.batch, args.seed,
                          stats=deepfm.input_stats(m), task_records=args.records_per_task)
