@@ -33,14 +33,22 @@ from concurrent.futures import ThreadPoolExecutor
 _POOL_THREADS = 3  # a sparse pull, a dense pull and a dense push may overlap
 
 
-def accepts(fn, name):
-    """Whether callable ``fn`` takes a keyword argument ``name`` (False when its signature
-    cannot be read, e.g. some extension functions)."""
-    try:
-        params = inspect.signature(fn).parameters
-    except (TypeError, ValueError):
-        return False
-    return name in params or any(p.kind == p.VAR_KEYWORD for p in params.values())
+_accepts = {}  # (type, method, argument) -> bool
+
+
+def accepts(obj, method, name):
+    """Whether ``obj.<method>`` takes a keyword argument ``name`` (False when its signature
+    cannot be read, e.g. some extension functions). Cached per type."""
+    key = (type(obj), method, name)
+    hit = _accepts.get(key)
+    if hit is None:
+        try:
+            params = inspect.signature(getattr(obj, method)).parameters
+            hit = name in params or any(p.kind == p.VAR_KEYWORD for p in params.values())
+        except (TypeError, ValueError):
+            hit = False
+        _accepts[key] = hit
+    return hit
 
 
 class StepSync:

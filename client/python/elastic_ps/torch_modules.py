@@ -159,13 +159,12 @@ def _start_pull(sync, client, requests, dims, read_only):
     if len(requests) == 1 and not hasattr(client, "pull_multi_async") and hasattr(
             client, "pull_async"):
         (table, ids), = requests.items()
-        fn = client.pull_async
-        if accepts(fn, "out"):
+        if accepts(client, "pull_async", "out"):
             out = np.empty((len(ids), dims[table]), np.float32)
-            return {table: out}, fn(table, ids, read_only=read_only, out=out)
-        return None, fn(table, ids, read_only=read_only)
-    fn = getattr(client, "pull_multi_async", None) or client.pull_multi
-    if accepts(fn, "out"):
+            return {table: out}, client.pull_async(table, ids, read_only=read_only, out=out)
+        return None, client.pull_async(table, ids, read_only=read_only)
+    method = "pull_multi_async" if hasattr(client, "pull_multi_async") else "pull_multi"
+    if accepts(client, method, "out"):
         outs = {t: np.empty((len(ids), dims[t]), np.float32) for t, ids in requests.items()}
         return outs, sync.call("pull_multi", requests, read_only=read_only, out=outs)
     return None, sync.call("pull_multi", requests, read_only=read_only)
