@@ -60,7 +60,8 @@ class StepSync:
             raise ValueError(f"staleness must be an integer >= 0, got {staleness!r}")
         self.client = client
         self.staleness = int(staleness)
-        self._pool = None
+        self._pool = None  # made on first use, under _pool_lock
+        self._pool_lock = threading.Lock()
         self._cond = threading.Condition()
         # Guarded by _cond:
         self._steps = 0  # steps finished (finish_step calls)
@@ -76,15 +77,18 @@ class StepSync:
         fn = getattr(self.client, method + "_async", None)
         if fn is not None:
             return fn(*args, **kwargs)
-        if self._pool is None:
-            self._pool = ThreadPoolExecutor(_POOL_THREADS, thread_name_prefix="ps-steps")
-        return self._pool.submit(getattr(self.client, method), *args, **kwargs)
+        with self._pool_lock:  # calls also start from completions
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(_POOL_THREADS, thread_name_prefix="ps-steps")
+            pool = self._pool
+        return pool.submit(getattr(self.client, method), *args, **kwargs)
 
     def close(self):
         """Waits for the calls this object started on its own threads and stops them."""
-        if self._pool is not None:
-            self._pool.shutdown(wait=True)
-            self._pool = None
+        with self._pool_lock:
+            pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.shutdown(wait=True)
 
     # ---- steps ----
 

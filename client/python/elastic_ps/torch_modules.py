@@ -31,7 +31,8 @@ tables) pushes from a tensor hook during backward instead.
 Pipelining (docs/training.md, "Pipelining"): ``PsOptimizer(..., staleness=S)`` pushes
 asynchronously with at most S steps in flight; ``module.prefetch(next_input)`` (or
 :class:`elastic_ps.pipeline.TrainPipeline`, which owns the data iterator) starts the pull
-of the next batch's rows while this batch computes; :class:`PsDense` pulls its dense
+of the next batch's rows while this batch computes (a module no PsOptimizer pushes pulls
+at once: the optimizer's StepSync makes the calls asynchronous); :class:`PsDense` pulls its dense
 parameters every ``pull_every`` steps ahead of the step that uses them. A pull that a step
 ``t`` reads is issued only once this worker's pushes of steps ``<= t - 1 - S`` are
 acknowledged (elastic_ps.step_sync), so with ``S = 0`` every step reads exactly what the
@@ -618,7 +619,9 @@ class PsDense:
         grads = {}
         for name, p in self.params.items():
             if p.grad is not None:
-                grads[name] = p.grad.detach().numpy().astype(np.float32).reshape(-1)
+                # No copy: the array keeps the gradient tensor alive until the push is
+                # done, and the next backward makes new gradient tensors (zero_grad).
+                grads[name] = p.grad.detach().numpy().astype(np.float32, copy=False).reshape(-1)
         return grads
 
     def _push(self, learning_rate):
