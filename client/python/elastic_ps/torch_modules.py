@@ -619,9 +619,9 @@ class PsDense:
         grads = {}
         for name, p in self.params.items():
             if p.grad is not None:
-                # No copy: the array keeps the gradient tensor alive until the push is
-                # done, and the next backward makes new gradient tensors (zero_grad).
-                grads[name] = p.grad.detach().numpy().astype(np.float32, copy=False).reshape(-1)
+                # A copy: the push may still read it when a torch optimizer's zero_grad
+                # (set_to_none=False) or the next backward changes .grad in place.
+                grads[name] = p.grad.detach().numpy().astype(np.float32).reshape(-1)
         return grads
 
     def _push(self, learning_rate):
