@@ -6,7 +6,7 @@
 #
 #   benchmarks/train_throughput.sh [--mode=pinned|two] [--records=N] [--holdout=N]
 #       [--manifest=M.json] [--runs=R] [--per_task=N] [--seed=S] [--data_dir=DIR]
-#       [--worker_args='--staleness=1 ...'] [--keep]
+#       [--worker_args='--staleness=1 ...'] [--python_dir=DIR] [--keep]
 #
 # --mode=pinned (default): master + 2 durable pods (scripts/local-cluster.sh) pinned to
 #   core 1 (taskset -c 1), one worker pinned to core 0, then baseline.py pinned to core 0.
@@ -24,13 +24,15 @@
 # the first training task to the last report), like baseline_records_per_s; the *_wall_*
 # figures and wall_ratio include reading the data (the worker: the wall clock from its
 # first training task to its last report; the baseline: its reading and id mapping plus
-# its training loop). Needs build/bin (or $PS_BUILD_DIR/bin)
+# its training loop). --python_dir: the client/python tree whose train_worker.py runs (to
+# compare training loops, e.g. an older one extracted with `git archive`; a worker without
+# --summary is timed from its --step_trace: the sum of its steps, and first to last step). Needs build/bin (or $PS_BUILD_DIR/bin)
 # and build/python; uses /usr/bin/python3. Stops what it starts, by pid.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT="$(pwd)"
 MODE=pinned RECORDS=600000 HOLDOUT=60000 MANIFEST="" RUNS=1 PER_TASK=10000 SEED=1
-DATA_DIR="" WORKER_ARGS="" KEEP=0
+DATA_DIR="" WORKER_ARGS="" KEEP=0 PYDIR="$ROOT/client/python"
 for arg in "$@"; do
   case "$arg" in
     --mode=*) MODE="${arg#*=}" ;;
@@ -42,6 +44,7 @@ for arg in "$@"; do
     --seed=*) SEED="${arg#*=}" ;;
     --data_dir=*) DATA_DIR="${arg#*=}" ;;
     --worker_args=*) WORKER_ARGS="${arg#*=}" ;;
+    --python_dir=*) PYDIR="$(cd "${arg#*=}" && pwd)" ;;
     --keep) KEEP=1 ;;
     -h | --help) sed -n 2,27p "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "train_throughput.sh: unknown argument $arg (see --help)" >&2; exit 2 ;;
@@ -58,6 +61,10 @@ done
 PY=/usr/bin/python3
 export PYTHONPATH="$ROOT/client/python:$BUILD/python${PYTHONPATH:+:$PYTHONPATH}"
 EX="$ROOT/client/python/examples"
+WORKER_PYTHONPATH="$PYDIR:$BUILD/python"
+TIMING=(--summary)  # how the worker reports its figures
+PYTHONPATH="$WORKER_PYTHONPATH" $PY "$PYDIR/examples/train_worker.py" --help | grep -q -- --summary \
+  || TIMING=(--step_trace)
 if [ "$MODE" = pinned ]; then
   [ "$(nproc)" -ge 2 ] || { echo "train_throughput.sh: --mode=pinned needs 2 cores" >&2; exit 1; }
   CORE0=(taskset -c 0) CORE1=(taskset -c 1)
@@ -108,10 +115,11 @@ for run in $(seq 1 "$RUNS"); do
   WORKERS=()
   for w in $(seq 1 "$nworkers"); do
     # shellcheck disable=SC2086  # WORKER_ARGS is a list of flags
-    "${CORE0[@]}" $PY "$EX/train_worker.py" --master="$MASTER" --job="bench-$run" \
-      --manifest="$MANIFEST" --records_per_task="$PER_TASK" --epochs=1 \
-      --eval_dir="$RUN/eval-$run" --summary="$RUN/worker-$run-$w.json" --log_every_s=1000 \
-      --name="worker-$w" $WORKER_ARGS >"$RUN/worker-$run-$w.log" 2>&1 &
+    PYTHONPATH="$WORKER_PYTHONPATH" "${CORE0[@]}" $PY "$PYDIR/examples/train_worker.py" \
+      --master="$MASTER" --job="bench-$run" --manifest="$MANIFEST" \
+      --records_per_task="$PER_TASK" --epochs=1 --eval_dir="$RUN/eval-$run" \
+      "${TIMING[0]}=$RUN/worker-$run-$w.json" --log_every_s=1000 --name="worker-$w" \
+      $WORKER_ARGS >"$RUN/worker-$run-$w.log" 2>&1 &
     WORKERS+=($!)
   done
   for pid in "${WORKERS[@]}"; do
@@ -128,7 +136,23 @@ for run in $(seq 1 "$RUNS"); do
   $PY - "$RUN" "$run" "$MODE" >>"$RUN/results.jsonl" <<'PY'
 import glob, json, sys
 run_dir, run, mode = sys.argv[1], sys.argv[2], sys.argv[3]
-ws = [json.load(open(f)) for f in sorted(glob.glob(f"{run_dir}/worker-{run}-*.json"))]
+def summary(path):
+    """The worker's --summary, or its figures from a --step_trace (older workers)."""
+    lines = [json.loads(l) for l in open(path) if l.strip()]
+    if len(lines) == 1 and "records" in lines[0]:
+        return lines[0]
+    steps = [s for l in lines for s in l["steps"]]
+    # The old loop's minibatches: each task's steps cover its records.
+    log = open(path.replace(".json", ".log")).read()
+    import re
+    records = sum(int(n) for n in re.findall(r"train task \d+ done: .*?, (\d+) records", log))
+    return {"records": records, "records_per_s": records / sum(e - b for b, e in steps),
+            "first_time": min(b for b, _ in steps), "last_time": max(e for _, e in steps),
+            "max_in_flight": 1, "staleness": "-", "prefetch": "-", "dense_every": "-",
+            "batch": "-"}
+
+
+ws = [summary(f) for f in sorted(glob.glob(f"{run_dir}/worker-{run}-*.json"))]
 base = json.load(open(f"{run_dir}/baseline-{run}.json"))
 auc = json.load(open(f"{run_dir}/auc-{run}.json"))["auc"]
 records = sum(w["records"] for w in ws)
