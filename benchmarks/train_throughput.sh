@@ -24,7 +24,9 @@
 # the first training task to the last report), like baseline_records_per_s; the *_wall_*
 # figures and wall_ratio include reading the data (the worker: the wall clock from its
 # first training task to its last report; the baseline: its reading and id mapping plus
-# its training loop). --python_dir: the client/python tree whose train_worker.py runs (to
+# its training loop). cpu_ratio compares records per CPU-second of the worker process (all
+# its threads, the pods' CPU not counted) and of the baseline: a figure less moved by other
+# load on a shared machine than the wall clock is. --python_dir: the client/python tree whose train_worker.py runs (to
 # compare training loops, e.g. an older one extracted with `git archive`; a worker without
 # --summary is timed from its --step_trace: the sum of its steps, and first to last step). Needs build/bin (or $PS_BUILD_DIR/bin)
 # and build/python; uses /usr/bin/python3. Stops what it starts, by pid.
@@ -164,6 +166,9 @@ print(json.dumps({"run": int(run), "workers": len(ws), "records": records,
                   "baseline_records_per_s": base["records_per_s"],
                   "baseline_wall_records_per_s":
                       base["records"] / (base["seconds"] + base.get("prepare_seconds", 0)),
+                  "worker_cpu_records_per_s": records / sum(w["train_cpu_seconds"] for w in ws)
+                      if all(w.get("train_cpu_seconds") for w in ws) else None,
+                  "baseline_cpu_records_per_s": base["records"] / base["cpu_seconds"],
                   "auc_ps": auc,
                   "auc_baseline": base["auc"],
                   "max_in_flight": max(w["max_in_flight"] for w in ws),
@@ -190,14 +195,22 @@ print(f"\nmode {sys.argv[2]}: {rows[0]['workers']} worker(s), {rows[0]['records'
 print(f"worker   {w:9.0f} records/s (training loop; with reading the data {wall:.0f})")
 print(f"baseline {b:9.0f} records/s (training loop; with reading the data {bwall:.0f})")
 print(f"ratio    {w / b:9.3f}   (with reading the data {wall / bwall:.3f})")
+cpu = [r["worker_cpu_records_per_s"] / r["baseline_cpu_records_per_s"] for r in rows
+       if r["worker_cpu_records_per_s"]]
+cpu_ratio = statistics.median(cpu) if cpu else None
+if cpu_ratio:
+    print(f"per CPU-second of the process (all its threads; the pods' CPU not counted): "
+          f"ratio {cpu_ratio:.3f}")
 print(f"AUC      PS {med('auc_ps'):.4f}  baseline {med('auc_baseline'):.4f}  gap {gap:+.4f}")
 print(json.dumps({"ratio": round(w / b, 4), "auc_gap": round(gap, 5),
                   "worker_records_per_s": round(w), "baseline_records_per_s": round(b),
                   "worker_wall_records_per_s": round(wall),
                   "baseline_wall_records_per_s": round(bwall), "wall_ratio": round(wall / bwall, 4),
+                  "cpu_ratio": round(cpu_ratio, 4) if cpu_ratio else None,
                   "auc_ps": round(med("auc_ps"), 5), "auc_baseline": round(med("auc_baseline"), 5),
                   "mode": sys.argv[2], "workers": rows[0]["workers"], "runs": len(rows),
                   "records": rows[0]["records"], "max_in_flight": max(r["max_in_flight"] for r in rows),
                   "settings": s, "per_run": [[round(r["worker_records_per_s"]),
-                                              round(r["baseline_records_per_s"])] for r in rows]}))
+                                              round(r["baseline_records_per_s"])] for r in rows],
+                  "load_average": [round(x, 1) for x in __import__("os").getloadavg()]}))
 PY

@@ -34,13 +34,15 @@ class TrainPipeline:
         self.prefetch = prefetch
         self.enabled = bool(enabled)
         self.read_seconds = 0.0  # time spent taking batches from the iterator
+        self.read_cpu_seconds = 0.0  # the process's CPU time meanwhile
 
     def _next(self, it):
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         try:
             return next(it, _END)
         finally:
             self.read_seconds += time.perf_counter() - t0
+            self.read_cpu_seconds += time.process_time() - c0
 
     def run(self, batches):
         """Yields the batches of ``batches`` in order, each one's rows prefetched while the

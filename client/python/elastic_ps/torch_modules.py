@@ -176,8 +176,9 @@ def _start_pull(sync, client, requests, dims, read_only):
 
 class _PsRows(nn.Module):
     """What every sparse PS module shares: its tables, the pull (now or prefetched), the
-    pending gradients. Subclasses define ``_plans(input)`` -> {table: _Plan} and the
-    forward. ``client``: a PsClient (or anything with its methods)."""
+    pending gradients. Subclasses turn their input into {table: _Plan} and call
+    ``_prefetch`` / ``_rows`` with it. ``client``: a PsClient (or anything with its
+    methods)."""
 
     def __init__(self, client, dims):
         super().__init__()
@@ -207,8 +208,10 @@ class _PsRows(nn.Module):
         self._queue.append(lookup)
 
     def _rows(self, key, same, plans_fn):
-        """{table: leaf tensor} for the input ``key``: the oldest prefetched rows when they
-        are for an equal input (``same(key, lookup.key)``), else pulled now."""
+        """{table: (rows tensor, inverse or None)} for the input ``key``: the oldest
+        prefetched rows when they are for an equal input (``same(key, lookup.key)``), else
+        pulled now (``plans_fn()`` says what). In training the rows are leaves that
+        require grad, and pending."""
         training = self._training()
         lookup = None
         if training and self._queue:
@@ -222,11 +225,9 @@ class _PsRows(nn.Module):
                 self._queue.clear()
         if lookup is None:
             lookup = _Lookup(self.client, self._dims, plans_fn(), read_only=not training)
-            if training and self._sync is not None:
+            if training and self._sync is not None:  # the pushes it must see, first
                 self._sync.wait_visible(self._sync.gate(self._sync.steps))
-                lookup.issue(self._sync)
-            else:
-                lookup.issue()
+            lookup.issue()  # pulls now, in this thread
         if training and self._sync is not None:
             self._sync.check()  # an asynchronous push's error surfaces here at the latest
             self._consumed_step = self._sync.steps

@@ -96,9 +96,9 @@ def evaluate(model, prepared):
 def train_baseline(train_files, holdout, epochs=1, batch=deepfm.BATCH, seed=0, log=print,
                    prepared=None, stats=None, task_records=None):
     """Trains on [(path, records)] and evaluates on holdout (path). Returns a dict with
-    auc, logloss, records, seconds and records_per_s (of the training loop), and
-    prepare_seconds (reading the files and mapping the ids, 0 when given ``prepared``;
-    not in records_per_s, as the data reading is not). ``prepared``: the result of
+    auc, logloss, records, seconds, cpu_seconds and records_per_s (of the training loop),
+    and prepare_seconds (reading the files and mapping the ids, 0 when given
+    ``prepared``; not in records_per_s, as the data reading is not). ``prepared``: the result of
     :func:`prepare` for these files, to read them once for several runs; ``stats``: as
     for :func:`prepare`; ``task_records``: the job's task size, so that the minibatches
     are the workers' (:func:`batches`)."""
@@ -106,7 +106,7 @@ def train_baseline(train_files, holdout, epochs=1, batch=deepfm.BATCH, seed=0, l
     prepared = prepared or prepare(train_files, holdout, stats)
     prepare_seconds = time.time() - t_prepare
     model, opts = deepfm.local_model(prepared.num_rows, prepared.stats, seed)
-    t0 = time.time()
+    t0, c0 = time.time(), time.process_time()
     records = 0
     losses = []
     for epoch in range(epochs):
@@ -121,10 +121,11 @@ def train_baseline(train_files, holdout, epochs=1, batch=deepfm.BATCH, seed=0, l
             losses.append(float(loss))
         log(f"baseline: epoch {epoch} done, {records} records, "
             f"loss {np.mean(losses[-100:]):.4f}")
-    seconds = time.time() - t0
+    seconds, cpu_seconds = time.time() - t0, time.process_time() - c0
     res = evaluate(model, prepared)
     res.update(records=records, seconds=seconds, records_per_s=records / seconds,
-               rows=int(prepared.num_rows), prepare_seconds=prepare_seconds)
+               rows=int(prepared.num_rows), prepare_seconds=prepare_seconds,
+               cpu_seconds=cpu_seconds)
     return res
 
 

@@ -26,9 +26,9 @@ is done:
 
 ``--trace FILE`` appends one JSON line per task accepted by the master (task id, file,
 range, records, kind, attempt, worker) for exactly-once accounting. ``--summary FILE``
-writes one JSON object at the end: records trained, the training loop's seconds (reading
-and parsing the data excluded, as baseline.py's figure excludes its reading) and the
-wall-clock seconds of the training tasks, records/s of both, the pipeline settings and
+writes one JSON object at the end: records trained, the training loop's seconds and CPU
+seconds of the process (reading and parsing the data excluded, as baseline.py's figure
+excludes its reading) and the wall-clock seconds of the training tasks, records/s of both, the pipeline settings and
 the most steps seen in flight (benchmarks/train_throughput.sh reads it). Progress goes to
 stdout every ``--log_every_s``. SIGTERM: finish the current task, report it, leave.
 SIGKILL: the master re-queues the held task when the lease expires.
@@ -87,6 +87,7 @@ class Totals:
         self.records = 0
         self.steps = 0
         self.train_seconds = 0.0  # the training loops, reading and parsing excluded
+        self.train_cpu_seconds = 0.0  # the process's CPU time in them (all threads)
         self.read_seconds = 0.0
         self.first = None  # time.time(): first training task taken, last one reported
         self.last = None
@@ -104,7 +105,7 @@ def train_task(task, model, ps_opt, batch, progress, steps=None, prefetch=True, 
     data = (deepfm.to_tensors(b) for b in criteo.read_range(
         task.file, task.first_record, task.end_record, batch, balanced=True))
     pipe = TrainPipeline(ps_opt, prefetch=lambda b: model.prefetch(b[1]), enabled=prefetch)
-    t_start = time.perf_counter()
+    t_start, c_start = time.perf_counter(), time.process_time()
     for dense, cat, labels in pipe.run(data):
         t0 = time.time()
         loss = deepfm.loss_fn(model(dense, cat), labels)
@@ -121,6 +122,7 @@ def train_task(task, model, ps_opt, batch, progress, steps=None, prefetch=True, 
         totals.steps += len(losses)
         totals.read_seconds += pipe.read_seconds
         totals.train_seconds += time.perf_counter() - t_start - pipe.read_seconds
+        totals.train_cpu_seconds += time.process_time() - c_start - pipe.read_cpu_seconds
     return records, ps_opt.take_pushes(), float(np.mean(losses)) if losses else 0.0
 
 
@@ -153,6 +155,7 @@ def write_summary(path, totals, args, ps_opt):
     wall = (totals.last - totals.first) if totals.first and totals.last else 0.0
     out = {"records": totals.records, "steps": totals.steps,
            "train_seconds": round(totals.train_seconds, 3),
+           "train_cpu_seconds": round(totals.train_cpu_seconds, 3),
            "read_seconds": round(totals.read_seconds, 3), "wall_seconds": round(wall, 3),
            "records_per_s": totals.records / totals.train_seconds if totals.train_seconds
            else 0.0,
