@@ -26,8 +26,10 @@ outside the lock, in the thread that completed the last push they waited for (or
 caller's thread when nothing is outstanding); they must be short and must not block.
 """
 
+import collections
 import inspect
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 _POOL_THREADS = 3  # a sparse pull, a dense pull and a dense push may overlap
@@ -69,6 +71,10 @@ class StepSync:
         self._waiters = []  # (step that must be visible, fn)
         self._errors = []  # (step, exception) of failed pushes, not yet raised
         self.max_in_flight = 0  # most steps with pushes in flight seen (instrumentation)
+        # Seconds the training thread was blocked, by what it waited for ("push bound",
+        # "own push" (S = 0), "visible", "flush", and the modules' "rows", "dense"): the
+        # pods' and the network's time that the pipeline did not hide.
+        self.waited = collections.Counter()
 
     # ---- calls ----
 
@@ -110,7 +116,7 @@ class StepSync:
         with this step's pushes at most max(S, 1) are."""
         self.check()
         with self._cond:
-            self._cond.wait_for(lambda: len(self._open) < max(self.staleness, 1))
+            self._wait_locked("push bound", lambda: len(self._open) < max(self.staleness, 1))
         self.check()
 
     def finish_step(self, calls):
@@ -134,7 +140,7 @@ class StepSync:
                 on_done(lambda h, step=step: self._done(step, h))
         if self.staleness == 0:
             with self._cond:
-                self._cond.wait_for(lambda: not self._open)
+                self._wait_locked("own push", lambda: not self._open)
 
     def _done(self, step, handle):
         exc = _exception(handle)
@@ -147,6 +153,21 @@ class StepSync:
             ready = self._take_ready_locked()
             self._cond.notify_all()
         self._run(ready)
+
+    def _wait_locked(self, what, predicate):
+        if not predicate():
+            t0 = time.perf_counter()
+            self._cond.wait_for(predicate)
+            self.waited[what] += time.perf_counter() - t0
+
+    def timed(self, what, fn):
+        """``fn()``, its duration added to ``waited[what]`` (a wait of the training
+        thread)."""
+        t0 = time.perf_counter()
+        try:
+            return fn()
+        finally:
+            self.waited[what] += time.perf_counter() - t0
 
     def _visible_locked(self, step):
         """Whether every push of the steps <= ``step`` is acknowledged."""
@@ -179,7 +200,7 @@ class StepSync:
     def wait_visible(self, step):
         """Blocks until every push of the steps <= ``step`` is acknowledged."""
         with self._cond:
-            self._cond.wait_for(lambda: self._visible_locked(step))
+            self._wait_locked("visible", lambda: self._visible_locked(step))
 
     # ---- errors ----
 
@@ -194,7 +215,7 @@ class StepSync:
     def flush(self):
         """Waits for every push in flight, then raises the first error not yet raised."""
         with self._cond:
-            self._cond.wait_for(lambda: not self._open)
+            self._wait_locked("flush", lambda: not self._open)
         self.check()
 
     def discard(self):

@@ -121,8 +121,13 @@ class _Lookup:
         try:
             requests = {t: p.ids for t, p in self.plans.items()}
             if sync is None:
-                self._rows = _as_rows(self.client.pull_multi(requests, read_only=self.read_only),
-                                      self.dims, requests)
+                if accepts(self.client, "pull_multi", "out"):
+                    outs = _buffers(requests, self.dims)
+                    self.client.pull_multi(requests, read_only=self.read_only, out=outs)
+                    self._rows = outs
+                else:
+                    self._rows = _as_rows(self.client.pull_multi(
+                        requests, read_only=self.read_only), self.dims, requests)
             else:
                 self._handle = _start_pull(sync, self.client, requests, self.dims,
                                            self.read_only)
@@ -142,6 +147,10 @@ class _Lookup:
             self._rows = outs if outs is not None else _as_rows(
                 res, self.dims, {t: p.ids for t, p in self.plans.items()})
         return self._rows
+
+
+def _buffers(requests, dims):
+    return {t: np.empty((len(ids), dims[t]), np.float32) for t, ids in requests.items()}
 
 
 def _as_rows(res, dims, requests):
@@ -166,7 +175,7 @@ def _start_pull(sync, client, requests, dims, read_only):
         return None, client.pull_async(table, ids, read_only=read_only)
     method = "pull_multi_async" if hasattr(client, "pull_multi_async") else "pull_multi"
     if accepts(client, method, "out"):
-        outs = {t: np.empty((len(ids), dims[t]), np.float32) for t, ids in requests.items()}
+        outs = _buffers(requests, dims)
         return outs, sync.call("pull_multi", requests, read_only=read_only, out=outs)
     return None, sync.call("pull_multi", requests, read_only=read_only)
 
@@ -231,7 +240,7 @@ class _PsRows(nn.Module):
         if training and self._sync is not None:
             self._sync.check()  # an asynchronous push's error surfaces here at the latest
             self._consumed_step = self._sync.steps
-        rows = lookup.wait()
+        rows = lookup.wait() if self._sync is None else self._sync.timed("rows", lookup.wait)
         leaves = {}
         for table, plan in lookup.plans.items():
             leaf = torch.from_numpy(rows[table])
@@ -611,7 +620,7 @@ class PsDense:
             pull = self._ahead[max(due)]
             for t in due:
                 del self._ahead[t]
-            self._copy_in(pull.wait())
+            self._copy_in(sync.timed("dense", pull.wait))
         else:
             sync.wait_visible(sync.gate(step))
             self.pull()

@@ -26,11 +26,12 @@ is done:
 
 ``--trace FILE`` appends one JSON line per task accepted by the master (task id, file,
 range, records, kind, attempt, worker) for exactly-once accounting. ``--summary FILE``
-writes one JSON object at the end: records trained, the training loop's seconds and CPU
+writes one JSON object at the end: records trained, the training loops' seconds and CPU
 seconds of the process (reading and parsing the data excluded, as baseline.py's figure
-excludes its reading) and the wall-clock seconds of the training tasks, records/s of both, the pipeline settings and
-the most steps seen in flight (benchmarks/train_throughput.sh reads it). Progress goes to
-stdout every ``--log_every_s``. SIGTERM: finish the current task, report it, leave.
+excludes its reading), the wall-clock seconds of the training tasks, records/s of both,
+the pipeline settings, the most steps seen in flight, and the seconds the training thread
+waited, by what for (benchmarks/train_throughput.sh reads it). Progress goes to stdout
+every ``--log_every_s``. SIGTERM: finish the current task, report it, leave.
 SIGKILL: the master re-queues the held task when the lease expires.
 """
 
@@ -163,6 +164,7 @@ def write_summary(path, totals, args, ps_opt):
            "staleness": args.staleness, "prefetch": args.prefetch,
            "dense_every": args.dense_every, "batch": args.batch,
            "max_in_flight": ps_opt.sync.max_in_flight,
+           "waited_seconds": {k: round(v, 3) for k, v in sorted(ps_opt.sync.waited.items())},
            "first_time": totals.first, "last_time": totals.last}
     tmp = f"{path}.{os.getpid()}.tmp"
     with open(tmp, "w") as f:

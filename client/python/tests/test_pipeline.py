@@ -358,19 +358,26 @@ def test_rows_land_in_the_buffer_given_to_the_client():
             super().__init__()
             self.outs = []
 
-        def pull_multi_async(self, requests, read_only=False, out=None):
+        def pull_multi(self, requests, read_only=False, out=None):
             assert out is not None
             for t, ids in requests.items():
                 out[t][...] = self.pull(t, ids, read_only)
                 self.outs.append(out[t])
+            return out
+
+        def pull_multi_async(self, requests, read_only=False, out=None):
             f = Future()
-            f.set_result(None)
+            f.set_result(self.pull_multi(requests, read_only, out))
             return f
 
     c = OutClient()
     emb = PsEmbeddingBagCollection(c, [PsEmbeddingBagConfig("t", 3, optimizer="sgd")])
     PsOptimizer(emb, staleness=1)
     kj = KeyedJagged.from_dense({"t": torch.tensor([[7], [8], [7]])})
-    out = emb(kj)["t"]
-    np.testing.assert_array_equal(out.detach().numpy(), c.pull("t", [7, 8, 7]))
-    assert len(c.outs) == 1 and np.shares_memory(c.outs[0], out.detach().numpy())
+    for prefetched in (False, True):  # pulled by the forward, and ahead of it
+        if prefetched:
+            emb.prefetch(kj)
+        out = emb(kj)["t"]
+        np.testing.assert_array_equal(out.detach().numpy(), c.pull("t", [7, 8, 7]))
+        assert np.shares_memory(c.outs[-1], out.detach().numpy())
+    assert len(c.outs) == 2
