@@ -220,7 +220,8 @@ absl::StatusOr<ps::ShardOwnership> OwnershipFromFlags() {
 }
 
 // Where and how the pod serves: --host, --port, --inline_request_bytes, --metrics_port,
-// and readiness at start (under a master, once registered). Sets those fields of *options.
+// readiness at start (under a master, once registered), and the directories requests may
+// name (--checkpoint_root, --export_root). Sets those fields of *options.
 absl::Status EndpointOptionsFromFlags(ps::PsServerOptions* options) {
   if (FLAGS_inline_request_bytes < -1) {
     return absl::InvalidArgumentError(
@@ -238,6 +239,17 @@ absl::Status EndpointOptionsFromFlags(ps::PsServerOptions* options) {
   options->metrics.host = FLAGS_host;
   options->metrics.port = std::max(0, FLAGS_metrics_port);
   options->start_ready = FLAGS_master.empty();
+  // Roots are absolute: a relative one would move with the working directory.
+  for (const auto& [flag, value] :
+       {std::pair<const char*, const std::string&>{"checkpoint_root", FLAGS_checkpoint_root},
+        {"export_root", FLAGS_export_root}}) {
+    if (!value.empty() && value.front() != '/') {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--", flag, " must be an absolute path; got '", value, "'"));
+    }
+  }
+  options->checkpoint_root = FLAGS_checkpoint_root;
+  options->export_root = FLAGS_export_root;
   return absl::OkStatus();
 }
 
@@ -470,8 +482,6 @@ int main(int argc, char** argv) {
   if (!security.ok()) return BadFlags(security.status());
   options.security = security->incoming;
   options.peer_security = security->outgoing;
-  options.checkpoint_root = FLAGS_checkpoint_root;
-  options.export_root = FLAGS_export_root;
   RunOptions run;
   run.port_file = FLAGS_port_file;
   run.metrics_port_file = FLAGS_metrics_port_file;

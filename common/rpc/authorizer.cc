@@ -42,6 +42,7 @@ Authorizer::Authorizer(const ServerSecurity& security)
       admin_configured_(!admin_bearer_.empty() || !admin_identities_.empty()) {}
 
 Role Authorizer::RoleOf(const grpc::ServerContextBase& ctx) const {
+  Role role = Role::kNone;
   const auto& md = ctx.client_metadata();
   auto it = md.find("authorization");
   if (it != md.end()) {
@@ -50,10 +51,11 @@ Role Authorizer::RoleOf(const grpc::ServerContextBase& ctx) const {
     const bool admin = !admin_bearer_.empty() && ConstantTimeEquals(presented, admin_bearer_);
     const bool worker = !worker_bearer_.empty() && ConstantTimeEquals(presented, worker_bearer_);
     if (admin) return Role::kAdmin;
-    if (worker) return Role::kWorker;
+    if (worker) role = Role::kWorker;
   }
+  // The certificate may raise it (a pod presents the worker token and its certificate).
   if (!admin_identities_.empty() && HasIdentity(ctx, admin_identities_)) return Role::kAdmin;
-  return Role::kNone;
+  return role;
 }
 
 absl::Status Authorizer::Authorize(const grpc::ServerContextBase& ctx,

@@ -187,6 +187,7 @@ TEST(AuthorizerTest, AnAdminClientCertificateHoldsTheAdminRoleUnderMutualTls) {
     return c;
   };
   EXPECT_TRUE(Call(server, as("admin", ""), kAssign).ok());
+  EXPECT_TRUE(Call(server, as("admin", "worker-secret"), kAssign).ok());  // both: admin
   EXPECT_TRUE(Call(server, as("admin", ""), kPull).ok());
   EXPECT_TRUE(Call(server, as("client", "worker-secret"), kPull).ok());
   EXPECT_EQ(Call(server, as("client", "worker-secret"), kAssign).error_code(),
