@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <fstream>
+#include <memory>
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
@@ -80,6 +81,10 @@ ChannelMaker Maker(const ChannelSecurity& s) {
 
 class TlsTest : public ::testing::Test {
  protected:
+  // One set of certificates for the suite (each set costs seconds of key generation); the
+  // tests that replace or remove files use copies of their own.
+  static void SetUpTestSuite() { shared_certs_ = std::make_unique<TestCerts>(); }
+  static void TearDownTestSuite() { shared_certs_.reset(); }
   void SetUp() override {
     if (!certs_.ok()) GTEST_SKIP() << "openssl is missing: cannot make test certificates";
   }
@@ -99,7 +104,8 @@ class TlsTest : public ::testing::Test {
     }
     return s;
   }
-  TestCerts certs_;
+  static inline std::unique_ptr<TestCerts> shared_certs_;
+  const TestCerts& certs_ = *shared_certs_;
 };
 
 TEST_F(TlsTest, PlainTextClientIsRefusedByATlsServer) {
