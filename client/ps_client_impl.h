@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "client/catalog.h"
+#include "client/client_counters.h"
 #include "client/completion_threads.h"
 #include "client/dense_calls.h"
 #include "client/inflight.h"
@@ -30,8 +31,10 @@ namespace ps::internal {
 class PsClientImpl final : public PsClient {
  public:
   // Routes with `routing` (from the master named in options.master, if any, whose later
-  // maps it then follows). Makes no call: Init does.
-  PsClientImpl(const ClientOptions& options, std::shared_ptr<const Routing> routing);
+  // maps it then follows); every channel (master, pods known now or later) is made by
+  // `channels`. Makes no call: Init does.
+  PsClientImpl(const ClientOptions& options, const ChannelMaker& channels,
+               std::shared_ptr<const Routing> routing);
   // Waits for every call in flight (retries and map refreshes included). Must not run on
   // one of the client's completion threads (fails loudly).
   ~PsClientImpl() override;
@@ -42,6 +45,11 @@ class PsClientImpl final : public PsClient {
   absl::Status Init();
 
   uint64_t worker_id() const override { return keys_.worker_id(); }
+  uint64_t incarnation() const override { return keys_.incarnation(); }
+  absl::Status SetIdentity(uint64_t worker_id, uint64_t incarnation) override {
+    return keys_.SetIdentity(worker_id, incarnation);
+  }
+  ClientStats client_stats() const override { return counters_.Snapshot(); }
   absl::Status CreateTable(const TableSpec& spec) override { return catalog_.CreateTable(spec); }
   absl::Status CreateDense(const DenseSpec& spec) override { return catalog_.CreateDense(spec); }
   absl::StatusOr<TableSpec> GetTable(const std::string& name) override {
@@ -68,7 +76,9 @@ class PsClientImpl final : public PsClient {
   // Declaration order is construction order; the destructor tears down the completion
   // threads first, once nothing is in flight, and the rest needs no order after that.
   const ClientOptions options_;
+  const RetryPolicy policy_;
   const std::unique_ptr<Master::Stub> master_;  // null with a static map
+  ClientCounters counters_;
   InFlight inflight_;
   Timer timer_;
   std::unique_ptr<CompletionThreads> completions_;

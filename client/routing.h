@@ -12,6 +12,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "client/client_counters.h"
 #include "client/inflight.h"
 #include "client/pod.h"
 #include "client/ps_client.h"
@@ -32,14 +33,16 @@ struct Routing {
   std::vector<bool> up;
 };
 
-// The static map of options.servers (pod i started --shard=i/N). INVALID_ARGUMENT for a
-// bad vshard count.
-absl::StatusOr<std::shared_ptr<const Routing>> StaticRouting(const ClientOptions& options);
+// The static map of options.servers (pod i started --shard=i/N), channels made by
+// `channels`. INVALID_ARGUMENT for a bad vshard count.
+absl::StatusOr<std::shared_ptr<const Routing>> StaticRouting(const ClientOptions& options,
+                                                             const ChannelMaker& channels);
 
 // The routing of a master's map. Pods keep their channels (the same Pod) when their id and
-// address are the same as in `previous` (may be null). UNAVAILABLE when an owner has no
-// address yet.
+// address are the same as in `previous` (may be null); new ones get channels made by
+// `channels`. UNAVAILABLE when an owner has no address yet.
 absl::StatusOr<std::shared_ptr<const Routing>> RoutingFromMap(const ClientOptions& options,
+                                                              const ChannelMaker& channels,
                                                               const ShardMapResponse& resp,
                                                               const Routing* previous);
 
@@ -47,10 +50,13 @@ absl::StatusOr<std::shared_ptr<const Routing>> RoutingFromMap(const ClientOption
 // one. Thread-safe.
 class Router {
  public:
-  // `master` is null with a static map (which never changes). `options`, `master`, `timer`
-  // and `inflight` must outlive the Router; a refresh in flight counts in `inflight`.
-  Router(const ClientOptions& options, std::shared_ptr<const Routing> initial, Master::Stub* master,
-         Timer* timer, InFlight* inflight);
+  // `master` is null with a static map (which never changes). `options`, `master`, `timer`,
+  // `inflight` and `counters` must outlive the Router; a refresh in flight counts in
+  // `inflight`, and each one in counters->map_refreshes. Pods that appear in a later map
+  // get channels made by `channels`.
+  Router(const ClientOptions& options, const ChannelMaker& channels,
+         std::shared_ptr<const Routing> initial, Master::Stub* master, Timer* timer,
+         InFlight* inflight, ClientCounters* counters);
 
   // The snapshot to route a call with; it stays valid (and unchanged) while held.
   std::shared_ptr<const Routing> current() const {
@@ -77,9 +83,11 @@ class Router {
 
   // Constant after construction.
   const ClientOptions& options_;
+  const ChannelMaker channels_;
   Master::Stub* const master_;
   Timer* const timer_;
   InFlight* const inflight_;
+  ClientCounters* const counters_;
 
   mutable absl::Mutex mu_;
   std::shared_ptr<const Routing> routing_ ABSL_GUARDED_BY(mu_);
