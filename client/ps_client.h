@@ -42,13 +42,16 @@ struct ClientOptions {
   std::vector<std::string> servers;
   // Must equal the pods' --num_vshards; Connect checks it.
   uint32_t num_vshards = 256;
-  // Per attempt. A 1M-row batch takes well under a second on loopback; 10 s leaves room
-  // for a loaded pod without hanging a worker on a dead one.
+  // The retry policy of every call, to pods and master (common/rpc/retry_policy.h, whose
+  // RetryOptions these four fields fill; defaults as there). deadline_ms: per attempt. A
+  // 1M-row batch takes well under a second on loopback; 10 s leaves room for a loaded pod
+  // without hanging a worker on a dead one.
   int deadline_ms = 10000;
   // Attempts per RPC (first try included), with backoff doubling from initial to max and
   // jitter (each wait is in [b/2, b]). 10 attempts wait 4.5 to 9.1 s in all: enough to
   // ride out a pod restart, not a permanent outage. gRPC's own reconnect backoff is set
-  // to the same bounds, so a retry finds a restarted pod as soon as it listens.
+  // to the same bounds, so a retry finds a restarted pod as soon as it listens. From the
+  // third attempt on, a client following a master refreshes its map first.
   int max_attempts = 10;
   int initial_backoff_ms = 20;
   int max_backoff_ms = 4000;
