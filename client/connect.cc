@@ -52,6 +52,7 @@ absl::Status CheckOptions(const ClientOptions& options) {
   if (options.servers.empty() && options.master.empty()) {
     return absl::InvalidArgumentError("no PS servers and no master given");
   }
+  RETURN_IF_ERROR(ChannelMaker::Create(options.security).status());  // files readable now
   if (options.initial_backoff_ms < 1) {
     return absl::InvalidArgumentError(
         absl::StrCat("initial_backoff_ms must be >= 1 (got ", options.initial_backoff_ms, ")"));
@@ -62,7 +63,6 @@ absl::Status CheckOptions(const ClientOptions& options) {
 // One try at a client from the master's current map: UNAVAILABLE while an owner is not
 // live, or the errors of GetShardMap and Init.
 absl::StatusOr<std::unique_ptr<PsClient>> ConnectThroughMaster(const ClientOptions& options,
-                                                               const ChannelMaker& channels,
                                                                Master::Stub& master) {
   grpc::ClientContext ctx;
   ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
@@ -76,8 +76,8 @@ absl::StatusOr<std::unique_ptr<PsClient>> ConnectThroughMaster(const ClientOptio
                                                  PodInfo::State_Name(resp.pods(pod).state())));
     }
   }
-  ASSIGN_OR_RETURN(auto routing, RoutingFromMap(options, channels, resp, nullptr));
-  auto client = std::make_unique<PsClientImpl>(options, channels, std::move(routing));
+  ASSIGN_OR_RETURN(auto routing, RoutingFromMap(options, resp, nullptr));
+  auto client = std::make_unique<PsClientImpl>(options, std::move(routing));
   RETURN_IF_ERROR(client->Init());
   return std::unique_ptr<PsClient>(std::move(client));
 }
@@ -87,21 +87,18 @@ absl::StatusOr<std::unique_ptr<PsClient>> ConnectThroughMaster(const ClientOptio
 
 absl::StatusOr<std::unique_ptr<PsClient>> PsClient::Connect(const ClientOptions& options) {
   RETURN_IF_ERROR(internal::CheckOptions(options));
-  // The one channel maker of this client: its files are read here, once (an unreadable
-  // one fails Connect), and every later channel uses the same credentials and token.
-  ASSIGN_OR_RETURN(const ChannelMaker channels, ChannelMaker::Create(options.security));
   if (options.master.empty()) {
-    ASSIGN_OR_RETURN(auto routing, internal::StaticRouting(options, channels));
-    auto client = std::make_unique<internal::PsClientImpl>(options, channels, std::move(routing));
+    ASSIGN_OR_RETURN(auto routing, internal::StaticRouting(options));
+    auto client = std::make_unique<internal::PsClientImpl>(options, std::move(routing));
     RETURN_IF_ERROR(client->Init());
     return std::unique_ptr<PsClient>(std::move(client));
   }
   // From the master: retry while pods start or have not applied the map yet.
-  auto stub = Master::NewStub(channels.Make(options.master));
+  auto stub = Master::NewStub(internal::Channels(options).Make(options.master));
   const absl::Time deadline = absl::Now() + absl::Milliseconds(options.connect_timeout_ms);
   const RetryPolicy policy(internal::RetryOptionsOf(options));
   for (int attempts = 1;; ++attempts) {
-    auto client = internal::ConnectThroughMaster(options, channels, *stub);
+    auto client = internal::ConnectThroughMaster(options, *stub);
     if (client.ok()) return client;
     const absl::Status& s = client.status();
     // Retryable codes, and FAILED_PRECONDITION: a pod has not applied the map yet.

@@ -4,12 +4,18 @@
 
 namespace ps::internal {
 
-std::shared_ptr<Pod> MakePod(const ClientOptions& options, const ChannelMaker& channels,
-                             const std::string& id, const std::string& address) {
+ChannelMaker Channels(const ClientOptions& options) {
+  // Fail closed: TLS files that cannot be read now fail the calls, never a plain-text channel.
+  return ChannelMaker::CreateOrFailClosed(options.security);
+}
+
+std::shared_ptr<Pod> MakePod(const ClientOptions& options, const std::string& id,
+                             const std::string& address) {
   auto pod = std::make_shared<Pod>();
   pod->id = id;
   pod->address = address;
   if (address.empty()) return pod;  // never registered: owns nothing, gets no calls
+  const ChannelMaker channels = Channels(options);
   for (int c = 0; c < std::max(1, options.channels_per_server); ++c) {
     grpc::ChannelArguments args;
     args.SetMaxReceiveMessageSize(options.max_message_bytes);

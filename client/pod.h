@@ -31,12 +31,15 @@ struct Pod {
   }
 };
 
-// A pod with its channels, made by `channels` (the client's one ChannelMaker, created
-// from options.security at Connect: a pod that appears later gets the same credentials
-// and token, never a plain-text fallback) with `options`' message sizes and reconnect
-// backoff. An empty address (a pod that never registered) makes a pod with no channels:
+// A pod with its channels, made with `options` (security, message sizes, reconnect
+// backoff). An empty address (a pod that never registered) makes a pod with no channels:
 // it owns nothing and gets no calls.
-std::shared_ptr<Pod> MakePod(const ClientOptions& options, const ChannelMaker& channels,
-                             const std::string& id, const std::string& address);
+std::shared_ptr<Pod> MakePod(const ClientOptions& options, const std::string& id,
+                             const std::string& address);
+
+// The channel maker of `options.security`. Connect read its files once already; a
+// failure here (a file removed since) gives channels whose calls fail with UNAVAILABLE
+// naming the file, never plain text (ChannelMaker::CreateOrFailClosed).
+ChannelMaker Channels(const ClientOptions& options);
 
 }  // namespace ps::internal

@@ -6,14 +6,13 @@
 
 namespace ps::internal {
 
-PsClientImpl::PsClientImpl(const ClientOptions& options, const ChannelMaker& channels,
-                           std::shared_ptr<const Routing> routing)
+PsClientImpl::PsClientImpl(const ClientOptions& options, std::shared_ptr<const Routing> routing)
     : options_(options),
       policy_(RetryOptionsOf(options_)),
-      master_(options_.master.empty() ? nullptr : Master::NewStub(channels.Make(options_.master))),
+      master_(options_.master.empty() ? nullptr
+                                      : Master::NewStub(Channels(options_).Make(options_.master))),
       completions_(std::make_unique<CompletionThreads>(options_.completion_threads)),
-      router_(options_, channels, std::move(routing), master_.get(), &timer_, &inflight_,
-              &counters_),
+      router_(options_, std::move(routing), master_.get(), &timer_, &inflight_, &counters_),
       runner_(options_, &policy_, &router_, completions_.get(), &timer_, &inflight_, &counters_),
       catalog_(options_, &policy_, master_.get(), &router_, &runner_),
       keys_(options_.worker_id, options_.incarnation, options_.first_push_sequence, &counters_),

@@ -31,10 +31,8 @@ namespace ps::internal {
 class PsClientImpl final : public PsClient {
  public:
   // Routes with `routing` (from the master named in options.master, if any, whose later
-  // maps it then follows); every channel (master, pods known now or later) is made by
-  // `channels`. Makes no call: Init does.
-  PsClientImpl(const ClientOptions& options, const ChannelMaker& channels,
-               std::shared_ptr<const Routing> routing);
+  // maps it then follows). Makes no call: Init does.
+  PsClientImpl(const ClientOptions& options, std::shared_ptr<const Routing> routing);
   // Waits for every call in flight (retries and map refreshes included). Must not run on
   // one of the client's completion threads (fails loudly).
   ~PsClientImpl() override;

@@ -9,22 +9,19 @@
 
 namespace ps::internal {
 
-absl::StatusOr<std::shared_ptr<const Routing>> StaticRouting(const ClientOptions& options,
-                                                             const ChannelMaker& channels) {
+absl::StatusOr<std::shared_ptr<const Routing>> StaticRouting(const ClientOptions& options) {
   ASSIGN_OR_RETURN(ShardMap map, ShardMap::Static(options.num_vshards,
                                                   static_cast<uint32_t>(options.servers.size())));
   auto routing = std::make_shared<Routing>();
   routing->map = std::move(map);
   for (size_t i = 0; i < options.servers.size(); ++i) {
-    routing->pods.push_back(
-        MakePod(options, channels, absl::StrCat("pod ", i), options.servers[i]));
+    routing->pods.push_back(MakePod(options, absl::StrCat("pod ", i), options.servers[i]));
     routing->up.push_back(true);
   }
   return std::shared_ptr<const Routing>(std::move(routing));
 }
 
 absl::StatusOr<std::shared_ptr<const Routing>> RoutingFromMap(const ClientOptions& options,
-                                                              const ChannelMaker& channels,
                                                               const ShardMapResponse& resp,
                                                               const Routing* previous) {
   auto routing = std::make_shared<Routing>();
@@ -36,7 +33,7 @@ absl::StatusOr<std::shared_ptr<const Routing>> RoutingFromMap(const ClientOption
         if (p->id == info.pod_id() && p->address == info.address()) pod = p;
       }
     }
-    if (pod == nullptr) pod = MakePod(options, channels, info.pod_id(), info.address());
+    if (pod == nullptr) pod = MakePod(options, info.pod_id(), info.address());
     routing->pods.push_back(std::move(pod));
     routing->up.push_back(!info.address().empty() &&
                           (info.state() == PodInfo::LIVE || info.state() == PodInfo::DRAINED));
@@ -53,11 +50,9 @@ absl::StatusOr<std::shared_ptr<const Routing>> RoutingFromMap(const ClientOption
   return std::shared_ptr<const Routing>(std::move(routing));
 }
 
-Router::Router(const ClientOptions& options, const ChannelMaker& channels,
-               std::shared_ptr<const Routing> initial, Master::Stub* master, Timer* timer,
-               InFlight* inflight, ClientCounters* counters)
+Router::Router(const ClientOptions& options, std::shared_ptr<const Routing> initial,
+               Master::Stub* master, Timer* timer, InFlight* inflight, ClientCounters* counters)
     : options_(options),
-      channels_(channels),
       master_(master),
       timer_(timer),
       inflight_(inflight),
@@ -87,7 +82,7 @@ void Router::RefreshNow() {
   if (master_->GetShardMap(&ctx, GetShardMapRequest(), &resp).ok()) {
     auto now = current();
     if (resp.epoch() >= now->map.epoch()) {
-      auto next = RoutingFromMap(options_, channels_, resp, now.get());
+      auto next = RoutingFromMap(options_, resp, now.get());
       if (next.ok()) {
         absl::MutexLock lock(&mu_);
         routing_ = *std::move(next);

@@ -33,16 +33,14 @@ struct Routing {
   std::vector<bool> up;
 };
 
-// The static map of options.servers (pod i started --shard=i/N), channels made by
-// `channels`. INVALID_ARGUMENT for a bad vshard count.
-absl::StatusOr<std::shared_ptr<const Routing>> StaticRouting(const ClientOptions& options,
-                                                             const ChannelMaker& channels);
+// The static map of options.servers (pod i started --shard=i/N). INVALID_ARGUMENT for a
+// bad vshard count.
+absl::StatusOr<std::shared_ptr<const Routing>> StaticRouting(const ClientOptions& options);
 
 // The routing of a master's map. Pods keep their channels (the same Pod) when their id and
-// address are the same as in `previous` (may be null); new ones get channels made by
-// `channels`. UNAVAILABLE when an owner has no address yet.
+// address are the same as in `previous` (may be null). UNAVAILABLE when an owner has no
+// address yet.
 absl::StatusOr<std::shared_ptr<const Routing>> RoutingFromMap(const ClientOptions& options,
-                                                              const ChannelMaker& channels,
                                                               const ShardMapResponse& resp,
                                                               const Routing* previous);
 
@@ -52,11 +50,9 @@ class Router {
  public:
   // `master` is null with a static map (which never changes). `options`, `master`, `timer`,
   // `inflight` and `counters` must outlive the Router; a refresh in flight counts in
-  // `inflight`, and each one in counters->map_refreshes. Pods that appear in a later map
-  // get channels made by `channels`.
-  Router(const ClientOptions& options, const ChannelMaker& channels,
-         std::shared_ptr<const Routing> initial, Master::Stub* master, Timer* timer,
-         InFlight* inflight, ClientCounters* counters);
+  // `inflight`, and each one in counters->map_refreshes.
+  Router(const ClientOptions& options, std::shared_ptr<const Routing> initial, Master::Stub* master,
+         Timer* timer, InFlight* inflight, ClientCounters* counters);
 
   // The snapshot to route a call with; it stays valid (and unchanged) while held.
   std::shared_ptr<const Routing> current() const {
@@ -83,7 +79,6 @@ class Router {
 
   // Constant after construction.
   const ClientOptions& options_;
-  const ChannelMaker channels_;
   Master::Stub* const master_;
   Timer* const timer_;
   InFlight* const inflight_;
