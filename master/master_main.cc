@@ -155,6 +155,8 @@ int Main() {
   options.core.job_retention = absl::Seconds(FLAGS_job_retention_s);
   options.core.max_finished_jobs = FLAGS_max_finished_jobs;
   options.core.worker_retention = absl::Seconds(FLAGS_worker_retention_s);
+  // Retention runs as often as leases are checked, at most every 10 s: O(jobs + workers).
+  options.core.retention_interval = std::min(absl::Seconds(10), options.core.lease);
   // SIGTERM/SIGINT are taken by a thread that runs the graceful shutdown.
   ps::ShutdownSignal shutdown_signal;
   // After ShutdownSignal: loading credentials starts gRPC's threads.
