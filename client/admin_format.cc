@@ -228,19 +228,19 @@ std::string FormatJobList(const StatusResponse& s) {
       r.max_finished_jobs() > 0 ? absl::StrCat(", at most ", r.max_finished_jobs()) : "",
       "; at most ", r.max_tasks_per_job(), " tasks per job\n");
   if (s.jobs_size() == 0) return absl::StrCat("no jobs\n", policy);
-  std::vector<std::vector<std::string>> rows = {
-      {"JOB", "STATE", "TASKS done/total", "FAILED", "TRAIN RECORDS", "CREATED", "FINISHED",
-       "DELETED AFTER"}};
+  std::vector<std::vector<std::string>> rows = {{"JOB", "STATE", "TASKS done/total", "FAILED",
+                                                 "TRAIN RECORDS", "CREATED", "FINISHED",
+                                                 "DELETED AFTER"}};
   for (const JobInfo& j : s.jobs()) {
     const bool finished = j.state() != JobInfo::RUNNING && j.finished_unix_ms() > 0;
-    rows.push_back(
-        {j.name(), JobInfo::State_Name(j.state()),
-         absl::StrCat(j.tasks_done(), "/", j.tasks_total()), absl::StrCat(j.tasks_failed()),
-         absl::StrCat(j.train_records_done(), "/", j.train_records_total()),
-         FormatUnixMillis(j.created_unix_ms()), FormatUnixMillis(j.finished_unix_ms()),
-         finished && r.job_retention_s() > 0
-             ? FormatUnixMillis(j.finished_unix_ms() + r.job_retention_s() * 1000)
-             : "-"});
+    rows.push_back({j.name(), JobInfo::State_Name(j.state()),
+                    absl::StrCat(j.tasks_done(), "/", j.tasks_total()),
+                    absl::StrCat(j.tasks_failed()),
+                    absl::StrCat(j.train_records_done(), "/", j.train_records_total()),
+                    FormatUnixMillis(j.created_unix_ms()), FormatUnixMillis(j.finished_unix_ms()),
+                    finished && r.job_retention_s() > 0
+                        ? FormatUnixMillis(j.finished_unix_ms() + r.job_retention_s() * 1000)
+                        : "-"});
   }
   return absl::StrCat(FormatColumns(rows), policy);
 }

@@ -125,9 +125,9 @@ TEST(AdminFormatTest, JobsShowTimesAndRetention) {
   running->set_state(JobInfo::RUNNING);
   running->set_tasks_total(9);
   const std::string out = FormatJobList(s);
-  for (const char* want : {"ctr", "SUCCEEDED", "4/4", "2023-11-14 22:13:20 UTC",
-                           "2023-11-14 22:15:00 UTC", "2023-11-14 23:15:00 UTC", "next",
-                           "RUNNING", "0/9"}) {
+  for (const char* want :
+       {"ctr", "SUCCEEDED", "4/4", "2023-11-14 22:13:20 UTC", "2023-11-14 22:15:00 UTC",
+        "2023-11-14 23:15:00 UTC", "next", "RUNNING", "0/9"}) {
     EXPECT_NE(out.find(want), std::string::npos) << want << " in\n" << out;
   }
   s.mutable_retention()->set_job_retention_s(0);

@@ -137,8 +137,8 @@ int Main(const std::vector<std::string>& args) {
   const std::string& cmd = args[0];
   const bool named = cmd == "drain" || cmd == "delete-job";
   const size_t want_args = named ? 2 : 1;
-  static const char* const kCommands[] = {"status", "shards", "tables",    "workers",
-                                          "tasks",  "drain",  "rebalance", "checkpoint",
+  static const char* const kCommands[] = {"status", "shards",    "tables",    "workers",
+                                          "tasks",  "drain",     "rebalance", "checkpoint",
                                           "jobs",   "delete-job"};
   if (std::find(std::begin(kCommands), std::end(kCommands), cmd) == std::end(kCommands)) {
     return Usage("unknown command '" + cmd + "'");

@@ -38,9 +38,9 @@ absl::StatusOr<ListSums> SumFiles(const CreateJobRequest& req, const Files& file
   for (int i = 0; i < files.size(); ++i) {
     const DataFile& f = files[i];
     if (f.path().empty() || f.path().size() > kMaxJobPathBytes) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("job ", req.name(), ": ", what, " file ", i, " has a path of ",
-                       f.path().size(), " bytes; it must have 1..", kMaxJobPathBytes));
+      return absl::InvalidArgumentError(absl::StrCat("job ", req.name(), ": ", what, " file ", i,
+                                                     " has a path of ", f.path().size(),
+                                                     " bytes; it must have 1..", kMaxJobPathBytes));
     }
     const uint64_t tasks = f.records() / per_task + (f.records() % per_task != 0 ? 1 : 0);
     uint64_t path_bytes = 0;
@@ -64,8 +64,8 @@ absl::StatusOr<ListSums> SumFiles(const CreateJobRequest& req, const Files& file
   return sums;
 }
 
-void AppendTasks(const CreateJobRequest& spec, const Files& files, Task::Kind kind,
-                 uint32_t epoch, std::vector<Task>* out) {
+void AppendTasks(const CreateJobRequest& spec, const Files& files, Task::Kind kind, uint32_t epoch,
+                 std::vector<Task>* out) {
   const uint64_t per_task = spec.records_per_task();
   for (const DataFile& f : files) {
     // first < records, so records - first never wraps and every step makes progress.
@@ -113,24 +113,25 @@ absl::StatusOr<JobShape> ValidateJobSpec(const CreateJobRequest& req, uint64_t m
   if (__builtin_add_overflow(train.tasks, eval.tasks, &per_epoch) ||
       __builtin_mul_overflow(per_epoch, epochs, &shape.tasks) || per_epoch == 0 ||
       shape.tasks > max_tasks) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "job ", req.name(), " would have ", train.tasks, " + ", eval.tasks,
-        " tasks per epoch over ", epochs, " epochs; it must have between 1 and ", max_tasks,
-        " tasks (the limit; raise records_per_task)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("job ", req.name(), " would have ", train.tasks, " + ", eval.tasks,
+                     " tasks per epoch over ", epochs, " epochs; it must have between 1 and ",
+                     max_tasks, " tasks (the limit; raise records_per_task)"));
   }
   uint64_t path_bytes = 0;
   if (__builtin_add_overflow(train.path_bytes, eval.path_bytes, &path_bytes) ||
       __builtin_mul_overflow(path_bytes, epochs, &path_bytes) ||
       path_bytes > kMaxJobTaskPathBytes) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "job ", req.name(), ": its ", shape.tasks, " tasks would hold more than ",
-        kMaxJobTaskPathBytes, " bytes of paths (each task names its file); use shorter paths "
-        "or raise records_per_task"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("job ", req.name(), ": its ", shape.tasks, " tasks would hold more than ",
+                     kMaxJobTaskPathBytes,
+                     " bytes of paths (each task names its file); use shorter paths "
+                     "or raise records_per_task"));
   }
   if (__builtin_mul_overflow(train.records, epochs, &shape.train_records) ||
       __builtin_mul_overflow(eval.records, epochs, &shape.eval_records)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "job ", req.name(), ": its records over ", epochs, " epochs add up beyond 2^64 - 1"));
+    return absl::InvalidArgumentError(absl::StrCat("job ", req.name(), ": its records over ",
+                                                   epochs, " epochs add up beyond 2^64 - 1"));
   }
   return shape;
 }

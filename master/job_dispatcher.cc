@@ -85,8 +85,7 @@ void JobDispatcher::ApplyTask(const Task& t) {
 }
 
 absl::Status JobDispatcher::CommitTasks(StoreBatch batch, const std::vector<Task>& tasks) {
-  return CommitTasks(std::move(batch), tasks,
-                     [this](StoreBatch b) { return store_->Write(b); });
+  return CommitTasks(std::move(batch), tasks, [this](StoreBatch b) { return store_->Write(b); });
 }
 
 absl::Status JobDispatcher::CommitTasks(StoreBatch batch, const std::vector<Task>& tasks,
@@ -114,9 +113,9 @@ absl::Status JobDispatcher::CommitTasks(StoreBatch batch, const std::vector<Task
     Job& job = jobs_.at(record.spec().name());
     job.set_record(std::move(record));
     const JobInfo info = job.Describe();
-    LOG(INFO) << "job " << info.name() << " finished " << JobInfo::State_Name(info.state())
-              << ": " << info.tasks_done() << " tasks done, " << info.tasks_failed()
-              << " failed, " << info.train_records_done() << " training records";
+    LOG(INFO) << "job " << info.name() << " finished " << JobInfo::State_Name(info.state()) << ": "
+              << info.tasks_done() << " tasks done, " << info.tasks_failed() << " failed, "
+              << info.train_records_done() << " training records";
   }
   return absl::OkStatus();
 }
@@ -200,12 +199,13 @@ absl::Status JobDispatcher::GetTask(const GetTaskRequest& req, GetTaskResponse* 
   }
   if (w->doing.size() > (keep.has_value() ? 1u : 0u)) {
     StoreBatch batch;
-    const std::vector<Task> requeued = Requeue(
-        *w, keep.has_value() ? &*keep : nullptr, /*count_failure=*/true,
-        absl::StrCat("worker ", req.worker_id(), " incarnation ", req.incarnation(),
-                     " asked for a task of job ", req.job(), " while holding it (a worker "
-                     "works on one task at a time)"),
-        &batch);
+    const std::vector<Task> requeued =
+        Requeue(*w, keep.has_value() ? &*keep : nullptr, /*count_failure=*/true,
+                absl::StrCat("worker ", req.worker_id(), " incarnation ", req.incarnation(),
+                             " asked for a task of job ", req.job(),
+                             " while holding it (a worker "
+                             "works on one task at a time)"),
+                &batch);
     RETURN_IF_ERROR(CommitTasks(std::move(batch), requeued));
     LOG(WARNING) << "worker " << req.worker_id() << " gave up " << requeued.size()
                  << " tasks by asking for one of job " << req.job() << "; re-queued";

@@ -32,8 +32,10 @@
 //   records trained move into the counters' retired_* totals, so the global totals never go
 //   back), then deletes the task records in bounded batches with no lock held, the tombstone
 //   last; a master restarted midway finishes it. Workers that left or lost their lease are
-//   forgotten options.worker_retention later; one that registers again with its old id
-//   gets a new id (pods would take the old id at incarnation 1 for a stale writer).
+//   forgotten options.worker_retention later.
+// - RegisterWorker with a known id gives it incarnation + 1; with 0 or an id the master
+//   does not know (never issued, or forgotten) a new id: pods would take an old id at
+//   incarnation 1 for a stale writer, and caller-chosen ids could wrap next_worker_id.
 //
 // Every change is written to the store (synced) before memory changes; on error nothing
 // changed. Worker leases live in memory only: Load gives every worker a fresh one.

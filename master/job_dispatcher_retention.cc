@@ -53,8 +53,8 @@ absl::Status JobDispatcher::Tombstone(const std::vector<std::string>& names) {
     LOG(INFO) << "job " << name << " deleted: " << JobInfo::State_Name(info.state()) << ", "
               << info.tasks_done() << "/" << info.tasks_total() << " tasks done, "
               << info.tasks_failed() << " failed, " << info.train_records_done() << "/"
-              << info.train_records_total() << " training records, "
-              << info.eval_records_done() << " evaluation records";
+              << info.train_records_total() << " training records, " << info.eval_records_done()
+              << " evaluation records";
   }
   return absl::OkStatus();
 }
@@ -94,8 +94,8 @@ absl::Status JobDispatcher::DeleteJob(const DeleteJobRequest& req, DeleteJobResp
     const JobInfo info = it->second.Describe();
     if (!it->second.done() && !req.force()) {
       return absl::FailedPreconditionError(absl::StrCat(
-          "job ", req.name(), " is RUNNING (", it->second.unfinished(), " of ",
-          info.tasks_total(), " tasks unfinished); delete it anyway with force (--force)"));
+          "job ", req.name(), " is RUNNING (", it->second.unfinished(), " of ", info.tasks_total(),
+          " tasks unfinished); delete it anyway with force (--force)"));
     }
     num_tasks = it->second.tasks().size();
     RETURN_IF_ERROR(Tombstone({req.name()}));

@@ -62,14 +62,15 @@ absl::Status JobDispatcher::RegisterWorker(const RegisterWorkerRequest& req,
   // next_worker_id is ours (see counters_record.h): read now, written with the worker.
   const uint64_t next_id = counters_->Get().next_worker_id();
   uint64_t id = req.worker_id();
-  if (id == 0) id = next_id;
-  if (id < next_id && workers_.count(id) == 0) {
-    // Issued once, then forgotten by retention: its last incarnation is unknown, and pods
-    // would take (id, 1) for a stale writer of that id. A new id is safe.
-    LOG(INFO) << "worker id " << id << " is forgotten (retention); registering it as worker "
-              << next_id;
-    id = next_id;
+  if (id != 0 && workers_.count(id) == 0) {
+    // Never issued, or forgotten by retention: its last incarnation is unknown, and pods
+    // would take (id, 1) for a stale writer of that id. Nor may a caller pick ids (one near
+    // 2^64 would make next_worker_id wrap onto an id in use). A new id is safe.
+    LOG(INFO) << "worker id " << id << " is unknown (never issued, or forgotten by "
+              << "retention); registering as worker " << next_id;
+    id = 0;
   }
+  if (id == 0) id = next_id;
   WorkerRecord record;
   std::vector<Task> requeued;
   StoreBatch batch;

@@ -126,7 +126,7 @@ class MasterCore {
   JobDispatcher jobs_;
   MoveRunner moves_;
   Checkpoints checkpoints_;
-  Balancer balancer_;  // stops its thread while the parts above exist
+  Balancer balancer_;   // stops its thread while the parts above exist
   Periodic retention_;  // last: destroyed first, stopping its thread while the rest exists
 };
 

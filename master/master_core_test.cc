@@ -930,6 +930,11 @@ TEST_F(MasterCoreTest, LeftAndLostWorkersAreForgottenAndTheirIdsNotReused) {
   auto live2 = AddWorker(live.worker_id());
   EXPECT_EQ(live2.worker_id(), live.worker_id());
   EXPECT_EQ(live2.incarnation(), 2u);
+  // Ids are the master's to give: one never issued (near 2^64, which would wrap the next
+  // id onto one in use) gets the next new id too.
+  auto picked = AddWorker(UINT64_MAX - 1);
+  EXPECT_EQ(picked.worker_id(), again.worker_id() + 1);
+  EXPECT_EQ(AddWorker().worker_id(), again.worker_id() + 2);
 }
 
 }  // namespace

@@ -81,11 +81,13 @@ class MasterProcessTest : public testing::Test {
   // Starts ps-master on data dir `db` (with `extra` flags) and connects the stub to it.
   void StartMaster(int lease_ms, uint32_t num_ps = 2, const std::string& db = "master-db",
                    const std::vector<std::string>& extra = {}) {
-    std::vector<std::string> argv = {
-        Binary("PS_MASTER_BINARY", PS_MASTER_BINARY), "--data_dir=" + Path(db),
-        absl::StrCat("--num_vshards=", kVShards),     absl::StrCat("--num_ps=", num_ps),
-        absl::StrCat("--lease_ms=", lease_ms),        "--max_task_failures=3",
-        "--shutdown_grace_ms=200"};
+    std::vector<std::string> argv = {Binary("PS_MASTER_BINARY", PS_MASTER_BINARY),
+                                     "--data_dir=" + Path(db),
+                                     absl::StrCat("--num_vshards=", kVShards),
+                                     absl::StrCat("--num_ps=", num_ps),
+                                     absl::StrCat("--lease_ms=", lease_ms),
+                                     "--max_task_failures=3",
+                                     "--shutdown_grace_ms=200"};
     argv.insert(argv.end(), extra.begin(), extra.end());
     auto port = StartServer("master", argv);
     ASSERT_TRUE(port.ok()) << port.status();
