@@ -38,8 +38,8 @@ DEFINE_uint32(max_task_failures, 3,
 DEFINE_int32(threads, 4, "Threads that run master requests.");
 DEFINE_uint64(max_tasks_per_job, 1000000,
               "A job of more tasks (all epochs together) is refused at creation "
-              "(INVALID_ARGUMENT): each task costs the master ~200 bytes of memory plus its "
-              "path. Raise records_per_task rather than this.");
+              "(INVALID_ARGUMENT): a million tasks take ~0.5 GB of the master's memory. "
+              "Raise records_per_task rather than this.");
 DEFINE_int64(job_retention_s, 7 * 24 * 3600,
              "Finished jobs (every task done or failed) are deleted, tasks and all, this many "
              "seconds after they finished (ps-admin delete-job deletes one at once). 0: no "
