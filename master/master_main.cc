@@ -89,9 +89,9 @@ DEFINE_string(auth_token_file, "",
               "calls, as before roles existed, and the master sends it to the pods.");
 DEFINE_string(admin_token_file, "",
               "File holding the admin token (pods' and operators'). Set: Drain, Rebalance, "
-              "Checkpoint and the pods' RegisterPod, PodHeartbeat and LeavePod need it (a "
-              "worker token gets PERMISSION_DENIED), and the master presents it to the pods "
-              "(assignments, moves, checkpoints are admin calls there).");
+              "Checkpoint, DeleteJob and the pods' RegisterPod, PodHeartbeat and LeavePod "
+              "need it (a worker token gets PERMISSION_DENIED), and the master presents it "
+              "to the pods (assignments, moves, checkpoints are admin calls there).");
 DEFINE_string(admin_identities, "",
               "Comma-separated client-certificate names (common name or subject alternative "
               "name) that hold the admin role under mutual TLS (needs --tls_ca), e.g. "

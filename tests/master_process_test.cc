@@ -11,6 +11,7 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <fstream>
 #include <map>
 #include <memory>
 #include <string>
@@ -479,6 +480,46 @@ TEST_F(MasterProcessTest, PsAdminListsAndDeletesJobsAndRetentionRuns) {
   auto gone = GetTask(other, "running");
   EXPECT_EQ(gone.status().code(), absl::StatusCode::kNotFound) << gone.status();
   CreateJob("running", 1, 1, 10, 5, false);
+}
+
+// DeleteJob is an admin call: a worker's token is refused (PERMISSION_DENIED), the admin
+// token (ps-admin --admin_token_file) deletes.
+TEST_F(MasterProcessTest, DeleteJobNeedsTheAdminRole) {
+  const std::string worker_token = Path("worker.token"), admin_token = Path("admin.token");
+  ASSERT_TRUE(std::ofstream(worker_token) << "w-secret\n");
+  ASSERT_TRUE(std::ofstream(admin_token) << "a-secret\n");
+  StartMaster(/*lease_ms=*/5000, 2, "master-db",
+              {"--auth_token_file=" + worker_token, "--admin_token_file=" + admin_token});
+  const auto call = [&](const std::string& token, const auto& rpc, const auto& req, auto* resp) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(5)));
+    ctx.AddMetadata("authorization", "Bearer " + token);
+    return FromGrpcStatus((master_.get()->*rpc)(&ctx, req, resp));
+  };
+  CreateJobRequest job;
+  job.set_name("j");
+  job.set_epochs(1);
+  job.set_records_per_task(5);
+  job.add_files()->set_path("f");
+  job.mutable_files(0)->set_records(10);
+  CreateJobResponse created;
+  ASSERT_TRUE(call("w-secret", &Master::Stub::CreateJob, job, &created).ok());
+  DeleteJobRequest del;
+  del.set_name("j");
+  DeleteJobResponse deleted;
+  absl::Status s = call("w-secret", &Master::Stub::DeleteJob, del, &deleted);
+  EXPECT_EQ(s.code(), absl::StatusCode::kPermissionDenied) << s;
+  std::string out;
+  EXPECT_EQ(RunAdmin({"--master=" + master_address_, "--auth_token_file=" + worker_token, "--force",
+                      "delete-job", "j"},
+                     &out),
+            "exited with code 1");
+  EXPECT_TRUE(absl::StrContains(out, "PERMISSION_DENIED")) << out;
+  EXPECT_EQ(RunAdmin({"--master=" + master_address_, "--admin_token_file=" + admin_token, "--force",
+                      "delete-job", "j"},
+                     &out),
+            "exited with code 0");
+  EXPECT_TRUE(absl::StrContains(out, "job j deleted")) << out;
 }
 
 TEST_F(MasterProcessTest, PsServerRegistersServesItsVShardsAndComesBackAtANewAddress) {
