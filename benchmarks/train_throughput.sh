@@ -26,7 +26,9 @@
 # first training task to its last report; the baseline: its reading and id mapping plus
 # its training loop). cpu_ratio compares records per CPU-second of the worker process (all
 # its threads, the pods' CPU not counted) and of the baseline: a figure less moved by other
-# load on a shared machine than the wall clock is. --python_dir: the client/python tree whose train_worker.py runs (to
+# load on a shared machine than the wall clock is. process_cpu_ratio: the same for the
+# processes' whole CPU time (start-up, reading, eval included; /usr/bin/time), which
+# older workers without --summary report too. --python_dir: the client/python tree whose train_worker.py runs (to
 # compare training loops, e.g. an older one extracted with `git archive`; a worker without
 # --summary is timed from its --step_trace: the sum of its steps, and first to last step). Needs build/bin (or $PS_BUILD_DIR/bin)
 # and build/python; uses /usr/bin/python3. Stops what it starts, by pid.
@@ -74,6 +76,15 @@ else
   CORE0=() CORE1=()
 fi
 
+# The processes' CPU seconds (user + system) into a file, when GNU time is installed.
+# timed FILE CMD...: runs CMD in this (sub)shell's process, so $! of `timed ... &` is its pid.
+timed() {
+  local out="$1"
+  shift
+  if [ -x /usr/bin/time ]; then exec /usr/bin/time -q -f "%U %S" -o "$out" "$@"; fi
+  exec "$@"
+}
+
 # shellcheck disable=SC1091
 source scripts/lib.sh  # PS_RUN_DIR, and ps_cleanup on exit
 RUN="$PS_RUN_DIR"
@@ -81,7 +92,8 @@ CLUSTER=""
 WORKERS=()
 cleanup() {
   set +e
-  for pid in "${WORKERS[@]}"; do kill -TERM "$pid" 2>/dev/null; done
+  # A worker's pid is its /usr/bin/time (when present): stop the python under it first.
+  for pid in "${WORKERS[@]}"; do pkill -TERM -P "$pid" 2>/dev/null; kill -TERM "$pid" 2>/dev/null; done
   for pid in "${WORKERS[@]}"; do wait "$pid" 2>/dev/null; done
   [ -n "$CLUSTER" ] && scripts/local-cluster.sh stop --dir="$CLUSTER" >/dev/null 2>&1
   if [ "$KEEP" = 1 ]; then echo "kept $RUN" >&2; PS_RUN_DIR=/nonexistent; fi
@@ -117,7 +129,8 @@ for run in $(seq 1 "$RUNS"); do
   WORKERS=()
   for w in $(seq 1 "$nworkers"); do
     # shellcheck disable=SC2086  # WORKER_ARGS is a list of flags
-    PYTHONPATH="$WORKER_PYTHONPATH" "${CORE0[@]}" $PY "$PYDIR/examples/train_worker.py" \
+    timed "$RUN/worker-$run-$w.time" env PYTHONPATH="$WORKER_PYTHONPATH" "${CORE0[@]}" \
+      $PY "$PYDIR/examples/train_worker.py" \
       --master="$MASTER" --job="bench-$run" --manifest="$MANIFEST" \
       --records_per_task="$PER_TASK" --epochs=1 --eval_dir="$RUN/eval-$run" \
       "${TIMING[0]}=$RUN/worker-$run-$w.json" --log_every_s=1000 --name="worker-$w" \
@@ -132,8 +145,8 @@ for run in $(seq 1 "$RUNS"); do
   scripts/local-cluster.sh stop --dir="$CLUSTER" >/dev/null
   CLUSTER=""
   echo "== run $run/$RUNS: baseline (1 process)${CORE0[*]:+ on core 0}"
-  "${CORE0[@]}" $PY "$EX/baseline.py" --manifest="$MANIFEST" --records_per_task="$PER_TASK" \
-    --json="$RUN/baseline-$run.json" >"$RUN/baseline-$run.log" 2>&1 \
+  (timed "$RUN/baseline-$run.time" "${CORE0[@]}" $PY "$EX/baseline.py" --manifest="$MANIFEST" \
+    --records_per_task="$PER_TASK" --json="$RUN/baseline-$run.json") >"$RUN/baseline-$run.log" 2>&1 \
     || { cat "$RUN/baseline-$run.log" >&2; exit 1; }
   $PY - "$RUN" "$run" "$MODE" >>"$RUN/results.jsonl" <<'PY'
 import glob, json, sys
@@ -154,6 +167,24 @@ def summary(path):
             "batch": "-"}
 
 
+def cpu_seconds(path):
+    """User + system seconds from /usr/bin/time's file, or None."""
+    try:
+        return sum(float(x) for x in open(path).read().split()[-2:])
+    except (OSError, ValueError):
+        return None
+
+
+def process_cpu_ratio(records, base_records):
+    """Records per CPU-second of the worker processes over the baseline's (whole
+    processes: start-up, reading, eval tasks included)."""
+    workers = [cpu_seconds(f) for f in glob.glob(f"{run_dir}/worker-{run}-*.time")]
+    base = cpu_seconds(f"{run_dir}/baseline-{run}.time")
+    if not workers or None in workers or not base:
+        return None
+    return (records / sum(workers)) / (base_records / base)
+
+
 ws = [summary(f) for f in sorted(glob.glob(f"{run_dir}/worker-{run}-*.json"))]
 base = json.load(open(f"{run_dir}/baseline-{run}.json"))
 auc = json.load(open(f"{run_dir}/auc-{run}.json"))["auc"]
@@ -169,6 +200,7 @@ print(json.dumps({"run": int(run), "workers": len(ws), "records": records,
                   "worker_cpu_records_per_s": records / sum(w["train_cpu_seconds"] for w in ws)
                       if all(w.get("train_cpu_seconds") for w in ws) else None,
                   "baseline_cpu_records_per_s": base["records"] / base["cpu_seconds"],
+                  "process_cpu_ratio": process_cpu_ratio(records, base["records"]),
                   "auc_ps": auc,
                   "auc_baseline": base["auc"],
                   "max_in_flight": max(w["max_in_flight"] for w in ws),
@@ -198,15 +230,21 @@ print(f"ratio    {w / b:9.3f}   (with reading the data {wall / bwall:.3f})")
 cpu = [r["worker_cpu_records_per_s"] / r["baseline_cpu_records_per_s"] for r in rows
        if r["worker_cpu_records_per_s"]]
 cpu_ratio = statistics.median(cpu) if cpu else None
+pcpu = [r["process_cpu_ratio"] for r in rows if r.get("process_cpu_ratio")]
+process_cpu_ratio = statistics.median(pcpu) if pcpu else None
 if cpu_ratio:
     print(f"per CPU-second of the process (all its threads; the pods' CPU not counted): "
           f"ratio {cpu_ratio:.3f}")
+if process_cpu_ratio:
+    print(f"per CPU-second of the whole processes (start-up, reading, eval included): "
+          f"ratio {process_cpu_ratio:.3f}")
 print(f"AUC      PS {med('auc_ps'):.4f}  baseline {med('auc_baseline'):.4f}  gap {gap:+.4f}")
 print(json.dumps({"ratio": round(w / b, 4), "auc_gap": round(gap, 5),
                   "worker_records_per_s": round(w), "baseline_records_per_s": round(b),
                   "worker_wall_records_per_s": round(wall),
                   "baseline_wall_records_per_s": round(bwall), "wall_ratio": round(wall / bwall, 4),
                   "cpu_ratio": round(cpu_ratio, 4) if cpu_ratio else None,
+                  "process_cpu_ratio": round(process_cpu_ratio, 4) if process_cpu_ratio else None,
                   "auc_ps": round(med("auc_ps"), 5), "auc_baseline": round(med("auc_baseline"), 5),
                   "mode": sys.argv[2], "workers": rows[0]["workers"], "runs": len(rows),
                   "records": rows[0]["records"], "max_in_flight": max(r["max_in_flight"] for r in rows),
