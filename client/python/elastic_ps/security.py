@@ -49,13 +49,28 @@ class Security:
         return bool(self.ca_file)
 
 
+    def to_core(self):
+        """The C++ ChannelSecurity (common/rpc/transport_security.h) of these settings."""
+        from ._native import core
+
+        c = core.ChannelSecurity()
+        c.ca_file, c.cert_file, c.key_file = self.ca_file, self.cert_file, self.key_file
+        c.server_name, c.auth_token = self.server_name, self.auth_token
+        return c
+
+
 def read_token_file(path):
-    """The token in `path`, surrounding whitespace trimmed; ValueError when it is empty."""
-    with open(path, "rb") as f:
-        token = f.read().decode("utf-8").strip()
-    if not token:
-        raise ValueError(f"the token file {path} is empty")
-    return token
+    """The token in `path`, surrounding whitespace trimmed (the C++ ReadAuthTokenFile):
+    OSError when it cannot be read, ValueError when it is empty or holds spaces."""
+    from ._native import core
+    from .errors import PsError
+
+    try:
+        return core.read_auth_token_file(str(path))
+    except PsError as e:
+        if e.code == grpc.StatusCode.INVALID_ARGUMENT:
+            raise ValueError(e.message) from None
+        raise OSError(e.message) from None
 
 
 def _read(path):

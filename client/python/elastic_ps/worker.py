@@ -26,10 +26,20 @@ import time
 import grpc
 
 from ._stubs import master_pb2
-from .client import PsClient, PsError, _RETRYABLE, _error_from_rpc
+from .client import PsClient
+from .errors import PsError, error_from_status
 from .security import Security, make_channel
 
 log = logging.getLogger("elastic_ps.worker")
+
+_RETRYABLE = frozenset(
+    {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.ABORTED, grpc.StatusCode.DEADLINE_EXCEEDED})
+
+
+def _error_from_rpc(err, where):
+    code = err.code() if hasattr(err, "code") else grpc.StatusCode.UNKNOWN
+    details = err.details() if hasattr(err, "details") else str(err)
+    return error_from_status(code.value[0], f"{where}: {details}")
 
 
 class TaskLostError(PsError):
