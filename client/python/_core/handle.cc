@@ -145,8 +145,11 @@ void Handle::add_done_callback(pyb::object fn, pyb::object self) {
   }
   try {
     fn(self);
-  } catch (pyb::error_already_set& e) {  // as concurrent.futures: reported, not raised
-    e.discard_as_unraisable("elastic_ps Handle.add_done_callback");
+  } catch (pyb::error_already_set& e) {  // as concurrent.futures: logged, not raised
+    pyb::module_::import("logging")
+        .attr("getLogger")("elastic_ps")
+        .attr("error")("a done-callback of an elastic_ps call raised",
+                       pyb::arg("exc_info") = pyb::make_tuple(e.type(), e.value(), e.trace()));
   }
 }
 

@@ -176,11 +176,16 @@ def _run_callbacks(callbacks):
         todo = callbacks.next()
         if todo is None:
             return
-        for fn, handle in todo:
+        todo.reverse()  # popped in the order they were added
+        while todo:
+            fn, handle = todo.pop()
             try:
                 fn(handle)
             except Exception:  # noqa: BLE001 - as concurrent.futures: logged, not raised
                 log.exception("a done-callback of an elastic_ps call raised")
+            # Nothing of a finished call may stay referenced here while the next wait
+            # blocks: the handle keeps the call's arrays.
+            del fn, handle
 
 
 def _shutdown(client, thread, pool_box):
