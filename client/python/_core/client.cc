@@ -35,7 +35,6 @@ pyb::tuple PodTuple(const PodView& pod) { return pyb::make_tuple(pod.id, pod.add
 
 Client::Client(const ClientOptions& options)
     : options_(options),
-      destroyed_(std::make_shared<absl::Notification>()),
       callbacks_(std::make_shared<Callbacks>(std::make_shared<Notifier>())),
       raw_(options.security) {
   absl::StatusOr<std::unique_ptr<PsClient>> c;
@@ -47,13 +46,14 @@ Client::Client(const ClientOptions& options)
     callbacks_->notifier()->Close();
     ThrowStatus(c.status());
   }
-  // Whichever thread drops the last reference (Close, or a blocking call that ran
-  // meanwhile) destroys it; Close waits for that.
-  client_ = std::shared_ptr<PsClient>(c->release(), [destroyed = destroyed_](PsClient* p) {
-    delete p;
-    destroyed->Notify();
-  });
+  client_ = std::move(*c);
 }
+
+Client::Client(std::shared_ptr<PsClient> client, const ClientOptions& options)
+    : options_(options),
+      client_(std::move(client)),
+      callbacks_(std::make_shared<Callbacks>(std::make_shared<Notifier>())),
+      raw_(options.security) {}
 
 Client::~Client() { Close(); }
 
@@ -63,8 +63,8 @@ void Client::Close() {
   client_ = nullptr;
   {
     pyb::gil_scoped_release unlocked;
-    c.reset();  // waits for the calls in flight, unless a blocking call still holds it
-    destroyed_->WaitForNotification();
+    callbacks_->notifier()->WaitIdle();
+    c.reset();  // the last reference waits for every call in flight (blocking ones too)
   }
   callbacks_->notifier()->Close();
 }

@@ -17,7 +17,6 @@
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
-#include "absl/synchronization/notification.h"
 #include "client/ps_client.h"
 #include "client/python/_core/handle.h"
 #include "client/python/_core/raw_call.h"
@@ -30,10 +29,14 @@ class Client {
  public:
   // Connects (PsClient::Connect, the GIL released); raises PsError.
   explicit Client(const ClientOptions& options);
+  // Uses a client made elsewhere (a WorkerSession's), which it shares.
+  Client(std::shared_ptr<PsClient> client, const ClientOptions& options);
   ~Client();
 
-  // Waits (GIL released) for the calls in flight, then closes the channels and ends the
-  // callback thread's loop. Later calls raise PsError(CANCELLED). Idempotent.
+  // Waits (GIL released) for the asynchronous calls made through this object, drops its
+  // reference to the C++ client (the last one waits for every call in flight and closes
+  // the channels) and ends the callback thread's loop. Later calls raise
+  // PsError(CANCELLED). Idempotent.
   void Close();
   bool closed() const { return client_ == nullptr; }
   const std::shared_ptr<Callbacks>& callbacks() const { return callbacks_; }
@@ -94,7 +97,6 @@ class Client {
 
   const ClientOptions options_;
   std::shared_ptr<PsClient> client_;               // guarded by the GIL; null once closed
-  std::shared_ptr<absl::Notification> destroyed_;  // notified when the PsClient is gone
   const std::shared_ptr<Callbacks> callbacks_;
   RawCaller raw_;
   absl::flat_hash_map<std::string, uint32_t> dims_;                // guarded by the GIL

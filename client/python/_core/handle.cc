@@ -9,6 +9,22 @@
 
 namespace ps::py {
 
+void Notifier::Begin() {
+  absl::MutexLock lock(&mu_);
+  ++running_;
+}
+
+void Notifier::End() {
+  absl::MutexLock lock(&mu_);
+  --running_;
+}
+
+void Notifier::WaitIdle() {
+  absl::MutexLock lock(&mu_);
+  mu_.Await(absl::Condition(
+      +[](int64_t* running) { return *running == 0; }, &running_));
+}
+
 void Notifier::Push(std::shared_ptr<CallState> state) {
   absl::MutexLock lock(&mu_);
   finished_.push_back(std::move(state));
@@ -37,6 +53,7 @@ void CallState::Complete(absl::Status status) {
     notify = notify_;
   }
   if (notify) notifier_->Push(shared_from_this());
+  notifier_->End();
 }
 
 bool CallState::done() {

@@ -33,9 +33,16 @@ namespace pyb = pybind11;
 
 class CallState;
 
-// Finished calls that Python must hear of. Thread-safe; no Python inside.
+// Finished calls that Python must hear of, and the count of calls not finished yet.
+// Thread-safe; no Python inside.
 class Notifier {
  public:
+  // A call started / finished (CallState does both).
+  void Begin();
+  void End();
+  // Blocks until every call begun has ended.
+  void WaitIdle();
+
   void Push(std::shared_ptr<CallState> state);
   // Blocks until there are finished calls (returns them all) or the notifier is closed
   // and empty (returns none).
@@ -49,12 +56,16 @@ class Notifier {
   absl::Mutex mu_;
   std::deque<std::shared_ptr<CallState>> finished_ ABSL_GUARDED_BY(mu_);
   bool closed_ ABSL_GUARDED_BY(mu_) = false;
+  int64_t running_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 // The outcome of one asynchronous call. Thread-safe; no Python inside.
 class CallState : public std::enable_shared_from_this<CallState> {
  public:
-  explicit CallState(std::shared_ptr<Notifier> notifier) : notifier_(std::move(notifier)) {}
+  // Counts as running on `notifier` until Complete.
+  explicit CallState(std::shared_ptr<Notifier> notifier) : notifier_(std::move(notifier)) {
+    notifier_->Begin();
+  }
 
   // Records the outcome (once), on the thread that finishes the call.
   void Complete(absl::Status status);

@@ -31,6 +31,9 @@ from .security import Security
 
 log = logging.getLogger("elastic_ps")
 
+# What the asynchronous calls return (client/python/_core/handle.h).
+Handle = core.Handle
+
 _OPTIMIZERS = {
     "sgd": ps_pb2.OptimizerSpec.SGD,
     "momentum": ps_pb2.OptimizerSpec.MOMENTUM,
@@ -214,7 +217,7 @@ class PsClient:
 
     def __init__(self, master=None, *, servers=None, num_vshards=None, worker_id=0,
                  incarnation=1, deadline_s=10.0, max_attempts=10, connect_timeout_s=30.0,
-                 initial_backoff_s=0.02, max_backoff_s=4.0, max_workers=4, security=None,
+                 initial_backoff_s=0.02, max_backoff_s=4.0, max_workers=16, security=None,
                  completion_threads=1, channels_per_server=2):
         if not master and not servers:
             raise ValueError("PsClient needs master='host:port' or servers=[...]")

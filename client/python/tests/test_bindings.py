@@ -310,3 +310,15 @@ def test_unreachable_pod_and_closed_client(pod, tmp_path):
     with pytest.raises(PsError) as e:
         c.pull("t", [1])
     assert e.value.code == grpc.StatusCode.CANCELLED
+
+
+def test_close_waits_for_the_calls_in_flight(client, pod):
+    c = PsClient(servers=[pod.address], deadline_s=60)
+    with Stopped(pod) as stopped:
+        h = c.pull_async("rows", [1, 2, 3])
+        closer = threading.Thread(target=c.close)
+        closer.start()
+        stopped.resume()
+        closer.join()
+        assert h.done()  # close returned only once the call was done
+    assert np.array_equal(h.result(), client.pull("rows", [1, 2, 3]))

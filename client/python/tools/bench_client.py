@@ -122,7 +122,8 @@ def run_ps_bench(server, op, depth, args):
         [str(_bin_dir() / "ps-bench"), "--target=grpc", f"--servers={server}", f"--op={op}",
          f"--dim={args.dim}", f"--batch={args.batch}", f"--rows={args.rows}",
          f"--inflight={depth}", f"--seconds={args.seconds}", "--optimizer=adagrad",
-         "--populate=false"], capture_output=True, text=True, check=True).stdout
+         "--populate=false", *args.ps_bench_args.split()], capture_output=True, text=True,
+        check=True).stdout
     j = json.loads([line for line in out.splitlines() if line.startswith("{")][-1])
     return j["rows_per_s"], j["rows_per_s"] * j["seconds"] / j["batch"]
 
@@ -145,6 +146,8 @@ def main():
     ap.add_argument("--seconds", type=float, default=5.0, help="timed seconds per run")
     ap.add_argument("--rounds", type=int, default=1, help="repetitions (medians reported)")
     ap.add_argument("--compare", action="store_true", help="also run ps-bench, alternated")
+    ap.add_argument("--ps_bench_args", default="",
+                    help="more ps-bench flags, e.g. '--drive=threads --threads=1'")
     args = ap.parse_args()
     depths = [int(d) for d in args.inflight.split(",")]
     ops = args.ops.split(",")
