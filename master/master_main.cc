@@ -8,6 +8,7 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "common/base/binary_init.h"
 #include "common/base/shutdown_signal.h"
 #include "common/routing/vshards.h"
@@ -66,9 +67,21 @@ DEFINE_int32(tls_reload_s, 60,
              "The TLS files are read again this often: replaced certificates (a renewed "
              "Secret) serve new connections without a restart. 0: read once at start.");
 DEFINE_string(auth_token_file, "",
-              "File holding a shared token (surrounding whitespace trimmed). Set: every master "
-              "RPC must carry `authorization: Bearer <token>` (else UNAUTHENTICATED; health "
-              "stays open).");
+              "File holding the workers' token (surrounding whitespace trimmed). Set: the "
+              "worker calls (RegisterWorker, WorkerHeartbeat, GetTask, ReportTask, LeaveWorker, "
+              "CreateJob, GetShardMap, CreateTable, ListTables, Status) must carry "
+              "`authorization: Bearer <token>` (or the admin token), else UNAUTHENTICATED; "
+              "health stays open. Without an admin credential this token also allows the admin "
+              "calls, as before roles existed, and the master sends it to the pods.");
+DEFINE_string(admin_token_file, "",
+              "File holding the admin token (pods' and operators'). Set: Drain, Rebalance, "
+              "Checkpoint and the pods' RegisterPod, PodHeartbeat and LeavePod need it (a "
+              "worker token gets PERMISSION_DENIED), and the master presents it to the pods "
+              "(assignments, moves, checkpoints are admin calls there).");
+DEFINE_string(admin_identities, "",
+              "Comma-separated client-certificate names (common name or subject alternative "
+              "name) that hold the admin role under mutual TLS (needs --tls_ca), e.g. "
+              "ps-server,ps-admin: the pods' and ps-admin's certificates.");
 DEFINE_bool(check_flags, false,
             "Parse and validate the flags, print the resulting configuration and exit 0 (2 on "
             "a bad flag) without opening the data dir, files or ports.");
@@ -91,6 +104,10 @@ int Main() {
                   "--tls_reload_s must be >= 0";
     return 2;
   }
+  if (!FLAGS_admin_identities.empty() && FLAGS_tls_ca.empty()) {
+    LOG(ERROR) << "--admin_identities names client certificates: it needs mutual TLS (--tls_ca)";
+    return 2;
+  }
   if (FLAGS_check_flags) {
     // The rest is checked by MasterCore::Open, which a check does not run.
     if (absl::Status s = ps::CheckNumVShards(FLAGS_num_vshards); !s.ok() || FLAGS_num_ps < 1) {
@@ -100,15 +117,28 @@ int Main() {
     }
     std::printf(
         "ps-master flags ok: port %d, metrics port %d, data in %s, %u vshards, %u pods, "
-        "tls %s%s, token %s\n",
+        "tls %s%s, worker token %s, admin %s\n",
         FLAGS_port, FLAGS_metrics_port, FLAGS_data_dir.c_str(), FLAGS_num_vshards, FLAGS_num_ps,
         FLAGS_tls_cert.empty() ? "off" : "on", FLAGS_tls_ca.empty() ? "" : " (mutual)",
-        FLAGS_auth_token_file.empty() ? "off" : "on");
+        FLAGS_auth_token_file.empty() ? "off" : "on",
+        FLAGS_admin_token_file.empty() && FLAGS_admin_identities.empty() ? "off" : "on");
     return 0;
   }
+  // Nothing the master writes (its database, checkpoints) is readable by other users.
+  ps::RestrictUmask();
   absl::StatusOr<std::string> token = ps::ReadAuthTokenFile(FLAGS_auth_token_file);
   if (!token.ok()) {
     LOG(ERROR) << "bad --auth_token_file: " << token.status();
+    return 2;
+  }
+  absl::StatusOr<std::string> admin = ps::ReadAuthTokenFile(FLAGS_admin_token_file);
+  if (!admin.ok()) {
+    LOG(ERROR) << "bad --admin_token_file: " << admin.status();
+    return 2;
+  }
+  if (!token->empty() && *token == *admin) {
+    LOG(ERROR) << "--auth_token_file and --admin_token_file hold the same token: workers would "
+                  "hold the admin role";
     return 2;
   }
   ps::MasterServerOptions options;
@@ -116,6 +146,9 @@ int Main() {
   options.security.key_file = FLAGS_tls_key;
   options.security.ca_file = FLAGS_tls_ca;
   options.security.auth_token = *token;
+  options.security.admin_token = *admin;
+  options.security.admin_identities =
+      absl::StrSplit(FLAGS_admin_identities, ',', absl::SkipWhitespace());
   options.security.reload_interval_s = FLAGS_tls_reload_s;
   options.metrics_enabled = FLAGS_metrics_port >= 0;
   options.metrics.host = FLAGS_host;
@@ -142,7 +175,8 @@ int Main() {
     to_pods.cert_file = FLAGS_tls_cert;
     to_pods.key_file = FLAGS_tls_key;
   }
-  to_pods.auth_token = *token;
+  // Assignments, moves and checkpoints are admin calls on the pods.
+  to_pods.auth_token = admin->empty() ? *token : *admin;
   to_pods.reload_interval_s = FLAGS_tls_reload_s;
   absl::StatusOr<ps::ChannelMaker> channels = ps::ChannelMaker::Create(to_pods);
   if (!channels.ok()) {
