@@ -20,6 +20,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "client/ps_client.h"
@@ -303,7 +304,11 @@ TEST_F(MasterProcessTest, SigkilledWorkerProcessesTaskIsRerunByAnother) {
   const absl::Time deadline = absl::Now() + absl::Seconds(10);
   for (;;) {
     unsigned long w = 0, t = 0;
-    if (std::sscanf(integration::FileTail(log).c_str(), "worker %lu task %lu", &w, &t) == 2) {
+    bool found = false;  // its line "worker W task T", among the worker's log lines
+    for (absl::string_view line : absl::StrSplit(integration::FileTail(log), '\n')) {
+      found = found || std::sscanf(std::string(line).c_str(), "worker %lu task %lu", &w, &t) == 2;
+    }
+    if (found) {
       killed_task = t;
       break;
     }
