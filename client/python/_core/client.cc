@@ -346,6 +346,28 @@ pyb::tuple Client::NextPushKey() {
 
 uint64_t Client::worker_id() { return Get()->worker_id(); }
 
+uint64_t Client::incarnation() { return Get()->incarnation(); }
+
+void Client::SetIdentity(uint64_t worker_id, uint64_t incarnation) {
+  absl::Status s = Get()->SetIdentity(worker_id, incarnation);
+  if (s.code() == absl::StatusCode::kInvalidArgument) ThrowValueError(std::string(s.message()));
+  ThrowIfError(s);
+}
+
+pyb::dict Client::ClientStatsDict() {
+  const ClientStats s = Get()->client_stats();
+  pyb::dict d;
+  d["pulls"] = s.pulls;
+  d["pushes"] = s.pushes;
+  d["push_rpcs"] = s.push_rpcs;
+  d["duplicate_pushes"] = s.duplicate_pushes;
+  d["reused_keys"] = s.reused_keys;
+  d["retries"] = s.retries;
+  d["map_refreshes"] = s.map_refreshes;
+  d["reroutes"] = s.reroutes;
+  return d;
+}
+
 pyb::bytes Client::RawCall(const std::string& address, const std::string& method,
                            const std::string& request) {
   Get();  // refused once closed
@@ -413,6 +435,9 @@ void BindClient(pyb::module_& m) {
       .def("shard_map", &Client::ShardMap)
       .def("next_push_key", &Client::NextPushKey)
       .def_property_readonly("worker_id", &Client::worker_id)
+      .def_property_readonly("incarnation", &Client::incarnation)
+      .def("set_identity", &Client::SetIdentity, pyb::arg("worker_id"), pyb::arg("incarnation"))
+      .def("client_stats", &Client::ClientStatsDict)
       .def("raw_call", &Client::RawCall, pyb::arg("address"), pyb::arg("method"),
            pyb::arg("request"));
 }

@@ -39,6 +39,8 @@ class Client {
   // PsError(CANCELLED). Idempotent.
   void Close();
   bool closed() const { return client_ == nullptr; }
+  // The C++ client (shared, e.g. with a WorkerSession); PsError(CANCELLED) once closed.
+  std::shared_ptr<PsClient> shared() const { return Get(); }
   const std::shared_ptr<Callbacks>& callbacks() const { return callbacks_; }
 
   // Catalog: specs as serialized TableSpec / DenseSpec.
@@ -74,6 +76,11 @@ class Client {
   // (worker_id, incarnation, sequence) of a fresh key.
   pyb::tuple NextPushKey();
   uint64_t worker_id();
+  uint64_t incarnation();
+  // PsClient::SetIdentity; ValueError for a zero id or incarnation.
+  void SetIdentity(uint64_t worker_id, uint64_t incarnation);
+  // PsClient::client_stats as {field: count}.
+  pyb::dict ClientStatsDict();
   // PsClient.raw_call: one call to one pod as is; the answer's bytes.
   pyb::bytes RawCall(const std::string& address, const std::string& method,
                      const std::string& request);
@@ -96,7 +103,7 @@ class Client {
                         std::vector<PushSpec>* specs);
 
   const ClientOptions options_;
-  std::shared_ptr<PsClient> client_;               // guarded by the GIL; null once closed
+  std::shared_ptr<PsClient> client_;  // guarded by the GIL; null once closed
   const std::shared_ptr<Callbacks> callbacks_;
   RawCaller raw_;
   absl::flat_hash_map<std::string, uint32_t> dims_;                // guarded by the GIL

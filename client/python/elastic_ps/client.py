@@ -199,6 +199,37 @@ def _shutdown(client, thread, pool_box):
         pool_box[0].shutdown(wait=True)
 
 
+def core_options(master=None, *, servers=None, num_vshards=None, worker_id=0, incarnation=1,
+                 deadline_s=10.0, max_attempts=10, connect_timeout_s=30.0,
+                 initial_backoff_s=0.02, max_backoff_s=4.0, security=None,
+                 completion_threads=1, channels_per_server=2):
+    """The C++ ClientOptions (client/ps_client.h) of PsClient's arguments (see PsClient);
+    ValueError for bad ones. Worker uses it for its session's master calls too."""
+    if not master and not servers:
+        raise ValueError("PsClient needs master='host:port' or servers=[...]")
+    if deadline_s <= 0 or max_attempts < 1 or not 0 < initial_backoff_s <= max_backoff_s:
+        raise ValueError("need deadline_s > 0, max_attempts >= 1, "
+                         "0 < initial_backoff_s <= max_backoff_s")
+    if num_vshards is not None:
+        num_vshards = routing.check_num_vshards(num_vshards)
+    o = core.ClientOptions()
+    o.master = master or ""
+    o.servers = [] if master else list(servers)
+    o.num_vshards = num_vshards or 0  # 0: the pods'
+    o.worker_id = int(worker_id)
+    o.incarnation = int(incarnation)
+    o.deadline_ms = max(1, int(deadline_s * 1000))
+    o.max_attempts = int(max_attempts)
+    o.connect_timeout_ms = max(1, int(connect_timeout_s * 1000))
+    o.initial_backoff_ms = max(1, int(initial_backoff_s * 1000))
+    o.max_backoff_ms = max(o.initial_backoff_ms, int(max_backoff_s * 1000))
+    o.completion_threads = int(completion_threads)
+    o.channels_per_server = int(channels_per_server)
+    # TLS and token (elastic_ps.security); default: from the PS_TLS_* environment.
+    o.security = (security if security is not None else Security.from_env()).to_core()
+    return o
+
+
 class _DenseFuture(concurrent.futures.Future):
     """The handle of an asynchronous dense call: a concurrent.futures.Future with wait()."""
 
@@ -219,31 +250,14 @@ class PsClient:
                  incarnation=1, deadline_s=10.0, max_attempts=10, connect_timeout_s=30.0,
                  initial_backoff_s=0.02, max_backoff_s=4.0, max_workers=16, security=None,
                  completion_threads=1, channels_per_server=2):
-        if not master and not servers:
-            raise ValueError("PsClient needs master='host:port' or servers=[...]")
-        if deadline_s <= 0 or max_attempts < 1 or not 0 < initial_backoff_s <= max_backoff_s:
-            raise ValueError("need deadline_s > 0, max_attempts >= 1, "
-                             "0 < initial_backoff_s <= max_backoff_s")
-        if num_vshards is not None:
-            num_vshards = routing.check_num_vshards(num_vshards)
-        o = core.ClientOptions()
-        o.master = master or ""
-        o.servers = [] if master else list(servers)
-        o.num_vshards = num_vshards or 0  # 0: the pods'
-        o.worker_id = int(worker_id)
-        o.incarnation = int(incarnation)
-        o.deadline_ms = max(1, int(deadline_s * 1000))
-        o.max_attempts = int(max_attempts)
-        o.connect_timeout_ms = max(1, int(connect_timeout_s * 1000))
-        o.initial_backoff_ms = max(1, int(initial_backoff_s * 1000))
-        o.max_backoff_ms = max(o.initial_backoff_ms, int(max_backoff_s * 1000))
-        o.completion_threads = int(completion_threads)
-        o.channels_per_server = int(channels_per_server)
-        # TLS and token (elastic_ps.security); default: from the PS_TLS_* environment.
-        o.security = (security if security is not None else Security.from_env()).to_core()
+        o = core_options(master, servers=servers, num_vshards=num_vshards, worker_id=worker_id,
+                         incarnation=incarnation, deadline_s=deadline_s,
+                         max_attempts=max_attempts, connect_timeout_s=connect_timeout_s,
+                         initial_backoff_s=initial_backoff_s, max_backoff_s=max_backoff_s,
+                         security=security, completion_threads=completion_threads,
+                         channels_per_server=channels_per_server)
         self._master_address = master
         self._max_workers = max(1, int(max_workers))
-        self._incarnation = int(incarnation)
         self._core = core.Client(o)  # connects; raises PsError
         self._pool_box = []  # the dense calls' thread pool, made on first use
         self._pool_lock = threading.Lock()
@@ -262,7 +276,21 @@ class PsClient:
 
     @property
     def incarnation(self):
-        return self._incarnation
+        """The incarnation in this client's PushKeys (a Worker's changes when it registers
+        again after a lost lease)."""
+        return self._core.incarnation
+
+    def set_identity(self, worker_id, incarnation):
+        """Pushes from now on carry (worker_id, incarnation) (PsClient::SetIdentity); the
+        key sequence goes on. Pushes already started keep their keys. ValueError for 0."""
+        self._core.set_identity(int(worker_id), int(incarnation))
+
+    def client_stats(self):
+        """This client's counters since it connected (PsClient::client_stats): pulls,
+        pushes, push_rpcs, duplicate_pushes (pods answered `duplicate`: applied before),
+        reused_keys (of those, a first attempt: another process used the key; its
+        gradients were dropped; should stay 0), retries, map_refreshes, reroutes."""
+        return self._core.client_stats()
 
     def close(self):
         """Waits for the calls in flight, then closes the channels; later calls raise

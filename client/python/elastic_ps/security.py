@@ -11,6 +11,10 @@ The same settings as the C++ ChannelSecurity (common/rpc/transport_security.h):
 PS_TLS_CA, PS_TLS_CERT, PS_TLS_KEY, PS_TLS_SERVER_NAME and PS_AUTH_TOKEN_FILE (a file whose
 content, surrounding whitespace trimmed, is the token). PsClient and Worker use it when no
 `security` is passed, so a worker configured by its environment needs no code change.
+
+The channels are the C++ client library's (common/rpc/transport_security.h ChannelMaker),
+made from these settings: a certificate file that cannot be read fails the connection
+(PsError NOT_FOUND naming the file), never a plain-text fallback.
 """
 
 import dataclasses
@@ -71,49 +75,3 @@ def read_token_file(path):
         if e.code == grpc.StatusCode.INVALID_ARGUMENT:
             raise ValueError(e.message) from None
         raise OSError(e.message) from None
-
-
-def _read(path):
-    with open(path, "rb") as f:
-        return f.read()
-
-
-class _TokenInterceptor(grpc.UnaryUnaryClientInterceptor):
-    """Adds `authorization: Bearer <token>` to every unary call."""
-
-    def __init__(self, token):
-        self._header = ("authorization", f"Bearer {token}")
-
-    def intercept_unary_unary(self, continuation, details, request):
-        metadata = list(details.metadata or []) + [self._header]
-        details = _CallDetails(details.method, details.timeout, metadata, details.credentials,
-                               getattr(details, "wait_for_ready", None),
-                               getattr(details, "compression", None))
-        return continuation(details, request)
-
-
-class _CallDetails(
-        dataclasses.make_dataclass("_Fields", ["method", "timeout", "metadata", "credentials",
-                                               "wait_for_ready", "compression"]),
-        grpc.ClientCallDetails):
-    pass
-
-
-def make_channel(address, options, security=None):
-    """A channel to `address` with `options`, over TLS and carrying the token when
-    `security` says so. Reads the certificate files now (OSError when unreadable)."""
-    security = security or Security()
-    options = list(options)
-    if security.tls:
-        creds = grpc.ssl_channel_credentials(
-            root_certificates=_read(security.ca_file),
-            private_key=_read(security.key_file) if security.key_file else None,
-            certificate_chain=_read(security.cert_file) if security.cert_file else None)
-        if security.server_name:
-            options.append(("grpc.ssl_target_name_override", security.server_name))
-        channel = grpc.secure_channel(address, creds, options=options)
-    else:
-        channel = grpc.insecure_channel(address, options=options)
-    if security.auth_token:
-        channel = grpc.intercept_channel(channel, _TokenInterceptor(security.auth_token))
-    return channel

@@ -322,3 +322,41 @@ def test_close_waits_for_the_calls_in_flight(client, pod):
         closer.join()
         assert h.done()  # close returned only once the call was done
     assert np.array_equal(h.result(), client.pull("rows", [1, 2, 3]))
+
+
+# ---- identity and counters (PsClient::SetIdentity, client_stats) ----
+
+
+def test_restarted_client_with_a_fixed_identity_loses_no_push(client, pod):
+    """A process restarted with the same worker_id and the default incarnation: its push
+    keys start from the clock, so the pod applies its pushes (none is answered
+    `duplicate` and dropped)."""
+    client.create_table("restart", 1, optimizer="sgd", learning_rate=1.0, initializer="zeros")
+    for run in range(2):  # the first process, then its restart
+        with PsClient(servers=[pod.address], worker_id=77, incarnation=1) as c:
+            for _ in range(3):
+                c.push("restart", [5], np.ones((1, 1), np.float32))
+            stats = c.client_stats()
+            assert stats["pushes"] == 3 and stats["push_rpcs"] == 3
+            assert stats["duplicate_pushes"] == 0 and stats["reused_keys"] == 0
+    # SGD, learning rate 1: each applied push subtracts 1.
+    assert client.pull("restart", [5])[0, 0] == -6.0
+
+
+def test_set_identity_and_counters(client, pod):
+    with PsClient(servers=[pod.address], worker_id=5, incarnation=1) as c:
+        assert (c.worker_id, c.incarnation) == (5, 1)
+        before = c.next_push_key().sequence
+        c.set_identity(5, 2)
+        assert (c.worker_id, c.incarnation) == (5, 2)
+        key = c.next_push_key()
+        assert (key.worker_id, key.incarnation) == (5, 2) and key.sequence > before
+        for bad in ((0, 1), (5, 0)):
+            with pytest.raises(ValueError):
+                c.set_identity(*bad)
+        c.pull("rows", [1, 2])
+        c.push("rows", [1], np.zeros((1, DIM), np.float32))
+        stats = c.client_stats()
+        assert stats["pulls"] == 1 and stats["pushes"] == 1
+        assert set(stats) == {"pulls", "pushes", "push_rpcs", "duplicate_pushes", "reused_keys",
+                              "retries", "map_refreshes", "reroutes"}
