@@ -209,6 +209,10 @@ def main():
     ap.add_argument("--init_seed", type=int, default=0,
                     help="seed of the PS initializers (the same in every worker of a job)")
     ap.add_argument("--summary", help="write the worker's training figures here (JSON)")
+    ap.add_argument("--hang_after_tasks", type=int, default=None,
+                    help="for tests: after this many accepted training tasks, take the next "
+                    "one, print 'holding task N' and stop working (heartbeats go on) until "
+                    "killed: a worker that dies in the middle of a task, deterministically")
     ap.add_argument("--threads", type=int, default=1, help="torch threads")
     ap.add_argument("--log_every_s", type=float, default=5.0, help="progress line interval")
     ap.add_argument("--name", default=None, help="name in progress lines")
@@ -241,6 +245,11 @@ def main():
     totals = Totals()
     t0 = time.time()
     for task in worker.tasks():
+        if (args.hang_after_tasks is not None and task.kind == "train"
+                and done["train"] >= args.hang_after_tasks):
+            print(f"{name}: holding task {task.task_id} (--hang_after_tasks)", flush=True)
+            while True:
+                time.sleep(3600)
         try:
             if task.kind == "train":
                 steps = [] if args.step_trace else None
