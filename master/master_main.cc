@@ -37,6 +37,20 @@ DEFINE_uint32(max_task_failures, 3,
               "A task that fails this many times (failed reports plus lost workers) is marked "
               "failed and reported in status and in its job's result.");
 DEFINE_int32(threads, 4, "Threads that run master requests.");
+DEFINE_uint64(max_tasks_per_job, 1000000,
+              "A job of more tasks (all epochs together) is refused at creation "
+              "(INVALID_ARGUMENT): a million tasks take ~0.5 GB of the master's memory. "
+              "Raise records_per_task rather than this.");
+DEFINE_int64(job_retention_s, 7 * 24 * 3600,
+             "Finished jobs (every task done or failed) are deleted, tasks and all, this many "
+             "seconds after they finished (ps-admin delete-job deletes one at once). 0: no "
+             "time limit.");
+DEFINE_uint32(max_finished_jobs, 100,
+              "At most this many finished jobs are kept; beyond, the oldest finished are "
+              "deleted. 0: no limit.");
+DEFINE_int64(worker_retention_s, 3600,
+             "Workers that left or lost their lease are forgotten this many seconds later "
+             "(status stops listing them). 0: kept forever.");
 DEFINE_uint32(vshards_per_move, 4,
               "Vshards copied (and fenced) together by one live move of drain/rebalance.");
 DEFINE_string(checkpoint_dir, "",
@@ -75,9 +89,9 @@ DEFINE_string(auth_token_file, "",
               "calls, as before roles existed, and the master sends it to the pods.");
 DEFINE_string(admin_token_file, "",
               "File holding the admin token (pods' and operators'). Set: Drain, Rebalance, "
-              "Checkpoint and the pods' RegisterPod, PodHeartbeat and LeavePod need it (a "
-              "worker token gets PERMISSION_DENIED), and the master presents it to the pods "
-              "(assignments, moves, checkpoints are admin calls there).");
+              "Checkpoint, DeleteJob and the pods' RegisterPod, PodHeartbeat and LeavePod "
+              "need it (a worker token gets PERMISSION_DENIED), and the master presents it "
+              "to the pods (assignments, moves, checkpoints are admin calls there).");
 DEFINE_string(admin_identities, "",
               "Comma-separated client-certificate names (common name or subject alternative "
               "name) that hold the admin role under mutual TLS (needs --tls_ca), e.g. "
@@ -91,6 +105,11 @@ namespace {
 int Main() {
   if (FLAGS_data_dir.empty() || FLAGS_lease_ms < 1 || FLAGS_threads < 1) {
     LOG(ERROR) << "--data_dir is required, --lease_ms and --threads must be >= 1";
+    return 2;
+  }
+  if (FLAGS_max_tasks_per_job < 1 || FLAGS_job_retention_s < 0 || FLAGS_worker_retention_s < 0) {
+    LOG(ERROR) << "--max_tasks_per_job must be >= 1, --job_retention_s and "
+                  "--worker_retention_s >= 0";
     return 2;
   }
   if (FLAGS_metrics_port < -1 || FLAGS_metrics_port > 65535 || FLAGS_port < 0 ||
@@ -165,6 +184,12 @@ int Main() {
   options.core.fence_rows = FLAGS_fence_rows;
   options.core.checkpoint_dir = FLAGS_checkpoint_dir;
   options.core.auto_rebalance = FLAGS_auto_rebalance;
+  options.core.max_tasks_per_job = FLAGS_max_tasks_per_job;
+  options.core.job_retention = absl::Seconds(FLAGS_job_retention_s);
+  options.core.max_finished_jobs = FLAGS_max_finished_jobs;
+  options.core.worker_retention = absl::Seconds(FLAGS_worker_retention_s);
+  // Retention runs as often as leases are checked, at most every 10 s: O(jobs + workers).
+  options.core.retention_interval = std::min(absl::Seconds(10), options.core.lease);
   // SIGTERM/SIGINT are taken by a thread that runs the graceful shutdown.
   ps::ShutdownSignal shutdown_signal;
   // After ShutdownSignal: loading credentials starts gRPC's threads.

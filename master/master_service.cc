@@ -53,6 +53,7 @@ PS_MASTER_RPC(ReportTask, ReportTaskRequest, ReportTaskResponse)
 PS_MASTER_RPC(Status, StatusRequest, StatusResponse)
 PS_MASTER_RPC(Drain, DrainRequest, DrainResponse)
 PS_MASTER_RPC(Rebalance, RebalanceRequest, RebalanceResponse)
+PS_MASTER_RPC(DeleteJob, DeleteJobRequest, DeleteJobResponse)
 PS_MASTER_RPC(Checkpoint, CheckpointRequest, CheckpointResponse)
 
 #undef PS_MASTER_RPC

@@ -36,6 +36,7 @@ class MasterService final : public Master::CallbackService {
   PS_MASTER_RPC(Status, StatusRequest, StatusResponse)
   PS_MASTER_RPC(Drain, DrainRequest, DrainResponse)
   PS_MASTER_RPC(Rebalance, RebalanceRequest, RebalanceResponse)
+  PS_MASTER_RPC(DeleteJob, DeleteJobRequest, DeleteJobResponse)
   PS_MASTER_RPC(Checkpoint, CheckpointRequest, CheckpointResponse)
 #undef PS_MASTER_RPC
 

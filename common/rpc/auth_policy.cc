@@ -47,6 +47,7 @@ constexpr Entry kTable[] = {
     {"/ps.Master/Drain", Role::kAdmin},
     {"/ps.Master/Rebalance", Role::kAdmin},
     {"/ps.Master/Checkpoint", Role::kAdmin},
+    {"/ps.Master/DeleteJob", Role::kAdmin},
 };
 
 const Entry* Find(absl::string_view method) {

@@ -38,7 +38,8 @@ TEST(AuthPolicyTest, WorkersGetTheDataPathAndTasksAdminsTheControl) {
        {kAssign, "/ps.ParameterServer/MigrateBegin", "/ps.ParameterServer/MigrateExport",
         "/ps.ParameterServer/MigrateImport", "/ps.ParameterServer/Checkpoint",
         "/ps.PodTransfer/Export", kImportRows, kDrain, "/ps.Master/Rebalance",
-        "/ps.Master/Checkpoint", kRegisterPod, "/ps.Master/PodHeartbeat", "/ps.Master/LeavePod"}) {
+        "/ps.Master/Checkpoint", "/ps.Master/DeleteJob", kRegisterPod, "/ps.Master/PodHeartbeat",
+        "/ps.Master/LeavePod"}) {
     EXPECT_EQ(RequiredRole(m), Role::kAdmin) << m;
     EXPECT_TRUE(IsListedMethod(m)) << m;
   }
