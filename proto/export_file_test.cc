@@ -133,10 +133,11 @@ TEST_F(ExportFileTest, DamageIsDataLoss) {
   EXPECT_FALSE(ExportFileWriter::Create(path, ExportKind::kDense, "", 1, 0).ok());
 }
 
-// Found by tests/fuzz/fuzz_export_file.cc (corpus/export_file/regress-wrapped_block): a
-// block header's record count times the header's record size wrapped in 64 bits to the
-// claimed payload (here 2^30 records of 2^34 bytes in 0 bytes), so the reader sized its
-// arrays from the count: an 8 GB allocation, then a throw, from a 70-byte file.
+// Found while writing tests/fuzz/fuzz_export_file.cc (regression input
+// corpus/export_file/regression-wrapped_block): a block header's record count times the
+// header's record size wrapped in 64 bits to the claimed payload (here 2^30 records of 2^34 bytes
+// in 0 bytes), so the reader sized its arrays from the count: an 8 GB allocation, then a throw,
+// from a 70-byte file.
 TEST_F(ExportFileTest, BlockHeaderThatWrapsIsDataLoss) {
   const std::string path = dir_ + "/wrapped";
   {
@@ -161,7 +162,8 @@ TEST_F(ExportFileTest, BlockHeaderThatWrapsIsDataLoss) {
   EXPECT_TRUE(block.ids.empty());
 }
 
-// A block header that claims more bytes than the file has is refused once the file ends,
+// A block header that claims more bytes than the file has is refused once the file ends
+// (corpus/export_file/regression-long_block),
 // without allocating the claim first: a 4 GB claim in a small file is read in a child
 // process whose address space allows 256 MB more than it uses (the reader used to size
 // the payload from the claim: std::bad_alloc, an abort).
