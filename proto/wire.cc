@@ -329,7 +329,8 @@ absl::Status DecodePullResponse(absl::Span<const absl::string_view> pieces, uint
       if (!r.ReadVarint(&tag)) return Malformed("truncated tag in table entry");
       const uint32_t field = tag >> 3;
       if ((field == 1 || field == 2) && (tag & 7) == kLength) {
-        if (!r.ReadVarint(&v) || v > r.remaining() - end) {
+        // The length's varint may itself run past the entry (then remaining() < end).
+        if (!r.ReadVarint(&v) || r.remaining() < end || v > r.remaining() - end) {
           return Malformed("field overruns its table entry");
         }
         if (field == 1) {

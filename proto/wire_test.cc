@@ -209,6 +209,21 @@ TEST(WireTest, DecodeRefusesTruncatedOrOverrunningInput) {
   EXPECT_FALSE(DecodePullResponse(pieces, &epoch, &tables).ok());
 }
 
+// Found by tests/fuzz/fuzz_wire.cc (corpus/wire/regression-length_past_entry): a table
+// entry of 2 bytes whose name length is a varint running past the entry's end. The
+// length was then checked against (bytes left - entry end), which wrapped: the decoder
+// sized the name from the varint, a 10 GB allocation from a 53-byte answer.
+TEST(WireTest, DecodeRefusesALengthThatRunsPastItsEntry) {
+  const std::string bytes =
+      std::string("\x12\x02\x0a\xff\xff\xff\xe5", 7) + std::string(42, '\x28') + "\xff\xff";
+  PullResponse parsed;
+  ASSERT_FALSE(parsed.ParseFromString(bytes));
+  uint64_t epoch;
+  std::vector<TableValuesView> tables;
+  std::vector<absl::string_view> one = {bytes};
+  EXPECT_EQ(DecodePullResponse(one, &epoch, &tables).code(), absl::StatusCode::kInvalidArgument);
+}
+
 TEST(WireTest, ReaderCopiesAcrossPieces) {
   const std::string bytes = "abcdefghijklmnopqrstuvwxyz";
   std::mt19937 rng(2);
