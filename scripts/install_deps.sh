@@ -13,6 +13,8 @@ PACKAGES=(
   librocksdb-dev rocksdb-tools libabsl-dev libeigen3-dev libgflags-dev libgoogle-glog-dev
   # tests and benchmarks
   libgtest-dev libgmock-dev libbenchmark-dev
+  # the libFuzzer harnesses (tests/fuzz, scripts/fuzz.sh): a clang build of them
+  clang-14 libfuzzer-14-dev
   # the Redis peer for benchmarks/compare.sh
   libhiredis-dev redis-server
   # process tools used by the launcher and the integration tests
