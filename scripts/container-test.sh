@@ -36,7 +36,7 @@ for arg in "$@"; do
   case "$arg" in
     --rebuild) REBUILD=1 ;;
     --keep) KEEP=1 ;;
-    -h | --help) sed -n '2,29p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h | --help) sed -n '2,28p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "container-test: unknown argument $arg (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -256,7 +256,7 @@ wait_ready() {
   local p="$1"
   declare -n probe="$(pod_var "$p" READINESS)"
   [ ${#probe[@]} -gt 0 ] || return 0
-  in_net "$IMAGE" python3 -c "$(cat "$ROOT/docker/probe.py")" --host "$p" \
+  in_net "$WORKER_IMAGE" -c "$(cat "$ROOT/docker/probe.py")" --host "$p" \
     --timeout_s "$PROBE_TIMEOUT_S" "${probe[@]}" ||
     fail "pod $p is not ready after $PROBE_TIMEOUT_S s (probe ${probe[*]})"
 }
