@@ -6,10 +6,12 @@
 # container (docker kill), starts it again on its volume, and checks that every row and
 # dense tensor reads back bit for bit as before the kill.
 #
-#   scripts/container-test.sh [--rebuild] [--keep]
+#   scripts/container-test.sh [--rebuild] [--keep] [--fresh_volume]
 #
-# --rebuild  build the images even when images of this source tree exist
-# --keep     leave the containers, network and volumes for a look (cleanup prints how)
+# --rebuild       build the images even when images of this source tree exist
+# --keep          leave the containers, network and volumes for a look (cleanup prints how)
+# --fresh_volume  start the killed pod again on a new, empty volume instead of its own: the
+#                 rows are then lost and the test must fail (a check of the check)
 #
 # Exit codes: 0 pass, 1 fail, 77 skipped (no engine can be had here: not root and no
 # running engine, docker.io or mmdebstrap cannot be installed, dockerd does not start, the
@@ -29,14 +31,17 @@
 # SC2155: the namerefs below are declared from pod_var, which cannot fail.
 # shellcheck disable=SC2155
 set -euo pipefail
-
+# One brace group, read whole before it runs: editing this file during a run cannot
+# change the run.
+{
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
-REBUILD=0 KEEP=0
+REBUILD=0 KEEP=0 FRESH_VOLUME=0
 for arg in "$@"; do
   case "$arg" in
     --rebuild) REBUILD=1 ;;
     --keep) KEEP=1 ;;
-    -h | --help) sed -n '2,28p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    --fresh_volume) FRESH_VOLUME=1 ;;
+    -h | --help) sed -n '2,30p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "container-test: unknown argument $arg (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -162,28 +167,31 @@ if [ "$REBUILD" = 0 ] && have "$IMAGE" && have "$WORKER_IMAGE"; then
 else
   log "building $IMAGE and $WORKER_IMAGE (log $WORK/build.log; a first build takes a while)"
   start=$SECONDS
-  # The classic builder: it needs no buildx plugin and no registry (FROM images are local).
-  for target in build worker runtime; do
-    case "$target" in
-      build) tag="elastic-ps-build:$TAG" ;;
-      worker) tag="$WORKER_IMAGE" ;;
-      runtime) tag="$IMAGE" ;;
-    esac
-    DOCKER_BUILDKIT=0 "$DOCKER" build -f "$ROOT/docker/Dockerfile" --target "$target" \
-      --label "org.elastic-ps.tree=$TREE" -t "$tag" "$ROOT" >>"$WORK/build.log" 2>&1 || {
+  # BuildKit (the Dockerfile's compiler cache is a BuildKit cache mount): the client's own
+  # when it has buildx, else Debian's docker.io client, which has BuildKit built in.
+  BUILD_CLIENT="$DOCKER"
+  if ! "$DOCKER" buildx version >/dev/null 2>&1; then
+    BUILD_CLIENT=/usr/bin/docker
+    [ -x "$BUILD_CLIENT" ] || fail "no client can build with BuildKit (no buildx, no $BUILD_CLIENT)"
+  fi
+  for target in worker runtime; do
+    tag="$IMAGE"
+    [ "$target" = worker ] && tag="$WORKER_IMAGE"
+    DOCKER_BUILDKIT=1 "$BUILD_CLIENT" build --progress=plain -f "$ROOT/docker/Dockerfile" \
+      --target "$target" --label "org.elastic-ps.tree=$TREE" -t "$tag" "$ROOT" \
+      >>"$WORK/build.log" 2>&1 || {
       tail -40 "$WORK/build.log" >&2
       fail "docker build --target $target failed"
     }
   done
   log "built in $((SECONDS - start)) s"
-  # Keep the images of the two newest trees (this one included), remove older ones, then
-  # the untagged layers only those held (labelled by docker/Dockerfile, never others').
-  for repo in elastic-ps elastic-ps-worker elastic-ps-build; do
+  # Keep the images of the two newest trees (this one's included); BuildKit's own cache
+  # (layers, the compiler cache) is the engine's to bound (docker builder prune).
+  for repo in elastic-ps elastic-ps-worker; do
     "$DOCKER" image ls "$repo" --format '{{.CreatedAt}}	{{.Repository}}:{{.Tag}}' |
       grep -P '\t[^:]+:tree-' | sort -r | tail -n +3 | cut -f2 |
       while read -r old; do "$DOCKER" rmi "$old" >/dev/null 2>&1 || true; done
   done
-  "$DOCKER" image prune -f --filter label=org.elastic-ps.stage >/dev/null 2>&1 || true
 fi
 log "image sizes: $("$DOCKER" image inspect -f '{{.Size}}' "$IMAGE" | awk '{printf "%d MB", $1/1e6}')" \
   "(pods), $("$DOCKER" image inspect -f '{{.Size}}' "$WORKER_IMAGE" | awk '{printf "%d MB", $1/1e6}') (workers)"
@@ -344,6 +352,14 @@ rc="$("$DOCKER" wait "$PREFIX-$KILLED_POD")"
 [ "$rc" = 137 ] || fail "$KILLED_POD exited $rc after SIGKILL, not 137"
 # A new container on the same volume, as a StatefulSet controller makes the pod again.
 "$DOCKER" rm "$PREFIX-$KILLED_POD" >/dev/null
+if [ "$FRESH_VOLUME" = 1 ]; then
+  declare -n killed_vols="$(pod_var "$KILLED_POD" VOLUMES)"
+  for v in "${killed_vols[@]}"; do
+    "$DOCKER" volume rm "${v%%:*}" >/dev/null
+    "$DOCKER" volume create --label "$LABEL" "${v%%:*}" >/dev/null
+  done
+  log "--fresh_volume: $KILLED_POD starts on new, empty volumes (the check must fail)"
+fi
 run_pod "$KILLED_POD"
 wait_ready "$KILLED_POD"
 log "$KILLED_POD is ready again; comparing"
@@ -351,3 +367,5 @@ row_check compare --pod "$KILLED_POD" <"$WORK/rows.npz" >"$WORK/compare.json" ||
   { cat "$WORK/compare.json" >&2; fail "rows differ after $KILLED_POD restarted"; }
 cat "$WORK/compare.json"
 log "PASS"
+exit 0
+}

@@ -13,7 +13,7 @@ set -euo pipefail
 # the test and benchmark libraries, so they are here too).
 BUILD_PACKAGES=(
   # toolchain
-  build-essential cmake pkg-config
+  build-essential cmake pkg-config ccache
   # RPC and serialization; protobuf-compiler-grpc also has the Python stubs' plugin
   libgrpc++-dev libgrpc-dev protobuf-compiler protobuf-compiler-grpc libprotobuf-dev
   # storage, math, utilities
