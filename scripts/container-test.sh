@@ -28,8 +28,9 @@
 # this machine. Every container, network and volume made carries the label
 # org.elastic-ps.container-test=RUN and is removed at exit. Runs take a lock
 # (/run/lock/elastic-ps-container-test.lock): one at a time on an engine.
-# SC2155: the namerefs below are declared from pod_var, which cannot fail.
-# shellcheck disable=SC2155
+# SC2155: the namerefs below are declared from pod_var, which cannot fail. SC2317: cleanup
+# runs from the EXIT trap.
+# shellcheck disable=SC2155,SC2317
 set -euo pipefail
 # One brace group, read whole before it runs: editing this file during a run cannot
 # change the run.
