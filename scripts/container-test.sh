@@ -185,7 +185,8 @@ else
       fail "docker build --target $target failed"
     }
   done
-  log "built in $((SECONDS - start)) s"
+  log "built in $((SECONDS - start)) s; compiler cache: $(grep -m1 -oE 'Hits: +[0-9]+ / +[0-9]+' \
+    "$WORK/build.log" | tr -s ' ' || echo 'no statistics')"
   # Keep the images of the two newest trees (this one's included); BuildKit's own cache
   # (layers, the compiler cache) is the engine's to bound (docker builder prune).
   for repo in elastic-ps elastic-ps-worker; do
