@@ -21,7 +21,7 @@
 # Base images: docker/base-image.sh (mmdebstrap + docker import, cached). Images: tagged
 # elastic-ps:tree-H and elastic-ps-worker:tree-H, H the git tree of the working copy
 # (tracked and untracked files that git does not ignore); a run whose images exist reuses
-# them, and only the two newest trees' images are kept. Pods: what
+# them, and only this tree's images keep their tags. Pods: what
 # docker/manifest_run.py makes of `kubectl kustomize docker/k8s/overlays/local` (command,
 # args, environment, user, volumes, DNS names, readiness probe), so the containers cannot
 # drift from the manifests. The network is internal (no route out): everything stays on
@@ -187,14 +187,18 @@ else
   done
   log "built in $((SECONDS - start)) s; compiler cache: $(grep -m1 -oE 'Hits: +[0-9]+ / +[0-9]+' \
     "$WORK/build.log" | tr -s ' ' || echo 'no statistics')"
-  # Keep the images of the two newest trees (this one's included); BuildKit's own cache
-  # (layers, the compiler cache) is the engine's to bound (docker builder prune).
-  for repo in elastic-ps elastic-ps-worker; do
-    "$DOCKER" image ls "$repo" --format '{{.CreatedAt}}	{{.Repository}}:{{.Tag}}' |
-      grep -P '\t[^:]+:tree-' | sort -r | tail -n +3 | cut -f2 |
-      while read -r old; do "$DOCKER" rmi "$old" >/dev/null 2>&1 || true; done
-  done
+  if ! have "$IMAGE" || ! have "$WORKER_IMAGE"; then
+    fail "docker build did not make $IMAGE and $WORKER_IMAGE"
+  fi
 fi
+# Only this tree's images keep a tag: BuildKit's cache (layers, the compiler cache) keeps
+# what another tree needs to be built again in seconds, and the engine bounds it (docker
+# builder prune). (Creation times cannot order the tags: an image made from cached layers
+# carries their time.)
+for repo in elastic-ps elastic-ps-worker; do
+  "$DOCKER" image ls "$repo" --format '{{.Repository}}:{{.Tag}}' | grep -E ':tree-' |
+    grep -vx "$repo:$TAG" | while read -r old; do "$DOCKER" rmi "$old" >/dev/null || true; done
+done
 log "image sizes: $("$DOCKER" image inspect -f '{{.Size}}' "$IMAGE" | awk '{printf "%d MB", $1/1e6}')" \
   "(pods), $("$DOCKER" image inspect -f '{{.Size}}' "$WORKER_IMAGE" | awk '{printf "%d MB", $1/1e6}') (workers)"
 
@@ -244,7 +248,7 @@ run_pod() {
   declare -n cmd="$(pod_var "$p" CMD)" env="$(pod_var "$p" ENV)" \
     vols="$(pod_var "$p" VOLUMES)" aliases="$(pod_var "$p" ALIASES)" \
     groups="$(pod_var "$p" GROUPS)" user="$(pod_var "$p" USER)"
-  local args=(run -d --name "$PREFIX-$p" --hostname "$p" --label "$LABEL" --network "$NET")
+  local args=(run -d --pull=never --name "$PREFIX-$p" --hostname "$p" --label "$LABEL" --network "$NET")
   for a in "${aliases[@]}"; do args+=(--network-alias "$a"); done
   for a in "${env[@]}"; do args+=(-e "$a"); done
   for a in "${vols[@]}"; do args+=(-v "$a"); done
@@ -258,7 +262,8 @@ run_pod() {
 in_net() {
   local image="$1"
   shift
-  "$DOCKER" run --rm -i --label "$LABEL" --network "$NET" --user 10001:10001 "$image" "$@"
+  "$DOCKER" run --rm -i --pull=never --label "$LABEL" --network "$NET" --user 10001:10001 \
+    "$image" "$@"
 }
 
 # wait_ready POD: runs POD's readiness probe (docker/probe.py) until it passes.
@@ -296,7 +301,7 @@ done
 # The training data, as an operator fills the claim: synthetic Criteo-format files and
 # their manifest.json, written into the data volume.
 log "writing $RECORDS records in $FILES files and $HOLDOUT holdout records into $DATA_VOLUME"
-"$DOCKER" run --rm --label "$LABEL" --network none --user 0 -v "$DATA_VOLUME:$DATA_DIR" \
+"$DOCKER" run --rm --pull=never --label "$LABEL" --network none --user 0 -v "$DATA_VOLUME:$DATA_DIR" \
   --entrypoint /usr/bin/python3 "$WORKER_IMAGE" -m elastic_ps.synth --out "$DATA_DIR" \
   --records "$RECORDS" --files "$FILES" --holdout "$HOLDOUT" --seed "$SEED" \
   >"$WORK/synth.log" 2>&1 || { cat "$WORK/synth.log" >&2; fail "writing the training data failed"; }
@@ -343,7 +348,7 @@ CHECK="$(cat "$ROOT/docker/row_check.py")"
 row_check() {  # row_check MODE ARGS...: docker/row_check.py in the worker image
   local mode="$1"
   shift
-  "$DOCKER" run --rm -i --label "$LABEL" --network "$NET" --user 10001:10001 \
+  "$DOCKER" run --rm -i --pull=never --label "$LABEL" --network "$NET" --user 10001:10001 \
     -v "$DATA_VOLUME:$DATA_DIR:ro" --entrypoint /usr/bin/python3 "$WORKER_IMAGE" \
     -c "$CHECK" "$mode" --master "$MASTER_ADDR" --manifest "$MANIFEST" "$@"
 }
