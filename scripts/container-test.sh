@@ -118,8 +118,13 @@ if [ "$(id -u)" = 0 ]; then
 fi
 command -v "$DOCKER" >/dev/null || skip "no docker client ($DOCKER)"
 
-mkdir -p /run/lock 2>/dev/null || true
-exec 9>"/run/lock/elastic-ps-container-test.lock" || skip "cannot open the lock file"
+if ! "$DOCKER" version >/dev/null 2>&1 && [ "$(id -u)" != 0 ]; then
+  skip "no container engine runs, and only root can start dockerd"
+fi
+# flock needs only a readable descriptor: any user of the engine can take the lock.
+LOCK=/run/lock/elastic-ps-container-test.lock
+[ -e "$LOCK" ] || touch "$LOCK" 2>/dev/null || skip "cannot make the lock file $LOCK"
+exec 9<"$LOCK" || skip "cannot open the lock file $LOCK"
 flock -w 1200 9 || fail "another container test held the lock for 20 minutes"
 
 if ! "$DOCKER" version >/dev/null 2>&1; then
@@ -186,7 +191,7 @@ else
     }
   done
   log "built in $((SECONDS - start)) s; compiler cache: $(grep -m1 -oE 'Hits: +[0-9]+ / +[0-9]+' \
-    "$WORK/build.log" | tr -s ' ' || echo 'no statistics')"
+    "$WORK/build.log" | tr -s ' ' || echo 'not run (every layer cached)')"
   if ! have "$IMAGE" || ! have "$WORKER_IMAGE"; then
     fail "docker build did not make $IMAGE and $WORKER_IMAGE"
   fi
