@@ -32,6 +32,8 @@ TEST_PACKAGES=(
   procps
   # the Python worker SDK (client/python) and its tests; torch for the PyTorch module
   python3 python3-grpcio python3-numpy python3-protobuf python3-pytest python3-torch
+  # the SDK's C++ extension (elastic_ps._core, the C++ client bound with pybind11)
+  pybind11-dev python3-pybind11 python3-dev
   # observability and deployment tests: a real Prometheus scraping a local cluster,
   # certificates for the TLS tests, YAML for the Kubernetes manifest test
   prometheus openssl python3-yaml
