@@ -21,6 +21,8 @@ BUILD_PACKAGES=(
   # test and benchmark libraries (find_package at configure time), the Redis client of
   # benchmarks/compare.sh
   libgtest-dev libgmock-dev libbenchmark-dev libhiredis-dev
+  # the SDK's C++ extension (elastic_ps._core, the C++ client bound with pybind11)
+  pybind11-dev python3-pybind11 python3-dev
 )
 
 # What the tests, benchmarks and tools run with, beyond the build.
@@ -32,8 +34,6 @@ TEST_PACKAGES=(
   procps
   # the Python worker SDK (client/python) and its tests; torch for the PyTorch module
   python3 python3-grpcio python3-numpy python3-protobuf python3-pytest python3-torch
-  # the SDK's C++ extension (elastic_ps._core, the C++ client bound with pybind11)
-  pybind11-dev python3-pybind11 python3-dev
   # observability and deployment tests: a real Prometheus scraping a local cluster,
   # certificates for the TLS tests, YAML for the Kubernetes manifest test
   prometheus openssl python3-yaml
