@@ -161,7 +161,12 @@ absl::StatusOr<std::unique_ptr<PsServer>> PsServer::Start(const PsServerOptions&
   // serves its recovered state.
   MigrateImportOptions migrate;
   ASSIGN_OR_RETURN(migrate.channels, ChannelMaker::Create(options.peer_security));
-  auto core = PsCore::Open(options.core, std::move(ownership));
+  PsCoreOptions core_options = options.core;
+  if (core_options.replica_sender == nullptr) {
+    // A batch of records is applied and logged by the follower before it answers.
+    core_options.replica_sender = NewGrpcReplicaSender(migrate.channels, absl::Seconds(5));
+  }
+  auto core = PsCore::Open(core_options, std::move(ownership));
   if (!core.ok()) return core.status();
   auto server = std::make_unique<PsServerImpl>(options, *std::move(core), std::move(migrate));
   if (auto s = server->Start(options); !s.ok()) return s;

@@ -28,6 +28,8 @@ BUILD_PACKAGES=(
 # What the tests, benchmarks and tools run with, beyond the build.
 TEST_PACKAGES=(
   clang-format rocksdb-tools
+  # the libFuzzer harnesses (tests/fuzz, scripts/fuzz.sh): a clang build of them
+  clang-14 libfuzzer-14-dev
   # the Redis peer for benchmarks/compare.sh
   redis-server
   # process tools used by the launcher and the integration tests
