@@ -104,6 +104,7 @@ cleanup() {
   exit "$rc"
 }
 trap cleanup EXIT
+trap 'echo "container-test: FAIL: line $LINENO: $BASH_COMMAND exited $?" >&2' ERR
 trap 'exit 1' INT TERM
 
 # ---- the engine ----
@@ -201,8 +202,9 @@ fi
 # builder prune). (Creation times cannot order the tags: an image made from cached layers
 # carries their time.)
 for repo in elastic-ps elastic-ps-worker; do
-  "$DOCKER" image ls "$repo" --format '{{.Repository}}:{{.Tag}}' | grep -E ':tree-' |
-    grep -vx "$repo:$TAG" | while read -r old; do "$DOCKER" rmi "$old" >/dev/null || true; done
+  mapfile -t old_tags < <("$DOCKER" image ls "$repo" --format '{{.Repository}}:{{.Tag}}' |
+    grep -E ':tree-' | grep -vx "$repo:$TAG" || true)
+  for old in "${old_tags[@]}"; do "$DOCKER" rmi "$old" >/dev/null || true; done
 done
 log "image sizes: $("$DOCKER" image inspect -f '{{.Size}}' "$IMAGE" | awk '{printf "%d MB", $1/1e6}')" \
   "(pods), $("$DOCKER" image inspect -f '{{.Size}}' "$WORKER_IMAGE" | awk '{printf "%d MB", $1/1e6}') (workers)"
