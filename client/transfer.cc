@@ -288,6 +288,14 @@ class Sender {
     absl::MutexLock lock(&mu_);
     return skipped_;
   }
+  uint64_t invalid() {
+    absl::MutexLock lock(&mu_);
+    return invalid_;
+  }
+  std::vector<std::string> invalid_rows() {
+    absl::MutexLock lock(&mu_);
+    return invalid_rows_;
+  }
 
  private:
   void Run() {
@@ -313,8 +321,14 @@ class Sender {
         status_ = FromGrpcStatus(s, "ImportRows on " + names_[item.first]);
       installed_ += resp.installed();
       skipped_ += resp.skipped();
+      invalid_ += resp.invalid();
+      for (const std::string& r : resp.invalid_rows()) {
+        if (invalid_rows_.size() < kNamedInvalid) invalid_rows_.push_back(r);
+      }
     }
   }
+
+  static constexpr size_t kNamedInvalid = 100;
 
   const ImportOptions options_;
   std::vector<std::unique_ptr<PodTransfer::Stub>> stubs_;
@@ -325,6 +339,8 @@ class Sender {
   bool closing_ ABSL_GUARDED_BY(mu_) = false;
   absl::Status status_ ABSL_GUARDED_BY(mu_);
   uint64_t installed_ ABSL_GUARDED_BY(mu_) = 0, skipped_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t invalid_ ABSL_GUARDED_BY(mu_) = 0;
+  std::vector<std::string> invalid_rows_ ABSL_GUARDED_BY(mu_);
 };
 
 // Reads a whole data file, checking it against its manifest entry: the header's spec,
@@ -521,6 +537,8 @@ absl::StatusOr<ImportResult> ImportCluster(const Cluster& cluster, const std::st
   RETURN_IF_ERROR(sender.Close());
   result.installed = sender.installed();
   result.skipped = sender.skipped();
+  result.invalid = sender.invalid();
+  result.invalid_rows = sender.invalid_rows();
   result.seconds = absl::ToDoubleSeconds(absl::Now() - start);
   return result;
 }

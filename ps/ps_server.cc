@@ -141,7 +141,9 @@ absl::StatusOr<std::unique_ptr<PsServer>> PsServer::Start(const PsServerOptions&
   // serves its recovered state.
   MigrateImportOptions migrate;
   ASSIGN_OR_RETURN(migrate.channels, ChannelMaker::Create(options.peer_security));
-  auto core = PsCore::Open(options.core, std::move(ownership));
+  PsCoreOptions core_options = options.core;
+  core_options.max_message_bytes = static_cast<size_t>(options.max_message_bytes);  // one limit
+  auto core = PsCore::Open(core_options, std::move(ownership));
   if (!core.ok()) return core.status();
   auto server = std::make_unique<PsServerImpl>(options, *std::move(core), std::move(migrate));
   if (auto s = server->Start(options); !s.ok()) return s;
