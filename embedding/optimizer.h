@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <string>
 
+#include "absl/base/attributes.h"
 #include "proto/ps.pb.h"
 
 namespace ps {
@@ -53,6 +54,9 @@ class Optimizer {
   // The update of weights w[0..n) with slots s0, s1 (each n floats, as slots() says) for
   // gradient g (already clipped) at the row's step t (after incrementing).
   void Update(float lr, uint64_t t, float* w, float* s0, float* s1, const float* g, size_t n) const;
+  // Apply's path for an optimizer that clips: the gradient clipped in chunks, then Update.
+  ABSL_ATTRIBUTE_NOINLINE void ApplyClipped(float lr, uint64_t t, float* w, float* slots,
+                                            const float* g, size_t n) const;
 
   OptimizerSpec spec_;
   int slots_;

@@ -1,6 +1,7 @@
 #include "embedding/optimizer_kernels.h"
 
 #include <cmath>
+#include <cstdint>
 
 #include "embedding/spec.h"
 
@@ -14,16 +15,31 @@
 namespace ps::kernels {
 namespace {
 
-// min(max(x, -kMaxValue), kMaxValue); NaN -> -kMaxValue (the first comparison is false).
-// Both are exact selections: maxps/minps or a blend, bitwise alike in every clone.
+// Saturation works on the bits: for floats of one sign, the magnitude orders as its bit
+// pattern, so one unsigned min clamps it (vpminud). Four integer operations per value; a
+// float min/max pair (a compare and a blend each, as GCC emits them keeping IEEE
+// semantics) cost Adagrad's push a fifth of its time. Integer operations are exact, so
+// every clone gives the same bits.
+constexpr uint32_t kMaxValueBits = __builtin_bit_cast(uint32_t, kMaxValue);
+constexpr uint32_t kSignBit = 0x80000000u;
+
+inline uint32_t Bits(float x) { return __builtin_bit_cast(uint32_t, x); }
+inline float Float(uint32_t b) { return __builtin_bit_cast(float, b); }
+
+// sign(x) * min(|x|, kMaxValue); a NaN (whose magnitude bits exceed every finite float's)
+// becomes ±kMaxValue by its sign bit.
 inline float Sat(float x) {
-  x = x > -kMaxValue ? x : -kMaxValue;
-  return x < kMaxValue ? x : kMaxValue;
+  const uint32_t b = Bits(x);
+  const uint32_t magnitude = b & ~kSignBit;
+  return Float((magnitude < kMaxValueBits ? magnitude : kMaxValueBits) | (b & kSignBit));
 }
 
-// An accumulator (a sum or average of squares, never negative): min(x, kMaxValue), NaN ->
-// kMaxValue, so it stays >= 0.
-inline float SatAcc(float x) { return x < kMaxValue ? x : kMaxValue; }
+// An accumulator of squares (>= +0 after any update): min(x, kMaxValue) for x >= +0;
+// anything with the sign bit set, and a NaN, becomes kMaxValue. One operation.
+inline float SatAcc(float x) {
+  const uint32_t b = Bits(x);
+  return Float(b < kMaxValueBits ? b : kMaxValueBits);
+}
 
 inline float Clip(float x, float clip) {
   x = x > -clip ? x : -clip;

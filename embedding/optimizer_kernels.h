@@ -7,11 +7,11 @@
 // same on any x86-64 machine, which keeps a replayed log equal to the original updates.
 //
 // Every value an update stores (weights and slots) saturates at ±kMaxValue
-// (embedding/spec.h): sat(x) = min(max(x, -kMaxValue), kMaxValue), a NaN becoming
-// -kMaxValue; an accumulator of squares (Adagrad's, Adam's v, FTRL's n) sat_acc(x) =
-// min(x, kMaxValue), a NaN becoming kMaxValue, so it stays >= 0. No update ever stores a
-// non-finite value. Within spec.h's ranges nothing
-// reaches the bound in the first place (see there); saturation is the guarantee for state
+// (embedding/spec.h): sat(x) = sign(x) * min(|x|, kMaxValue), a NaN becoming ±kMaxValue
+// by its sign bit; an accumulator of squares (Adagrad's, Adam's v, FTRL's n), which an
+// update leaves >= +0, sat_acc(x) = min(x, kMaxValue), anything negative or NaN becoming
+// kMaxValue, so it stays >= 0. No update ever stores a non-finite value. Within spec.h's ranges
+// nothing reaches the bound in the first place (see there); saturation is the guarantee for state
 // and specs made before those ranges existed.
 #pragma once
 

@@ -125,11 +125,15 @@ TEST(OptimizerTest, AdamBiasCorrectionUsesPerRowStep) {
 // The update loops are vectorized and dispatched by CPU (optimizer_kernels.h); on any
 // machine they must give the same bits as one scalar, separately rounded evaluation of the
 // formulas, here written out in the test. 67 weights: full vectors and a remainder.
+// Saturation as optimizer_kernels.h states it.
 float Sat(float x) {
-  if (!(x > -kMaxValue)) return -kMaxValue;  // NaN too
-  return x < kMaxValue ? x : kMaxValue;
+  if (std::isnan(x) || std::fabs(x) > kMaxValue) return std::copysign(kMaxValue, x);
+  return x;
 }
-float SatAcc(float x) { return x < kMaxValue ? x : kMaxValue; }  // NaN: kMaxValue
+float SatAcc(float x) {
+  if (std::isnan(x) || std::signbit(x) || x > kMaxValue) return kMaxValue;
+  return x;
+}
 
 // The gradient after clipping, as the optimizer documents it: each element to
 // [-clip_value, clip_value], then the row's norm (summed in double, element j into partial
