@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "absl/time/time.h"
 
 namespace ps {
 namespace {
@@ -211,6 +212,44 @@ std::string FormatWorkers(const StatusResponse& s) {
                     w.state() == WorkerInfo::LIVE ? Lease(w.lease_remaining_ms()) : "-"});
   }
   return FormatColumns(rows);
+}
+
+std::string FormatUnixMillis(int64_t unix_ms) {
+  if (unix_ms == 0) return "-";
+  return absl::FormatTime("%Y-%m-%d %H:%M:%S UTC", absl::FromUnixMillis(unix_ms),
+                          absl::UTCTimeZone());
+}
+
+std::string FormatJobList(const StatusResponse& s) {
+  const RetentionInfo& r = s.retention();
+  std::string policy = absl::StrCat(
+      "finished jobs kept ",
+      r.job_retention_s() > 0 ? absl::StrCat(r.job_retention_s(), " s") : "without time limit",
+      r.max_finished_jobs() > 0 ? absl::StrCat(", at most ", r.max_finished_jobs()) : "",
+      "; at most ", r.max_tasks_per_job(), " tasks per job\n");
+  if (s.jobs_size() == 0) return absl::StrCat("no jobs\n", policy);
+  std::vector<std::vector<std::string>> rows = {{"JOB", "STATE", "TASKS done/total", "FAILED",
+                                                 "TRAIN RECORDS", "CREATED", "FINISHED",
+                                                 "DELETED AFTER"}};
+  for (const JobInfo& j : s.jobs()) {
+    const bool finished = j.state() != JobInfo::RUNNING && j.finished_unix_ms() > 0;
+    rows.push_back({j.name(), JobInfo::State_Name(j.state()),
+                    absl::StrCat(j.tasks_done(), "/", j.tasks_total()),
+                    absl::StrCat(j.tasks_failed()),
+                    absl::StrCat(j.train_records_done(), "/", j.train_records_total()),
+                    FormatUnixMillis(j.created_unix_ms()), FormatUnixMillis(j.finished_unix_ms()),
+                    finished && r.job_retention_s() > 0
+                        ? FormatUnixMillis(j.finished_unix_ms() + r.job_retention_s() * 1000)
+                        : "-"});
+  }
+  return absl::StrCat(FormatColumns(rows), policy);
+}
+
+std::string FormatDeletedJob(const DeleteJobResponse& r) {
+  const JobInfo& j = r.job();
+  return absl::StrCat("job ", j.name(), " deleted (was ", JobInfo::State_Name(j.state()), ": ",
+                      j.tasks_done(), "/", j.tasks_total(), " tasks done, ", j.tasks_failed(),
+                      " failed, ", j.train_records_done(), " training records)\n");
 }
 
 std::string FormatTasks(const StatusResponse& s) {

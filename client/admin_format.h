@@ -31,5 +31,11 @@ std::string FormatMoves(const google::protobuf::RepeatedPtrField<MoveInfo>& move
 std::string FormatTables(const ListTablesResponse& t, const StatusResponse& s);  // tables
 std::string FormatWorkers(const StatusResponse& s);                              // workers
 std::string FormatTasks(const StatusResponse& s);                                // tasks
+// jobs: every job the master keeps, with its times and the retention that deletes it.
+std::string FormatJobList(const StatusResponse& s);
+// delete-job: what was deleted.
+std::string FormatDeletedJob(const DeleteJobResponse& r);
+// "2025-01-02 03:04:05 UTC" for a unix time in ms; "-" for 0.
+std::string FormatUnixMillis(int64_t unix_ms);
 
 }  // namespace ps

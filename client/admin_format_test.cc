@@ -106,5 +106,40 @@ TEST(AdminFormatTest, StatusAndShardsShowMovesOperationsAndCheckpoints) {
   EXPECT_NE(shards.find("COPYING"), std::string::npos) << shards;
 }
 
+TEST(AdminFormatTest, JobsShowTimesAndRetention) {
+  StatusResponse s;
+  s.mutable_retention()->set_job_retention_s(3600);
+  s.mutable_retention()->set_max_finished_jobs(10);
+  s.mutable_retention()->set_max_tasks_per_job(1000000);
+  EXPECT_EQ(FormatJobList(s),
+            "no jobs\nfinished jobs kept 3600 s, at most 10; at most 1000000 tasks per job\n");
+  JobInfo* done = s.add_jobs();
+  done->set_name("ctr");
+  done->set_state(JobInfo::SUCCEEDED);
+  done->set_tasks_done(4);
+  done->set_tasks_total(4);
+  done->set_created_unix_ms(1'700'000'000'000);
+  done->set_finished_unix_ms(1'700'000'100'000);
+  JobInfo* running = s.add_jobs();
+  running->set_name("next");
+  running->set_state(JobInfo::RUNNING);
+  running->set_tasks_total(9);
+  const std::string out = FormatJobList(s);
+  for (const char* want :
+       {"ctr", "SUCCEEDED", "4/4", "2023-11-14 22:13:20 UTC", "2023-11-14 22:15:00 UTC",
+        "2023-11-14 23:15:00 UTC", "next", "RUNNING", "0/9"}) {
+    EXPECT_NE(out.find(want), std::string::npos) << want << " in\n" << out;
+  }
+  s.mutable_retention()->set_job_retention_s(0);
+  s.mutable_retention()->set_max_finished_jobs(0);
+  EXPECT_NE(FormatJobList(s).find("finished jobs kept without time limit; at most 1000000"),
+            std::string::npos)
+      << FormatJobList(s);
+  DeleteJobResponse deleted;
+  *deleted.mutable_job() = *done;
+  EXPECT_EQ(FormatDeletedJob(deleted),
+            "job ctr deleted (was SUCCEEDED: 4/4 tasks done, 0 failed, 0 training records)\n");
+}
+
 }  // namespace
 }  // namespace ps

@@ -1,6 +1,5 @@
 #include "client/catalog.h"
 
-#include <chrono>
 #include <memory>
 #include <vector>
 
@@ -70,11 +69,9 @@ template <typename Req, typename Resp>
 absl::Status Catalog::CallMaster(grpc::Status (Master::Stub::*method)(grpc::ClientContext*,
                                                                       const Req&, Resp*),
                                  const Req& req, Resp* resp) {
-  grpc::ClientContext ctx;
-  ctx.set_deadline(std::chrono::system_clock::now() +
-                   std::chrono::milliseconds(options_.deadline_ms));
-  return FromGrpcStatus((master_->*method)(&ctx, req, resp),
-                        absl::StrCat("master ", options_.master));
+  // Catalog creations are idempotent on the master: safe to retry.
+  return policy_->Run([&](grpc::ClientContext* ctx) { return (master_->*method)(ctx, req, resp); },
+                      absl::StrCat("master ", options_.master));
 }
 
 // Sends the create request to every pod that is up (in parallel), then refreshes.

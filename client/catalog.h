@@ -17,12 +17,14 @@
 namespace ps::internal {
 
 // Thread-safe. Blocking methods make their calls on a queue the calling thread drains
-// (RpcRunner::RunAll), so they work from a completion callback too. `options`, `master`
-// (null with a static map), `router` and `runner` must outlive the catalog.
+// (RpcRunner::RunAll), so they work from a completion callback too. `options`, `policy`
+// (master calls retry under it), `master` (null with a static map), `router` and `runner`
+// must outlive the catalog.
 class Catalog {
  public:
-  Catalog(const ClientOptions& options, Master::Stub* master, Router* router, RpcRunner* runner)
-      : options_(options), master_(master), router_(router), runner_(runner) {}
+  Catalog(const ClientOptions& options, const RetryPolicy* policy, Master::Stub* master,
+          Router* router, RpcRunner* runner)
+      : options_(options), policy_(policy), master_(master), router_(router), runner_(runner) {}
 
   // Records the specs a pod described.
   void Add(const DescribeResponse& described);
@@ -56,6 +58,7 @@ class Catalog {
 
   // Constant after construction.
   const ClientOptions& options_;
+  const RetryPolicy* const policy_;
   Master::Stub* const master_;
   Router* const router_;
   RpcRunner* const runner_;

@@ -52,13 +52,12 @@ absl::Status CheckOptions(const ClientOptions& options) {
   if (options.servers.empty() && options.master.empty()) {
     return absl::InvalidArgumentError("no PS servers and no master given");
   }
-  RETURN_IF_ERROR(ChannelMaker::Create(options.security).status());
-  if (options.deadline_ms <= 0 || options.max_attempts < 1 || options.initial_backoff_ms < 1 ||
-      options.max_backoff_ms < options.initial_backoff_ms) {
+  RETURN_IF_ERROR(ChannelMaker::Create(options.security).status());  // files readable now
+  if (options.initial_backoff_ms < 1) {
     return absl::InvalidArgumentError(
-        "need deadline_ms > 0, max_attempts >= 1, 1 <= initial_backoff_ms <= max_backoff_ms");
+        absl::StrCat("initial_backoff_ms must be >= 1 (got ", options.initial_backoff_ms, ")"));
   }
-  return absl::OkStatus();
+  return RetryPolicy::Validate(RetryOptionsOf(options));
 }
 
 // One try at a client from the master's current map: UNAVAILABLE while an owner is not
@@ -97,20 +96,21 @@ absl::StatusOr<std::unique_ptr<PsClient>> PsClient::Connect(const ClientOptions&
   // From the master: retry while pods start or have not applied the map yet.
   auto stub = Master::NewStub(internal::Channels(options).Make(options.master));
   const absl::Time deadline = absl::Now() + absl::Milliseconds(options.connect_timeout_ms);
-  absl::Duration backoff = absl::Milliseconds(options.initial_backoff_ms);
-  for (;;) {
+  const RetryPolicy policy(internal::RetryOptionsOf(options));
+  for (int attempts = 1;; ++attempts) {
     auto client = internal::ConnectThroughMaster(options, *stub);
     if (client.ok()) return client;
     const absl::Status& s = client.status();
-    const bool retry = s.code() == absl::StatusCode::kUnavailable ||
-                       s.code() == absl::StatusCode::kFailedPrecondition ||
-                       s.code() == absl::StatusCode::kDeadlineExceeded;
+    // Retryable codes, and FAILED_PRECONDITION: a pod has not applied the map yet.
+    const bool retry =
+        RetryPolicy::IsRetryable(s.code()) || s.code() == absl::StatusCode::kFailedPrecondition;
+    // Until connect_timeout_ms rather than max_attempts: pods may take a while to start.
+    const absl::Duration backoff = policy.Backoff(attempts);
     if (!retry || absl::Now() + backoff > deadline) {
       return absl::Status(
           s.code(), absl::StrCat("connecting through master ", options.master, ": ", s.message()));
     }
     absl::SleepFor(backoff);
-    backoff = std::min(backoff * 2, absl::Milliseconds(options.max_backoff_ms));
   }
 }
 

@@ -8,6 +8,7 @@
 #include "absl/synchronization/notification.h"
 #include "common/base/status_macros.h"
 #include "common/routing/hash.h"
+#include "proto/wrong_shard.h"
 
 namespace ps::internal {
 
@@ -22,9 +23,7 @@ absl::StatusOr<std::vector<size_t>> DenseCalls::Numels(const std::vector<std::st
 }
 
 bool DenseCalls::Reroutable(const absl::Status& s, int round) const {
-  return router_->follows_master() && round < options_.max_reroutes &&
-         s.code() == absl::StatusCode::kFailedPrecondition &&
-         s.message().find("does not own") != absl::string_view::npos;
+  return router_->follows_master() && round < options_.max_reroutes && WrongShardOf(s).has_value();
 }
 
 void DenseCalls::AwaitRefresh(uint64_t epoch) {
@@ -35,6 +34,7 @@ void DenseCalls::AwaitRefresh(uint64_t epoch) {
 
 absl::Status DenseCalls::Pull(const std::vector<std::string>& names,
                               const std::vector<float*>& out) {
+  counters_->pulls.fetch_add(1, std::memory_order_relaxed);
   if (names.size() != out.size()) return absl::InvalidArgumentError("names and out differ in size");
   ASSIGN_OR_RETURN(const std::vector<size_t> numel, Numels(names));
   // A pull is idempotent: after a map change it simply runs again under the new map.
@@ -54,6 +54,7 @@ absl::Status DenseCalls::Pull(const std::vector<std::string>& names,
     absl::Status s = runner_->RunAll(&ParameterServer::Stub::PrepareAsyncPullDense, &rpcs);
     if (!s.ok()) {
       if (!Reroutable(s, round)) return s;
+      counters_->reroutes.fetch_add(1, std::memory_order_relaxed);
       AwaitRefresh(r->map.epoch());
       continue;
     }
@@ -75,6 +76,7 @@ absl::Status DenseCalls::Pull(const std::vector<std::string>& names,
 
 absl::Status DenseCalls::Push(const std::vector<std::string>& names,
                               const std::vector<const float*>& grads, float learning_rate) {
+  counters_->pushes.fetch_add(1, std::memory_order_relaxed);
   if (names.size() != grads.size()) {
     return absl::InvalidArgumentError("names and grads differ in size");
   }
@@ -96,6 +98,11 @@ absl::Status DenseCalls::Push(const std::vector<std::string>& names,
         rpcs.push_back(MakeRpc<DensePushRequest, PushResponse>(r->pods[pod], r->map.epoch()));
         rpcs.back()->req.set_epoch(r->map.epoch());
         *rpcs.back()->req.mutable_key() = key;
+        auto* rpc = rpcs.back().get();
+        rpc->on_ok = [this, rpc] {
+          keys_->Acknowledged(rpc->req.key(), rpc->resp.duplicate(), rpc->attempt);
+          return absl::OkStatus();
+        };
         tensors_of_rpc.emplace_back();
       }
       DenseGrads* g = rpcs[rpc_of_pod[pod]]->req.add_tensors();
@@ -111,6 +118,7 @@ absl::Status DenseCalls::Push(const std::vector<std::string>& names,
       const absl::Status& rs = rpcs[k]->status;
       if (rs.ok()) continue;
       if (!Reroutable(rs, round)) return rs;
+      counters_->reroutes.fetch_add(1, std::memory_order_relaxed);
       again.insert(again.end(), tensors_of_rpc[k].begin(), tensors_of_rpc[k].end());
     }
     todo = std::move(again);

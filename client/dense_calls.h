@@ -20,8 +20,13 @@ namespace ps::internal {
 class DenseCalls {
  public:
   DenseCalls(const ClientOptions& options, Router* router, RpcRunner* runner, Catalog* catalog,
-             PushKeys* keys)
-      : options_(options), router_(router), runner_(runner), catalog_(catalog), keys_(keys) {}
+             PushKeys* keys, ClientCounters* counters)
+      : options_(options),
+        router_(router),
+        runner_(runner),
+        catalog_(catalog),
+        keys_(keys),
+        counters_(counters) {}
 
   // As PsClient::PullDense and PushDense.
   absl::Status Pull(const std::vector<std::string>& names, const std::vector<float*>& out);
@@ -32,7 +37,7 @@ class DenseCalls {
   // The element counts of `names`' tensors, from the catalog.
   absl::StatusOr<std::vector<size_t>> Numels(const std::vector<std::string>& names);
   // Whether `s` (for a routing of `round` map changes so far) calls for a map refresh and
-  // another round: a pod does not own the tensor, with a master, rounds left.
+  // another round: a wrong-shard refusal (proto/wrong_shard.h), with a master, rounds left.
   bool Reroutable(const absl::Status& s, int round) const;
   // Waits for a map newer than `epoch` (or one refresh).
   void AwaitRefresh(uint64_t epoch);
@@ -42,6 +47,7 @@ class DenseCalls {
   RpcRunner* const runner_;
   Catalog* const catalog_;
   PushKeys* const keys_;
+  ClientCounters* const counters_;
 };
 
 }  // namespace ps::internal

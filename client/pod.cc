@@ -5,7 +5,8 @@
 namespace ps::internal {
 
 ChannelMaker Channels(const ClientOptions& options) {
-  return ChannelMaker::Create(options.security).value_or(ChannelMaker());
+  // Fail closed: TLS files that cannot be read now fail the calls, never a plain-text channel.
+  return ChannelMaker::CreateOrFailClosed(options.security);
 }
 
 std::shared_ptr<Pod> MakePod(const ClientOptions& options, const std::string& id,

@@ -37,9 +37,9 @@ struct Pod {
 std::shared_ptr<Pod> MakePod(const ClientOptions& options, const std::string& id,
                              const std::string& address);
 
-// The channel maker of `options.security`. Connect read its files once already, so a
-// failure here (a file removed since) gives plain text without a token, which a secured
-// server refuses.
+// The channel maker of `options.security`. Connect read its files once already; a
+// failure here (a file removed since) gives channels whose calls fail with UNAVAILABLE
+// naming the file, never plain text (ChannelMaker::CreateOrFailClosed).
 ChannelMaker Channels(const ClientOptions& options);
 
 }  // namespace ps::internal

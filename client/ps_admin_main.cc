@@ -26,6 +26,7 @@ DEFINE_bool(json, false,
             "message, one object) instead of tables: for scripts.");
 DEFINE_int32(timeout_ms, 3000,
              "Deadline of each call to the master; an unreachable master fails after it.");
+DEFINE_bool(force, false, "delete-job: delete the job even while it is RUNNING.");
 DEFINE_int32(move_timeout_ms, 1800000,
              "Deadline of drain and rebalance, which return once their vshard moves are done "
              "(progress shows in `status` meanwhile).");
@@ -41,6 +42,11 @@ constexpr char kUsage[] =
     "  tables      the table catalog with each table's version (pushes)\n"
     "  workers     registered workers, their incarnations, states and leases\n"
     "  tasks       job progress, tasks in progress and failed tasks\n"
+    "  jobs        every job the master keeps: state, progress, when created and finished,\n"
+    "              and when retention deletes it (ps-master --job_retention_s and\n"
+    "              --max_finished_jobs)\n"
+    "  delete-job NAME  delete a finished job, tasks and all (its name is free again); a\n"
+    "              RUNNING job only with --force (its workers then get NOT_FOUND)\n"
     "  drain POD   move POD's vshards to the other live pods (live migration); returns when\n"
     "              done, POD then owns nothing (DRAINED) and can be removed\n"
     "  rebalance   spread vshards evenly over the live, not drained pods (e.g. after a pod\n"
@@ -129,15 +135,18 @@ int Main(const std::vector<std::string>& args) {
   if (args.empty()) return Usage("no command given");
   if (FLAGS_timeout_ms < 1) return Usage("--timeout_ms must be >= 1");
   const std::string& cmd = args[0];
-  const size_t want_args = cmd == "drain" ? 2 : 1;
-  static const char* const kCommands[] = {"status", "shards", "tables",    "workers",
-                                          "tasks",  "drain",  "rebalance", "checkpoint"};
+  const bool named = cmd == "drain" || cmd == "delete-job";
+  const size_t want_args = named ? 2 : 1;
+  static const char* const kCommands[] = {"status", "shards",    "tables",    "workers",
+                                          "tasks",  "drain",     "rebalance", "checkpoint",
+                                          "jobs",   "delete-job"};
   if (std::find(std::begin(kCommands), std::end(kCommands), cmd) == std::end(kCommands)) {
     return Usage("unknown command '" + cmd + "'");
   }
   if (args.size() != want_args) {
-    return Usage(cmd == "drain" ? "drain takes one pod id, e.g. `drain ps-2`"
-                                : "'" + cmd + "' takes no arguments");
+    return Usage(cmd == "drain"        ? "drain takes one pod id, e.g. `drain ps-2`"
+                 : cmd == "delete-job" ? "delete-job takes one job name, e.g. `delete-job ctr`"
+                                       : "'" + cmd + "' takes no arguments");
   }
   absl::StatusOr<ps::ChannelSecurity> security = ps::ChannelSecurityFromFlags();
   if (!security.ok()) return Usage(std::string(security.status().message()));
@@ -145,14 +154,26 @@ int Main(const std::vector<std::string>& args) {
   if (!channels.ok()) return Usage(std::string(channels.status().message()));
   Admin admin(FLAGS_master, *channels);
   using ps::Master;
-  if (cmd == "status" || cmd == "workers" || cmd == "tasks") {
+  if (cmd == "status" || cmd == "workers" || cmd == "tasks" || cmd == "jobs") {
     ps::StatusResponse s;
     if (!admin.Call("status", &Master::Stub::Status, ps::StatusRequest(), &s)) return 1;
     return Print(s, [&] {
       return cmd == "status"    ? ps::FormatStatus(s, CollectPodStats(s, *channels))
              : cmd == "workers" ? ps::FormatWorkers(s)
+             : cmd == "jobs"    ? ps::FormatJobList(s)
                                 : ps::FormatTasks(s);
     });
+  }
+  if (cmd == "delete-job") {
+    ps::DeleteJobRequest req;
+    req.set_name(args[1]);
+    req.set_force(FLAGS_force);
+    ps::DeleteJobResponse r;
+    // Removing a large job's task records takes a while: the moves' deadline.
+    if (!admin.Call("delete-job", &Master::Stub::DeleteJob, req, &r, FLAGS_move_timeout_ms)) {
+      return 1;
+    }
+    return Print(r, [&] { return ps::FormatDeletedJob(r); });
   }
   if (cmd == "shards") {
     ps::ShardMapResponse m;

@@ -1,11 +1,15 @@
-// The C++ client of the parameter server.
+// The C++ client of the parameter server: the one implementation of the data plane
+// (the Python SDK binds it). The worker protocol (register, heartbeat, tasks, leave) is
+// client/worker_session.h.
 //
 // Given the pods' addresses (and so the static vshard map), a pull or push
 // de-duplicates its ids (summing the gradients of duplicates), groups them by owning pod,
 // sends one RPC per pod carrying all of its tables, in parallel, and scatters the rows
 // back in request order. Every RPC has a deadline; UNAVAILABLE, ABORTED and
-// DEADLINE_EXCEEDED are retried with exponential backoff, which is safe for pushes because
-// each carries a (worker id, incarnation, sequence) key that the pods apply once.
+// DEADLINE_EXCEEDED are retried with exponential backoff (common/rpc/retry_policy.h), which
+// is safe for pushes because each carries a (worker id, incarnation, sequence) key that the
+// pods apply once. A pod's wrong-shard refusal (proto/wrong_shard.h) makes a client that
+// follows a master refresh its map and route the refused part again.
 #pragma once
 
 #include <cstdint>
@@ -38,13 +42,16 @@ struct ClientOptions {
   std::vector<std::string> servers;
   // Must equal the pods' --num_vshards; Connect checks it.
   uint32_t num_vshards = 256;
-  // Per attempt. A 1M-row batch takes well under a second on loopback; 10 s leaves room
-  // for a loaded pod without hanging a worker on a dead one.
+  // The retry policy of every call, to pods and master (common/rpc/retry_policy.h, whose
+  // RetryOptions these four fields fill; defaults as there). deadline_ms: per attempt. A
+  // 1M-row batch takes well under a second on loopback; 10 s leaves room for a loaded pod
+  // without hanging a worker on a dead one.
   int deadline_ms = 10000;
   // Attempts per RPC (first try included), with backoff doubling from initial to max and
   // jitter (each wait is in [b/2, b]). 10 attempts wait 4.5 to 9.1 s in all: enough to
   // ride out a pod restart, not a permanent outage. gRPC's own reconnect backoff is set
-  // to the same bounds, so a retry finds a restarted pod as soon as it listens.
+  // to the same bounds, so a retry finds a restarted pod as soon as it listens. From the
+  // third attempt on, a client following a master refreshes its map first.
   int max_attempts = 10;
   int initial_backoff_ms = 20;
   int max_backoff_ms = 4000;
@@ -55,9 +62,16 @@ struct ClientOptions {
   // help a client of many busy pods.
   int completion_threads = 1;
   int max_message_bytes = 256 << 20;
-  // Push identity. worker_id 0: a random id is drawn (a master assigns ids in production).
+  // Push identity. worker_id 0: a random id is drawn (a master assigns ids in production:
+  // client/worker_session.h). Two live clients must not share one (worker_id, incarnation).
   uint64_t worker_id = 0;
   uint64_t incarnation = 1;
+  // The sequence of the first push key. 0: microseconds since the Unix epoch, so a process
+  // restarted with the same identity starts above every sequence its predecessor used
+  // (it would have to have pushed more than once per microsecond since it started to get
+  // there) and its pushes are never mistaken for duplicates. Set it only from a counter
+  // persisted across restarts (or in tests).
+  uint64_t first_push_sequence = 0;
   // TLS (CA, client certificate for mutual TLS) and the bearer token, towards the pods and
   // the master. Default: plain text, no token. Connect fails on unreadable files.
   ChannelSecurity security;
@@ -81,6 +95,27 @@ struct PushSpec {
   absl::Span<const int64_t> ids;
   const float* grads = nullptr;
   float learning_rate = 0;
+};
+
+// What this client has done, counted since Connect (PsClient::client_stats). Every field
+// only grows.
+struct ClientStats {
+  uint64_t pulls = 0;   // PullAsync and PullDense calls
+  uint64_t pushes = 0;  // PushAsync and PushDense calls
+  // Push RPCs a pod acknowledged (one per pod a call touched, plus re-routed parts).
+  uint64_t push_rpcs = 0;
+  // Acknowledged push RPCs the pod answered `duplicate`: it had applied that key before,
+  // so nothing was applied again. Expected after a retry (the first attempt's answer was
+  // lost); see reused_keys for the other case.
+  uint64_t duplicate_pushes = 0;
+  // Of those, answered `duplicate` to their first attempt: the key was used before by
+  // someone else (two clients sharing an identity, or a sequence reused after a restart),
+  // and this push's gradients were dropped. Should stay 0; each one is logged (WARNING,
+  // rate-limited).
+  uint64_t reused_keys = 0;
+  uint64_t retries = 0;        // RPC attempts after the first (all calls)
+  uint64_t map_refreshes = 0;  // shard maps fetched from the master after Connect
+  uint64_t reroutes = 0;       // RPCs routed again after a wrong-shard refusal
 };
 
 namespace internal {
@@ -152,6 +187,16 @@ class PsClient {
   virtual absl::StatusOr<std::vector<StatsResponse>> Stats() = 0;
 
   virtual uint64_t worker_id() const = 0;
+  virtual uint64_t incarnation() const = 0;
+  // Pushes from now on carry (worker_id, incarnation), e.g. after the worker re-registered
+  // with the master under a new incarnation (WorkerSession does this). The sequence goes on
+  // from where it was, or from the clock if that is higher. Pushes already started keep
+  // their keys (a retry must resend the same key); pods refuse those of a superseded
+  // incarnation. INVALID_ARGUMENT for worker_id 0 or incarnation 0.
+  virtual absl::Status SetIdentity(uint64_t worker_id, uint64_t incarnation) = 0;
+
+  // This client's counters (a snapshot; cheap).
+  virtual ClientStats client_stats() const = 0;
 };
 
 }  // namespace ps

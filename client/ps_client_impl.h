@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "client/catalog.h"
+#include "client/client_counters.h"
 #include "client/completion_threads.h"
 #include "client/dense_calls.h"
 #include "client/inflight.h"
@@ -42,6 +43,11 @@ class PsClientImpl final : public PsClient {
   absl::Status Init();
 
   uint64_t worker_id() const override { return keys_.worker_id(); }
+  uint64_t incarnation() const override { return keys_.incarnation(); }
+  absl::Status SetIdentity(uint64_t worker_id, uint64_t incarnation) override {
+    return keys_.SetIdentity(worker_id, incarnation);
+  }
+  ClientStats client_stats() const override { return counters_.Snapshot(); }
   absl::Status CreateTable(const TableSpec& spec) override { return catalog_.CreateTable(spec); }
   absl::Status CreateDense(const DenseSpec& spec) override { return catalog_.CreateDense(spec); }
   absl::StatusOr<TableSpec> GetTable(const std::string& name) override {
@@ -68,7 +74,9 @@ class PsClientImpl final : public PsClient {
   // Declaration order is construction order; the destructor tears down the completion
   // threads first, once nothing is in flight, and the rest needs no order after that.
   const ClientOptions options_;
+  const RetryPolicy policy_;
   const std::unique_ptr<Master::Stub> master_;  // null with a static map
+  ClientCounters counters_;
   InFlight inflight_;
   Timer timer_;
   std::unique_ptr<CompletionThreads> completions_;

@@ -276,6 +276,84 @@ TEST_F(ClientTest, UnreachablePodFailsAfterBoundedRetries) {
   EXPECT_NE(c.status().message().find("after 3 attempts"), std::string::npos) << c.status();
 }
 
+// A worker process restarted with a fixed worker id and the default incarnation (the
+// pods remember its keys) must have every push applied: its sequences start from the
+// clock, above every key its predecessor used.
+TEST_F(ClientTest, RestartedClientWithAFixedIdentityLosesNoPush) {
+  StartPods(2);
+  options_.worker_id = 42;
+  const std::vector<int64_t> ids = Iota(10);
+  std::vector<float> ones(ids.size() * 4, -1.0f);  // each push adds 1
+  for (int run = 0; run < 2; ++run) {
+    auto client = Connect();  // the same identity each time
+    ASSERT_NE(client, nullptr);
+    if (run == 0) ASSERT_TRUE(CreateCounterTable(*client));
+    for (int k = 0; k < 5; ++k) ASSERT_TRUE(client->Push({{"emb", ids, ones.data()}}).ok());
+    const ClientStats stats = client->client_stats();
+    EXPECT_EQ(stats.pushes, 5u);
+    EXPECT_GE(stats.push_rpcs, 5u);
+    EXPECT_EQ(stats.duplicate_pushes, 0u) << "run " << run;
+    EXPECT_EQ(stats.reused_keys, 0u) << "run " << run;
+  }
+  auto client = Connect();
+  ASSERT_NE(client, nullptr);
+  std::vector<float> rows(ids.size() * 4);
+  ASSERT_TRUE(client->Pull({{"emb", ids, rows.data()}}).ok());
+  for (float v : rows) ASSERT_EQ(v, 10.0f);
+}
+
+// A push answered `duplicate` to its first attempt was dropped: the client counts it.
+TEST_F(ClientTest, ReusedPushKeysAreCounted) {
+  StartPods(2);
+  options_.worker_id = 7;
+  options_.first_push_sequence = 1;  // two clients handed the same sequences
+  const std::vector<int64_t> ids = Iota(10);
+  std::vector<float> ones(ids.size() * 4, -1.0f);
+  auto a = Connect();
+  ASSERT_NE(a, nullptr);
+  ASSERT_TRUE(CreateCounterTable(*a));
+  for (int k = 0; k < 3; ++k) ASSERT_TRUE(a->Push({{"emb", ids, ones.data()}}).ok());
+  auto b = Connect();
+  ASSERT_NE(b, nullptr);
+  for (int k = 0; k < 3; ++k) ASSERT_TRUE(b->Push({{"emb", ids, ones.data()}}).ok());
+  const ClientStats stats = b->client_stats();
+  EXPECT_GE(stats.push_rpcs, 3u);
+  EXPECT_EQ(stats.duplicate_pushes, stats.push_rpcs);
+  EXPECT_EQ(stats.reused_keys, stats.push_rpcs);
+  EXPECT_EQ(a->client_stats().duplicate_pushes, 0u);
+  std::vector<float> rows(ids.size() * 4);
+  ASSERT_TRUE(b->Pull({{"emb", ids, rows.data()}}).ok());
+  for (float v : rows) ASSERT_EQ(v, 3.0f);  // b's pushes were dropped as a's
+}
+
+TEST_F(ClientTest, SetIdentityChangesThePushKeys) {
+  StartPods(1);
+  options_.worker_id = 9;
+  auto client = Connect();
+  ASSERT_NE(client, nullptr);
+  ASSERT_TRUE(CreateCounterTable(*client));
+  EXPECT_EQ(client->worker_id(), 9u);
+  EXPECT_EQ(client->incarnation(), 1u);
+  EXPECT_EQ(client->SetIdentity(0, 1).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(client->SetIdentity(9, 0).code(), absl::StatusCode::kInvalidArgument);
+  const std::vector<int64_t> ids = Iota(4);
+  std::vector<float> ones(ids.size() * 4, -1.0f);
+  ASSERT_TRUE(client->Push({{"emb", ids, ones.data()}}).ok());
+  ASSERT_TRUE(client->SetIdentity(9, 2).ok());  // re-registered: a new incarnation
+  EXPECT_EQ(client->incarnation(), 2u);
+  ASSERT_TRUE(client->Push({{"emb", ids, ones.data()}}).ok());
+  // The old incarnation is superseded on the pod: a push under it is refused.
+  options_.incarnation = 1;
+  options_.worker_id = 9;
+  auto old = Connect();
+  ASSERT_NE(old, nullptr);
+  EXPECT_EQ(old->Push({{"emb", ids, ones.data()}}).code(), absl::StatusCode::kFailedPrecondition);
+  std::vector<float> rows(ids.size() * 4);
+  ASSERT_TRUE(client->Pull({{"emb", ids, rows.data()}}).ok());
+  for (float v : rows) ASSERT_EQ(v, 2.0f);
+  EXPECT_EQ(client->client_stats().duplicate_pushes, 0u);
+}
+
 TEST_F(ClientTest, DenseTensorsRouteToTheirPod) {
   StartPods(3);
   auto client = Connect();

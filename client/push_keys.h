@@ -1,11 +1,14 @@
 // The keys of a client's pushes: (worker id, incarnation, sequence), which the pods use to
-// apply each push once however often it is retried.
+// apply each push once however often it is retried, and what the client learns from the
+// pods' answers to them (duplicates, reused keys).
 #pragma once
 
-#include <atomic>
 #include <cstdint>
-#include <random>
 
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
+#include "client/client_counters.h"
 #include "proto/ps.pb.h"
 
 namespace ps::internal {
@@ -14,29 +17,32 @@ namespace ps::internal {
 class PushKeys {
  public:
   // worker_id 0: a random non-zero id is drawn (a master assigns ids in production).
-  PushKeys(uint64_t worker_id, uint64_t incarnation)
-      : worker_id_(worker_id), incarnation_(incarnation) {
-    if (worker_id_ == 0) {
-      std::random_device rd;
-      while (worker_id_ == 0) worker_id_ = (uint64_t{rd()} << 32) | rd();
-    }
-  }
+  // first_sequence 0: the clock's microseconds since the Unix epoch (ClientOptions::
+  // first_push_sequence says why). `counters` must outlive this.
+  PushKeys(uint64_t worker_id, uint64_t incarnation, uint64_t first_sequence,
+           ClientCounters* counters);
 
-  uint64_t worker_id() const { return worker_id_; }
+  uint64_t worker_id() const;
+  uint64_t incarnation() const;
 
-  // A key no earlier call of this client used: sequences count up from 1.
-  PushKey Next() {
-    PushKey key;
-    key.set_worker_id(worker_id_);
-    key.set_incarnation(incarnation_);
-    key.set_sequence(sequence_.fetch_add(1, std::memory_order_relaxed));
-    return key;
-  }
+  // As PsClient::SetIdentity.
+  absl::Status SetIdentity(uint64_t worker_id, uint64_t incarnation);
+
+  // A key no earlier call of this client used: sequences count up by one.
+  PushKey Next();
+
+  // Records a pod's acknowledgement of a push RPC sent with `key`: `duplicate` as the
+  // answer says, `attempts` the attempts it took. A duplicate answer to a first attempt
+  // means the key was used before by someone else, and this push was dropped: counted and
+  // logged (rate-limited WARNING).
+  void Acknowledged(const PushKey& key, bool duplicate, int attempts);
 
  private:
-  uint64_t worker_id_;  // constant after construction
-  const uint64_t incarnation_;
-  std::atomic<uint64_t> sequence_{1};
+  ClientCounters* const counters_;
+  mutable absl::Mutex mu_;
+  uint64_t worker_id_ ABSL_GUARDED_BY(mu_);
+  uint64_t incarnation_ ABSL_GUARDED_BY(mu_);
+  uint64_t next_sequence_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace ps::internal

@@ -51,11 +51,12 @@ absl::StatusOr<std::shared_ptr<const Routing>> RoutingFromMap(const ClientOption
 }
 
 Router::Router(const ClientOptions& options, std::shared_ptr<const Routing> initial,
-               Master::Stub* master, Timer* timer, InFlight* inflight)
+               Master::Stub* master, Timer* timer, InFlight* inflight, ClientCounters* counters)
     : options_(options),
       master_(master),
       timer_(timer),
       inflight_(inflight),
+      counters_(counters),
       routing_(std::move(initial)) {}
 
 void Router::Refresh(uint64_t seen_epoch, std::function<void()> then) {
@@ -77,6 +78,7 @@ void Router::RefreshNow() {
   grpc::ClientContext ctx;
   ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(2));
   ShardMapResponse resp;
+  counters_->map_refreshes.fetch_add(1, std::memory_order_relaxed);
   if (master_->GetShardMap(&ctx, GetShardMapRequest(), &resp).ok()) {
     auto now = current();
     if (resp.epoch() >= now->map.epoch()) {

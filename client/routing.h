@@ -12,6 +12,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "client/client_counters.h"
 #include "client/inflight.h"
 #include "client/pod.h"
 #include "client/ps_client.h"
@@ -47,10 +48,11 @@ absl::StatusOr<std::shared_ptr<const Routing>> RoutingFromMap(const ClientOption
 // one. Thread-safe.
 class Router {
  public:
-  // `master` is null with a static map (which never changes). `options`, `master`, `timer`
-  // and `inflight` must outlive the Router; a refresh in flight counts in `inflight`.
+  // `master` is null with a static map (which never changes). `options`, `master`, `timer`,
+  // `inflight` and `counters` must outlive the Router; a refresh in flight counts in
+  // `inflight`, and each one in counters->map_refreshes.
   Router(const ClientOptions& options, std::shared_ptr<const Routing> initial, Master::Stub* master,
-         Timer* timer, InFlight* inflight);
+         Timer* timer, InFlight* inflight, ClientCounters* counters);
 
   // The snapshot to route a call with; it stays valid (and unchanged) while held.
   std::shared_ptr<const Routing> current() const {
@@ -80,6 +82,7 @@ class Router {
   Master::Stub* const master_;
   Timer* const timer_;
   InFlight* const inflight_;
+  ClientCounters* const counters_;
 
   mutable absl::Mutex mu_;
   std::shared_ptr<const Routing> routing_ ABSL_GUARDED_BY(mu_);

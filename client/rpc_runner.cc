@@ -1,27 +1,21 @@
 #include "client/rpc_runner.h"
 
-#include <algorithm>
-#include <random>
 #include <string>
 
 #include "absl/strings/str_cat.h"
 #include "common/rpc/grpc_status.h"
+#include "proto/wrong_shard.h"
 
 namespace ps::internal {
-namespace {
 
-bool Retryable(grpc::StatusCode code) {
-  return code == grpc::StatusCode::UNAVAILABLE || code == grpc::StatusCode::ABORTED ||
-         code == grpc::StatusCode::DEADLINE_EXCEEDED;
+RetryOptions RetryOptionsOf(const ClientOptions& options) {
+  RetryOptions r;
+  r.max_attempts = options.max_attempts;
+  r.initial_backoff = absl::Milliseconds(options.initial_backoff_ms);
+  r.max_backoff = absl::Milliseconds(options.max_backoff_ms);
+  r.attempt_timeout = absl::Milliseconds(options.deadline_ms);
+  return r;
 }
-
-// A pod refused ids of a vshard it does not own (the map changed).
-bool WrongShard(const grpc::Status& s) {
-  return s.error_code() == grpc::StatusCode::FAILED_PRECONDITION &&
-         s.error_message().find("does not own") != std::string::npos;
-}
-
-}  // namespace
 
 void RpcRunner::BeginAll(RawMethod method, std::vector<std::shared_ptr<RawRpc>> rpcs,
                          const std::shared_ptr<Op>& op) {
@@ -33,11 +27,19 @@ void RpcRunner::BeginAll(RawMethod method, std::vector<std::shared_ptr<RawRpc>> 
 
 bool RpcRunner::AfterAttempt(RpcState* rpc, const grpc::Status& s, const std::shared_ptr<Op>& op) {
   ++rpc->attempt;
-  if (!s.ok() && Retryable(s.error_code()) && rpc->attempt < options_.max_attempts) {
+  if (s.ok()) {
+    Done(rpc, op.get(), rpc->on_ok ? rpc->on_ok() : absl::OkStatus());
+    return true;
+  }
+  if (policy_->ShouldRetry(static_cast<absl::StatusCode>(s.error_code()), rpc->attempt)) {
+    counters_->retries.fetch_add(1, std::memory_order_relaxed);
     return false;
   }
-  if (router_->follows_master() && rpc->reroute && WrongShard(s) &&
-      rpc->reroutes < options_.max_reroutes) {
+  absl::Status status = RetryPolicy::Final(
+      s, absl::StrCat("pod ", rpc->pod->id, " (", rpc->pod->address, ")"), rpc->attempt);
+  if (router_->follows_master() && rpc->reroute && rpc->reroutes < options_.max_reroutes &&
+      WrongShardOf(status).has_value()) {
+    counters_->reroutes.fetch_add(1, std::memory_order_relaxed);
     // The refresh ends on the timer thread; the re-routing (which may finish the call and
     // run its Then callback) runs on a completion thread, as every completion does.
     router_->Refresh(rpc->epoch, [this, rpc, op] {
@@ -48,16 +50,6 @@ bool RpcRunner::AfterAttempt(RpcState* rpc, const grpc::Status& s, const std::sh
     });
     return true;
   }
-  absl::Status status;
-  if (!s.ok()) {
-    status = FromGrpcStatus(s, absl::StrCat("pod ", rpc->pod->id, " (", rpc->pod->address, ")"));
-    if (rpc->attempt > 1) {
-      status = absl::Status(status.code(),
-                            absl::StrCat(status.message(), " [after ", rpc->attempt, " attempts]"));
-    }
-  } else if (rpc->on_ok) {
-    status = rpc->on_ok();
-  }
   Done(rpc, op.get(), status);
   return true;
 }
@@ -67,8 +59,8 @@ void RpcRunner::Retry(RpcState* rpc, std::function<void()> resend) {
     rpc->pod = router_->Resolve(rpc->pod);
     resend();
   };
-  const absl::Duration backoff = Backoff(rpc->attempt);
-  if (router_->follows_master() && rpc->attempt >= 3) {
+  const absl::Duration backoff = policy_->Backoff(rpc->attempt);
+  if (router_->follows_master() && RetryPolicy::RefreshMapBefore(rpc->attempt + 1)) {
     timer_->After(backoff, [this, rpc, again = std::move(again)]() mutable {
       router_->Refresh(rpc->epoch, std::move(again));
     });
@@ -83,17 +75,9 @@ void RpcRunner::Done(RpcState* rpc, Op* op, const absl::Status& status) {
   inflight_->End();
 }
 
-absl::Duration RpcRunner::Backoff(int attempt) const {
-  const int64_t cap = std::min<int64_t>(
-      options_.max_backoff_ms, int64_t{options_.initial_backoff_ms} << std::min(attempt - 1, 20));
-  thread_local std::mt19937_64 rng(std::random_device{}());
-  return absl::Milliseconds(cap / 2 + static_cast<int64_t>(rng() % (cap / 2 + 1)));
-}
-
 std::unique_ptr<grpc::ClientContext> RpcRunner::NewContext() const {
   auto ctx = std::make_unique<grpc::ClientContext>();
-  ctx->set_deadline(std::chrono::system_clock::now() +
-                    std::chrono::milliseconds(options_.deadline_ms));
+  ctx->set_deadline(policy_->AttemptDeadline());
   return ctx;
 }
 

@@ -1,17 +1,18 @@
 // The client's RPC state machine: every RPC to a pod runs through RpcRunner, which gives
 // each attempt its deadline, retries what may be retried and re-routes what a pod refused
-// after a map change.
+// after a map change. The rules are the one RetryPolicy's (common/rpc/retry_policy.h):
 //
-// - UNAVAILABLE / ABORTED / DEADLINE_EXCEEDED: the same request again to the same pod
-//   identity (found again by id, possibly at a new address), after a backoff doubling from
-//   ClientOptions::initial_backoff_ms to max_backoff_ms with jitter, up to max_attempts.
-//   From the third attempt on (with a master) the map is refreshed first, so a pod
-//   restarted at a new address is found. A push keeps its key: the pod applies it once.
-// - FAILED_PRECONDITION "does not own" (a vshard moved; the pod applied nothing), for RPCs
-//   with a `reroute`: after a map refresh, reroute(op) routes the request's ids again as
-//   new RPCs of the same call (a push under a new key), up to max_reroutes times.
+// - A retryable code: the same request again to the same pod identity (found again by
+//   id, possibly at a new address), after the policy's backoff, up to its max_attempts.
+//   Before the attempts the policy names (the third on) a client that follows a master
+//   refreshes the map first, so a pod restarted at a new address is found. A push keeps
+//   its key: the pod applies it once.
+// - A wrong-shard refusal (the WrongShard detail, proto/wrong_shard.h: a vshard moved; the
+//   pod applied nothing), for RPCs with a `reroute`: after a map refresh, reroute(op)
+//   routes the request's ids again as new RPCs of the same call (a push under a new key),
+//   up to max_reroutes times. A FAILED_PRECONDITION without the detail is final.
 // - Anything else is the RPC's final status, named after its pod ("pod <id> (<address>)")
-//   and, after retries, "[after N attempts]".
+//   and, after retries, "[after N attempts]" (RetryPolicy::Final).
 // Backoff waits run on the timer thread, never on a completion thread; a re-route runs on
 // a completion thread, as every completion does.
 #pragma once
@@ -23,6 +24,7 @@
 
 #include "absl/status/status.h"
 #include "absl/time/time.h"
+#include "client/client_counters.h"
 #include "client/completion_threads.h"
 #include "client/inflight.h"
 #include "client/op.h"
@@ -30,20 +32,28 @@
 #include "client/routing.h"
 #include "client/rpc.h"
 #include "client/timer.h"
+#include "common/rpc/retry_policy.h"
 
 namespace ps::internal {
+
+// The retry options of a client's calls, from its ClientOptions (deadline_ms,
+// max_attempts, initial_backoff_ms, max_backoff_ms).
+RetryOptions RetryOptionsOf(const ClientOptions& options);
 
 // Thread-safe. Everything passed to the constructor must outlive the runner, and every
 // RPC must be done (InFlight idle) before `completions` and `timer` go.
 class RpcRunner {
  public:
-  RpcRunner(const ClientOptions& options, Router* router, CompletionThreads* completions,
-            Timer* timer, InFlight* inflight)
+  RpcRunner(const ClientOptions& options, const RetryPolicy* policy, Router* router,
+            CompletionThreads* completions, Timer* timer, InFlight* inflight,
+            ClientCounters* counters)
       : options_(options),
+        policy_(policy),
         router_(router),
         completions_(completions),
         timer_(timer),
-        inflight_(inflight) {}
+        inflight_(inflight),
+        counters_(counters) {}
 
   // Sends `rpc` (retries included) as an RPC of `op`, whose pending count must include
   // it; reports its final status to `op`. `rpc` must stay valid until then. Counts in
@@ -98,20 +108,20 @@ class RpcRunner {
   // After an attempt that ended with `s`: false if the RPC is to be retried (see Retry);
   // otherwise true, the RPC having been reported to `op` or handed to a re-route.
   bool AfterAttempt(RpcState* rpc, const grpc::Status& s, const std::shared_ptr<Op>& op);
-  // Runs `resend` after a backoff (and a map refresh from the third attempt on), with
-  // rpc->pod resolved again by id.
+  // Runs `resend` after the policy's backoff (and a map refresh when the policy says so),
+  // with rpc->pod resolved again by id.
   void Retry(RpcState* rpc, std::function<void()> resend);
   // Reports the RPC's final status to `op` and ends its InFlight count.
   void Done(RpcState* rpc, Op* op, const absl::Status& status);
-  // The wait before attempt `attempt` + 1: in [b/2, b], b doubling from the initial backoff.
-  absl::Duration Backoff(int attempt) const;
   std::unique_ptr<grpc::ClientContext> NewContext() const;
 
   const ClientOptions& options_;
+  const RetryPolicy* const policy_;
   Router* const router_;
   CompletionThreads* const completions_;
   Timer* const timer_;
   InFlight* const inflight_;
+  ClientCounters* const counters_;
 };
 
 }  // namespace ps::internal

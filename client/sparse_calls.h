@@ -23,8 +23,9 @@ namespace ps::internal {
 // started.
 class SparseCalls {
  public:
-  SparseCalls(Router* router, RpcRunner* runner, Catalog* catalog, PushKeys* keys)
-      : router_(router), runner_(runner), catalog_(catalog), keys_(keys) {}
+  SparseCalls(Router* router, RpcRunner* runner, Catalog* catalog, PushKeys* keys,
+              ClientCounters* counters)
+      : router_(router), runner_(runner), catalog_(catalog), keys_(keys), counters_(counters) {}
 
   // As PsClient::PullAsync and PushAsync.
   Handle Pull(std::vector<PullSpec> specs, bool read_only);
@@ -35,23 +36,28 @@ class SparseCalls {
   struct PullRpc : RawRpc {
     std::shared_ptr<PullScatter> scatter;
   };
+  // A push RPC with its key (for what the pod's answer says about it).
+  struct PushRpc : RawRpc {
+    PushKey key;
+  };
 
   // The RPCs of a batch's parts under routing `r`, each following at most
   // max_reroutes - `reroutes` further map changes.
   std::vector<std::shared_ptr<RawRpc>> PullRpcs(std::vector<PodRequest> parts, const Routing& r,
                                                 int reroutes);
-  std::vector<std::shared_ptr<RawRpc>> PushRpcs(std::vector<PodRequest> parts, const Routing& r,
-                                                int reroutes);
+  std::vector<std::shared_ptr<RawRpc>> PushRpcs(std::vector<PodRequest> parts, const PushKey& key,
+                                                const Routing& r, int reroutes);
   // The pod refused the whole request (FAILED_PRECONDITION: it applied none of it): its
   // ids are grouped again under the current map and sent as new RPCs of `op` (a push
   // under a new key).
   void ReroutePull(PullRpc* rpc, const std::shared_ptr<Op>& op);
-  void ReroutePush(RawRpc* rpc, const std::shared_ptr<Op>& op);
+  void ReroutePush(PushRpc* rpc, const std::shared_ptr<Op>& op);
 
   Router* const router_;
   RpcRunner* const runner_;
   Catalog* const catalog_;
   PushKeys* const keys_;
+  ClientCounters* const counters_;
 };
 
 }  // namespace ps::internal

@@ -7,6 +7,7 @@
 namespace ps::internal {
 
 Handle SparseCalls::Pull(std::vector<PullSpec> specs, bool read_only) {
+  counters_->pulls.fetch_add(1, std::memory_order_relaxed);
   auto r = router_->current();
   PullBatch batch(r->map, read_only);
   auto dups = std::make_shared<std::vector<PullDuplicates>>(specs.size());

@@ -7,8 +7,10 @@
 namespace ps::internal {
 
 Handle SparseCalls::Push(std::vector<PushSpec> specs) {
+  counters_->pushes.fetch_add(1, std::memory_order_relaxed);
   auto r = router_->current();
-  PushBatch batch(r->map, keys_->Next());  // every pod's part of the call under one key
+  const PushKey key = keys_->Next();
+  PushBatch batch(r->map, key);  // every pod's part of the call under one key
   for (const PushSpec& spec : specs) {
     auto dim = catalog_->TableDim(spec.table);
     if (!dim.ok()) return Handle(Op::Failed(dim.status()));
@@ -18,29 +20,41 @@ Handle SparseCalls::Push(std::vector<PushSpec> specs) {
     }
     batch.Add(spec.table, *dim, spec.learning_rate, spec.ids, spec.grads);
   }
-  auto rpcs = PushRpcs(batch.Finish(), *r, 0);
+  auto rpcs = PushRpcs(batch.Finish(), key, *r, 0);
   auto op = std::make_shared<Op>(static_cast<int>(rpcs.size()));
   runner_->BeginAll(kRawPush, std::move(rpcs), op);
   return Handle(op);
 }
 
 std::vector<std::shared_ptr<RawRpc>> SparseCalls::PushRpcs(std::vector<PodRequest> parts,
-                                                           const Routing& r, int reroutes) {
+                                                           const PushKey& key, const Routing& r,
+                                                           int reroutes) {
   std::vector<std::shared_ptr<RawRpc>> rpcs;
   rpcs.reserve(parts.size());
   for (PodRequest& part : parts) {
-    auto rpc = std::shared_ptr<RawRpc>(
-        MakeRpc<grpc::ByteBuffer, grpc::ByteBuffer>(r.pods[part.pod], r.map.epoch()));
+    auto rpc = std::make_shared<PushRpc>();
+    rpc->pod = r.pods[part.pod];
+    rpc->epoch = r.map.epoch();
     rpc->req = std::move(part.request);
     rpc->reroutes = reroutes;
-    RawRpc* raw = rpc.get();
+    rpc->key = key;
+    PushRpc* raw = rpc.get();
+    rpc->on_ok = [this, raw]() -> absl::Status {
+      PushResponse resp;
+      if (!grpc::SerializationTraits<PushResponse>::Deserialize(&raw->resp, &resp).ok()) {
+        return absl::InternalError(
+            absl::StrCat("pod ", raw->pod->id, " answered a push with an unreadable response"));
+      }
+      keys_->Acknowledged(raw->key, resp.duplicate(), raw->attempt);
+      return absl::OkStatus();
+    };
     rpc->reroute = [this, raw](const std::shared_ptr<Op>& op) { ReroutePush(raw, op); };
     rpcs.push_back(std::move(rpc));
   }
   return rpcs;
 }
 
-void SparseCalls::ReroutePush(RawRpc* rpc, const std::shared_ptr<Op>& op) {
+void SparseCalls::ReroutePush(PushRpc* rpc, const std::shared_ptr<Op>& op) {
   grpc::ByteBuffer raw(rpc->req);
   PushRequest req;
   if (!grpc::SerializationTraits<PushRequest>::Deserialize(&raw, &req).ok()) {
@@ -50,7 +64,8 @@ void SparseCalls::ReroutePush(RawRpc* rpc, const std::shared_ptr<Op>& op) {
   auto r = router_->current();
   // Applied nowhere, so a new key: the destination never saw the old one, and "one key,
   // one content per pod" holds.
-  PushBatch batch(r->map, keys_->Next());
+  const PushKey key = keys_->Next();
+  PushBatch batch(r->map, key);
   std::vector<int64_t> ids;
   for (const TableGrads& t : req.tables()) {
     const size_t n = t.ids().size() / sizeof(int64_t);
@@ -61,7 +76,7 @@ void SparseCalls::ReroutePush(RawRpc* rpc, const std::shared_ptr<Op>& op) {
     batch.Add(t.table(), dim, t.learning_rate(), ids,
               reinterpret_cast<const float*>(t.grads().data()));
   }
-  auto rpcs = PushRpcs(batch.Finish(), *r, rpc->reroutes + 1);
+  auto rpcs = PushRpcs(batch.Finish(), key, *r, rpc->reroutes + 1);
   op->Add(static_cast<int>(rpcs.size()));
   runner_->BeginAll(kRawPush, std::move(rpcs), op);
 }

@@ -19,6 +19,7 @@
 #include "common/base/status_macros.h"
 #include "common/routing/hash.h"
 #include "common/rpc/grpc_status.h"
+#include "common/rpc/retry_policy.h"
 #include "proto/export_file.h"
 #include "proto/master.grpc.pb.h"
 #include "proto/ps.grpc.pb.h"
@@ -28,9 +29,8 @@ namespace {
 
 namespace fs = std::filesystem;
 
-bool Retryable(grpc::StatusCode c) {
-  return c == grpc::StatusCode::UNAVAILABLE || c == grpc::StatusCode::ABORTED ||
-         c == grpc::StatusCode::DEADLINE_EXCEEDED;
+bool Retryable(const grpc::Status& s) {
+  return RetryPolicy::IsRetryable(static_cast<absl::StatusCode>(s.error_code()));
 }
 
 std::shared_ptr<grpc::Channel> Channel(const ChannelMaker& channels, const std::string& address) {
@@ -40,19 +40,16 @@ std::shared_ptr<grpc::Channel> Channel(const ChannelMaker& channels, const std::
   return channels.Make(address, args);
 }
 
-// Calls rpc with a fresh context per attempt, retrying retryable codes with backoff.
-template <typename Fn>
-grpc::Status CallWithRetry(int deadline_ms, int max_attempts, Fn rpc) {
-  grpc::Status s;
-  int backoff_ms = 50;
-  for (int attempt = 1;; ++attempt) {
-    grpc::ClientContext ctx;
-    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::milliseconds(deadline_ms));
-    s = rpc(&ctx);
-    if (s.ok() || !Retryable(s.error_code()) || attempt >= max_attempts) return s;
-    std::this_thread::sleep_for(std::chrono::milliseconds(backoff_ms));
-    backoff_ms = std::min(backoff_ms * 2, 2000);
-  }
+// The one retry policy (common/rpc/retry_policy.h) with ps-transfer's attempts and
+// per-attempt deadline. Exports and imports are long calls: a slower start than a data
+// call's (50 ms) and a shorter cap (2 s), as each attempt may itself take seconds.
+RetryPolicy TransferPolicy(int deadline_ms, int max_attempts) {
+  RetryOptions r;
+  r.max_attempts = max_attempts;
+  r.initial_backoff = absl::Milliseconds(50);
+  r.max_backoff = absl::Seconds(2);
+  r.attempt_timeout = absl::Milliseconds(deadline_ms);
+  return RetryPolicy(r);
 }
 
 absl::StatusOr<std::string> ReadFile(const std::string& path) {
@@ -89,7 +86,7 @@ absl::StatusOr<Cluster> FromServers(const ClusterTarget& target, const ChannelMa
       ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
       d.Clear();
       s = stub->Describe(&ctx, DescribeRequest(), &d);
-      if (s.ok() || !Retryable(s.error_code()) || absl::Now() > deadline) break;
+      if (s.ok() || !Retryable(s) || absl::Now() > deadline) break;
       absl::SleepFor(absl::Milliseconds(200));
     }
     RETURN_IF_ERROR(FromGrpcStatus(s, absl::StrCat("Describe of pod ", c.pods[i])));
@@ -156,7 +153,7 @@ absl::StatusOr<Cluster> FromMaster(const ClusterTarget& target, const ChannelMak
       if (last.ok()) return c;
     } else {
       last = FromGrpcStatus(s, "GetShardMap from " + target.master);
-      if (!Retryable(s.error_code())) return last;
+      if (!Retryable(s)) return last;
     }
     if (absl::Now() > deadline) return last;
     absl::SleepFor(absl::Milliseconds(250));
@@ -208,10 +205,10 @@ absl::StatusOr<ExportIndex> ExportCluster(const Cluster& cluster, const std::str
       auto stub = PodTransfer::NewStub(Channel(cluster.channels, cluster.pods[i]));
       ExportRequest req;
       req.set_dir(absl::StrCat(dir, "/part-", i));
-      grpc::Status s = CallWithRetry(options.timeout_ms, 5, [&](grpc::ClientContext* ctx) {
-        return stub->Export(ctx, req, &responses[i]);
-      });
-      statuses[i] = FromGrpcStatus(s, absl::StrCat("Export on pod ", cluster.pods[i]));
+      statuses[i] =
+          TransferPolicy(options.timeout_ms, 5)
+              .Run([&](grpc::ClientContext* ctx) { return stub->Export(ctx, req, &responses[i]); },
+                   absl::StrCat("Export on pod ", cluster.pods[i]));
     });
   }
   for (auto& t : threads) t.join();
@@ -246,7 +243,8 @@ namespace {
 // first error (after which queued work is dropped).
 class Sender {
  public:
-  Sender(const Cluster& cluster, const ImportOptions& options) : options_(options) {
+  Sender(const Cluster& cluster, const ImportOptions& options)
+      : options_(options), policy_(TransferPolicy(options.deadline_ms, options.max_attempts)) {
     for (const std::string& pod : cluster.pods) {
       stubs_.push_back(PodTransfer::NewStub(Channel(cluster.channels, pod)));
       names_.push_back(pod);
@@ -255,7 +253,7 @@ class Sender {
       threads_.emplace_back([this] { Run(); });
     }
   }
-  ~Sender() { Close(); }
+  ~Sender() { Close().IgnoreError(); }  // ImportCluster reads the status from Close
 
   // Queues a request for pod `pod`; blocks while `inflight` requests wait.
   void Send(uint32_t pod, ImportRowsRequest req) {
@@ -311,14 +309,14 @@ class Sender {
         if (!status_.ok()) continue;  // drop after an error
       }
       ImportRowsResponse resp;
-      grpc::Status s =
-          CallWithRetry(options_.deadline_ms, options_.max_attempts, [&](grpc::ClientContext* ctx) {
+      absl::Status s = policy_.Run(
+          [&](grpc::ClientContext* ctx) {
             resp.Clear();
             return stubs_[item.first]->ImportRows(ctx, item.second, &resp);
-          });
+          },
+          "ImportRows on " + names_[item.first]);
       absl::MutexLock lock(&mu_);
-      if (!s.ok() && status_.ok())
-        status_ = FromGrpcStatus(s, "ImportRows on " + names_[item.first]);
+      if (!s.ok() && status_.ok()) status_ = s;
       installed_ += resp.installed();
       skipped_ += resp.skipped();
       invalid_ += resp.invalid();
@@ -331,6 +329,7 @@ class Sender {
   static constexpr size_t kNamedInvalid = 100;
 
   const ImportOptions options_;
+  const RetryPolicy policy_;
   std::vector<std::unique_ptr<PodTransfer::Stub>> stubs_;
   std::vector<std::string> names_;
   std::vector<std::thread> threads_;
@@ -450,25 +449,24 @@ absl::StatusOr<ImportResult> ImportCluster(const Cluster& cluster, const std::st
   }
 
   // Create the catalog on every pod (idempotent; ALREADY_EXISTS for another spec).
+  const RetryPolicy policy = TransferPolicy(options.deadline_ms, options.max_attempts);
   for (const std::string& pod : cluster.pods) {
     auto stub = ParameterServer::NewStub(Channel(cluster.channels, pod));
     for (const auto& [name, spec] : tables) {
       CreateTableRequest req;
       *req.mutable_spec() = spec;
       CreateTableResponse resp;
-      grpc::Status s = CallWithRetry(
-          options.deadline_ms, options.max_attempts,
-          [&](grpc::ClientContext* ctx) { return stub->CreateTable(ctx, req, &resp); });
-      RETURN_IF_ERROR(FromGrpcStatus(s, absl::StrCat("CreateTable '", name, "' on ", pod)));
+      RETURN_IF_ERROR(
+          policy.Run([&](grpc::ClientContext* ctx) { return stub->CreateTable(ctx, req, &resp); },
+                     absl::StrCat("CreateTable '", name, "' on ", pod)));
     }
     for (const auto& [name, spec] : dense) {
       CreateDenseRequest req;
       *req.mutable_spec() = spec;
       CreateDenseResponse resp;
-      grpc::Status s = CallWithRetry(
-          options.deadline_ms, options.max_attempts,
-          [&](grpc::ClientContext* ctx) { return stub->CreateDense(ctx, req, &resp); });
-      RETURN_IF_ERROR(FromGrpcStatus(s, absl::StrCat("CreateDense '", name, "' on ", pod)));
+      RETURN_IF_ERROR(
+          policy.Run([&](grpc::ClientContext* ctx) { return stub->CreateDense(ctx, req, &resp); },
+                     absl::StrCat("CreateDense '", name, "' on ", pod)));
     }
   }
 

@@ -212,6 +212,7 @@ class TransferTest : public testing::Test {
     for (int i = 0; i < n; ++i) {
       PsServerOptions o;
       o.host = "127.0.0.1";
+      o.export_root = "/tmp";  // the tests export into /tmp/transfer_test.*/
       auto own = ShardOwnership::FromStaticShard(absl::StrCat(i, "/", n), vshards);
       EXPECT_TRUE(own.ok()) << own.status();
       auto server = PsServer::Start(o, *own);

@@ -26,6 +26,17 @@ absl::Status ValidateMasterOptions(const MasterOptions& options) {
   if (options.vshards_per_move < 1) {
     return absl::InvalidArgumentError("vshards_per_move must be >= 1");
   }
+  if (options.max_tasks_per_job < 1) {
+    return absl::InvalidArgumentError("max_tasks_per_job must be >= 1");
+  }
+  if (options.job_retention < absl::ZeroDuration() ||
+      options.worker_retention < absl::ZeroDuration() ||
+      options.retention_interval < absl::ZeroDuration()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "job_retention (", absl::FormatDuration(options.job_retention), "), worker_retention (",
+        absl::FormatDuration(options.worker_retention), ") and retention_interval (",
+        absl::FormatDuration(options.retention_interval), ") must be >= 0"));
+  }
   return absl::OkStatus();
 }
 

@@ -1,5 +1,5 @@
 // The master's `counters` record: one stored proto whose fields belong to different parts.
-//   next_worker_id, table_versions   JobDispatcher
+//   next_worker_id, table_versions, retired_*   JobDispatcher
 //   catalog_version                  Catalog
 //   next_move_id                     Membership
 //   next_checkpoint_id               Checkpoints

@@ -32,10 +32,11 @@ absl::StatusOr<JobDispatcher::Worker*> JobDispatcher::LiveWorker(uint64_t worker
   return &w;
 }
 
-std::vector<Task> JobDispatcher::RequeueHeld(const Worker& w, bool count_failure,
-                                             const std::string& reason, StoreBatch* batch) const {
+std::vector<Task> JobDispatcher::Requeue(const Worker& w, const TaskRef* keep, bool count_failure,
+                                         const std::string& reason, StoreBatch* batch) const {
   std::vector<Task> out;
   for (const auto& [job, id] : w.doing) {
+    if (keep != nullptr && *keep == TaskRef(job, id)) continue;
     Task t = jobs_.at(job).tasks().at(id);
     t.clear_worker_id();
     t.clear_incarnation();
@@ -59,8 +60,17 @@ absl::Status JobDispatcher::RegisterWorker(const RegisterWorkerRequest& req,
                                            RegisterWorkerResponse* resp) {
   absl::MutexLock lock(&mu_);
   // next_worker_id is ours (see counters_record.h): read now, written with the worker.
+  const uint64_t next_id = counters_->Get().next_worker_id();
   uint64_t id = req.worker_id();
-  if (id == 0) id = counters_->Get().next_worker_id();
+  if (id != 0 && workers_.count(id) == 0) {
+    // Never issued, or forgotten by retention: its last incarnation is unknown, and pods
+    // would take (id, 1) for a stale writer of that id. Nor may a caller pick ids (one near
+    // 2^64 would make next_worker_id wrap onto an id in use). A new id is safe.
+    LOG(INFO) << "worker id " << id << " is unknown (never issued, or forgotten by "
+              << "retention); registering as worker " << next_id;
+    id = 0;
+  }
+  if (id == 0) id = next_id;
   WorkerRecord record;
   std::vector<Task> requeued;
   StoreBatch batch;
@@ -68,20 +78,22 @@ absl::Status JobDispatcher::RegisterWorker(const RegisterWorkerRequest& req,
   if (it != workers_.end()) {
     record = it->second.record;
     record.set_incarnation(record.incarnation() + 1);
-    requeued = RequeueHeld(it->second, /*count_failure=*/true,
-                           absl::StrCat("worker ", id, " re-registered as incarnation ",
-                                        record.incarnation(), " while holding it"),
-                           &batch);
+    requeued = Requeue(it->second, /*keep=*/nullptr, /*count_failure=*/true,
+                       absl::StrCat("worker ", id, " re-registered as incarnation ",
+                                    record.incarnation(), " while holding it"),
+                       &batch);
   } else {
     record.set_worker_id(id);
     record.set_incarnation(1);
   }
   record.set_state(WorkerInfo::LIVE);
+  record.clear_ended_unix_ms();
   batch.Put(keys::Worker(id), record);
-  RETURN_IF_ERROR(counters_->Write(std::move(batch), [id](Counters* c) {
-    c->set_next_worker_id(std::max(c->next_worker_id(), id + 1));
+  RETURN_IF_ERROR(CommitTasks(std::move(batch), requeued, [this, id](StoreBatch b) {
+    return counters_->Write(std::move(b), [id](Counters* c) {
+      c->set_next_worker_id(std::max(c->next_worker_id(), id + 1));
+    });
   }));
-  for (const Task& t : requeued) ApplyTask(t);
   Worker& w = workers_[id];
   w.record = record;
   w.lease_deadline = Now() + options_.lease;
@@ -107,13 +119,16 @@ absl::Status JobDispatcher::LeaveWorker(const LeaveWorkerRequest& req, LeaveWork
   absl::MutexLock lock(&mu_);
   ASSIGN_OR_RETURN(Worker * w, LiveWorker(req.worker_id(), req.incarnation()));
   StoreBatch batch;
-  std::vector<Task> requeued = RequeueHeld(*w, /*count_failure=*/false, "", &batch);
+  const std::vector<Task> requeued =
+      Requeue(*w, /*keep=*/nullptr, /*count_failure=*/false, "", &batch);
+  const absl::Time now = Now();
   WorkerRecord record = w->record;
   record.set_state(WorkerInfo::LEFT);
+  record.set_ended_unix_ms(absl::ToUnixMillis(now));
   batch.Put(keys::Worker(record.worker_id()), record);
-  RETURN_IF_ERROR(store_->Write(batch));
+  RETURN_IF_ERROR(CommitTasks(std::move(batch), requeued));
   w->record = std::move(record);
-  for (const Task& t : requeued) ApplyTask(t);
+  w->ended = now;
   resp->set_requeued_tasks(static_cast<uint32_t>(requeued.size()));
   LOG(INFO) << "worker " << req.worker_id() << " incarnation " << req.incarnation() << " left; "
             << requeued.size() << " tasks re-queued";
@@ -125,17 +140,18 @@ absl::Status JobDispatcher::ExpireLeases(absl::Time now) {
   for (auto& [id, w] : workers_) {
     if (w.record.state() != WorkerInfo::LIVE || w.lease_deadline > now) continue;
     StoreBatch batch;
-    std::vector<Task> requeued =
-        RequeueHeld(w, /*count_failure=*/true,
-                    absl::StrCat("worker ", id, " incarnation ", w.record.incarnation(),
-                                 " lost its lease while holding it"),
-                    &batch);
+    const std::vector<Task> requeued =
+        Requeue(w, /*keep=*/nullptr, /*count_failure=*/true,
+                absl::StrCat("worker ", id, " incarnation ", w.record.incarnation(),
+                             " lost its lease while holding it"),
+                &batch);
     WorkerRecord record = w.record;
     record.set_state(WorkerInfo::LOST);
+    record.set_ended_unix_ms(absl::ToUnixMillis(now));
     batch.Put(keys::Worker(id), record);
-    RETURN_IF_ERROR(store_->Write(batch));
+    RETURN_IF_ERROR(CommitTasks(std::move(batch), requeued));
     w.record = std::move(record);
-    for (const Task& t : requeued) ApplyTask(t);
+    w.ended = now;
     lease_losses_.fetch_add(1);
     LOG(WARNING) << "worker " << id << " LOST; " << requeued.size() << " tasks re-queued";
   }

@@ -33,6 +33,14 @@ absl::StatusOr<std::unique_ptr<MasterCore>> MasterCore::Open(const MasterOptions
   auto core = absl::WrapUnique(new MasterCore(with_defaults, std::move(store), config));
   RETURN_IF_ERROR(core->Load());
   core->balancer_.StartAutoRebalance();
+  if (options.retention_interval > absl::ZeroDuration()) {
+    MasterCore* raw = core.get();
+    core->retention_.Start(options.retention_interval, [raw] {
+      if (absl::Status s = raw->EnforceRetention(); !s.ok()) {
+        LOG(WARNING) << "retention failed (retried): " << s;
+      }
+    });
+  }
   return core;
 }
 
@@ -118,6 +126,14 @@ absl::Status MasterCore::ExpireLeases() {
   const absl::Time now = CurrentTime(options_);
   membership_.ExpireLeases(now);
   return jobs_.ExpireLeases(now);
+}
+
+absl::Status MasterCore::EnforceRetention() {
+  return jobs_.EnforceRetention(CurrentTime(options_));
+}
+
+absl::Status MasterCore::DeleteJob(const DeleteJobRequest& req, DeleteJobResponse* resp) {
+  return jobs_.DeleteJob(req, resp);
 }
 
 // ---- Moves, drains, rebalances, checkpoints ----

@@ -2,7 +2,8 @@
 // each in its own files with its own lock and its own store keys:
 //   Membership     PS pods, their leases, the vshard map with its epoch, the move in flight
 //   Catalog        tables and dense tensors
-//   JobDispatcher  workers, their leases, jobs and tasks (the dispatch rules are there)
+//   JobDispatcher  workers, their leases, jobs and tasks (the dispatch and retention rules
+//                  are there)
 //   MoveRunner     one live vshard move, start to commit or abort; recent moves
 //   Balancer       Drain and Rebalance (plans of moves), auto-rebalance
 //   Checkpoints    cluster checkpoints
@@ -48,6 +49,7 @@
 #include "master/master_store.h"
 #include "master/membership.h"
 #include "master/move_runner.h"
+#include "master/periodic.h"
 #include "master/pod_control.h"
 #include "proto/master.pb.h"
 #include "proto/master_state.pb.h"
@@ -60,7 +62,7 @@ class MasterCore {
   // options (e.g. num_vshards not a power of two), FAILED_PRECONDITION when the data dir
   // was created with another num_vshards, store errors as they come.
   static absl::StatusOr<std::unique_ptr<MasterCore>> Open(const MasterOptions& options);
-  // Stops the auto-rebalance thread (waiting for a rebalance it runs).
+  // Stops the retention and auto-rebalance threads (waiting for work they run).
   ~MasterCore() = default;
 
   // The RPCs of proto/master.proto. Each returns OK or the most specific error (see the
@@ -83,10 +85,15 @@ class MasterCore {
   absl::Status Drain(const DrainRequest& req, DrainResponse* resp);
   absl::Status Rebalance(const RebalanceRequest& req, RebalanceResponse* resp);
   absl::Status Checkpoint(const CheckpointRequest& req, CheckpointResponse* resp);
+  absl::Status DeleteJob(const DeleteJobRequest& req, DeleteJobResponse* resp);
 
   // Marks pods and workers whose lease ran out as LOST and re-queues the lost workers'
   // tasks. Called periodically by the server's lease thread (and by tests). Thread-safe.
   absl::Status ExpireLeases();
+  // Deletes the finished jobs and forgets the workers that retention no longer keeps
+  // (job_dispatcher.h). Called every options.retention_interval by a thread of the core's
+  // own (and by tests). Thread-safe.
+  absl::Status EnforceRetention();
 
   const MasterOptions& options() const { return options_; }
 
@@ -119,7 +126,8 @@ class MasterCore {
   JobDispatcher jobs_;
   MoveRunner moves_;
   Checkpoints checkpoints_;
-  Balancer balancer_;  // last: destroyed first, stopping its thread while the rest exists
+  Balancer balancer_;   // stops its thread while the parts above exist
+  Periodic retention_;  // last: destroyed first, stopping its thread while the rest exists
 };
 
 }  // namespace ps

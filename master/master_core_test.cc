@@ -4,9 +4,11 @@
 
 #include <stdlib.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <map>
 
+#include "absl/strings/match.h"
 #include "gtest/gtest.h"
 
 namespace ps {
@@ -77,6 +79,10 @@ class MasterCoreTest : public testing::Test {
     o.pod_control = pods_;
     o.vshards_per_move = 2;
     o.checkpoint_dir = dir_ + "-checkpoints";
+    o.retention_interval = absl::ZeroDuration();  // the test calls EnforceRetention
+    o.job_retention = absl::Hours(1);
+    o.max_finished_jobs = 3;
+    o.worker_retention = absl::Minutes(10);
     return o;
   }
 
@@ -272,27 +278,30 @@ TEST_F(MasterCoreTest, CatalogIsIdempotentAndDurable) {
 
 TEST_F(MasterCoreTest, EvalTasksFollowTheirEpochsTraining) {
   MakeJob("j", 2, /*eval=*/true);
-  auto w = AddWorker();
+  std::vector<RegisterWorkerResponse> workers;
+  for (int i = 0; i < 4; ++i) workers.push_back(AddWorker());
   std::vector<std::string> order;
   uint64_t train_records = 0;
   while (true) {
-    // Take everything that is available, then finish it: WAIT marks a phase barrier.
-    std::vector<Task> taken;
-    while (true) {
-      auto r = Get(w, "j");
+    // Each worker (one task at a time) takes what is available, then all finish theirs:
+    // a worker answered WAIT marks a phase barrier.
+    std::vector<std::pair<size_t, Task>> taken;
+    for (size_t i = 0; i < workers.size(); ++i) {
+      auto r = Get(workers[i], "j");
       ASSERT_TRUE(r.ok()) << r.status();
       if (r->result() != GetTaskResponse::TASK) break;
-      taken.push_back(r->task());
+      taken.push_back({i, r->task()});
     }
     if (taken.empty()) break;
     std::string phase;
-    for (const Task& t : taken) {
+    for (const auto& [i, t] : taken) {
       absl::StrAppend(&phase, Task::Kind_Name(t.kind()), t.epoch(), " ");
       if (t.kind() == Task::TRAIN) train_records += t.end_record() - t.first_record();
-      ASSERT_TRUE(Report(w, t, true).ok());
+      ASSERT_TRUE(Report(workers[i], t, true).ok());
     }
     order.push_back(phase);
   }
+  const auto& w = workers[0];
   EXPECT_EQ(order, (std::vector<std::string>{"TRAIN0 TRAIN0 TRAIN0 ", "EVAL0 EVAL0 ",
                                              "TRAIN1 TRAIN1 TRAIN1 ", "EVAL1 EVAL1 "}));
   EXPECT_EQ(train_records, 20u);
@@ -676,6 +685,256 @@ TEST_F(MasterCoreTest, LeavingPodIsLostAtOnceAndItsSuccessorWelcome) {
   now_ += kLease + absl::Milliseconds(1);
   ASSERT_TRUE(core_->ExpireLeases().ok());
   EXPECT_EQ(core_->worker_lease_losses(), 1u);
+}
+
+// The request (records_per_task = 2^63, files of 2^64-1 and 1 records) hung the
+// master under its lock, growing without bound: now refused at once, and the master
+// answers everything else as before.
+TEST_F(MasterCoreTest, AnOverflowingJobIsRefusedAtOnce) {
+  CreateJobRequest req;
+  req.set_name("wrap");
+  req.set_epochs(1);
+  req.set_records_per_task(uint64_t{1} << 63);
+  req.add_files()->set_path("a");
+  req.mutable_files(0)->set_records(UINT64_MAX);
+  req.add_files()->set_path("b");
+  req.mutable_files(1)->set_records(1);
+  CreateJobResponse resp;
+  EXPECT_EQ(core_->CreateJob(req, &resp).code(), absl::StatusCode::kInvalidArgument);
+  // Beyond the documented limit of tasks: refused, naming it.
+  req.set_records_per_task(1);
+  req.mutable_files(0)->set_records(Options().max_tasks_per_job + 1);
+  req.mutable_files()->RemoveLast();
+  absl::Status s = core_->CreateJob(req, &resp);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("1000000"), std::string::npos) << s;
+  EXPECT_EQ(GetStatus().jobs_size(), 0);
+  MakeJob("j", 1, /*eval=*/false);
+  EXPECT_EQ(GetStatus().jobs_size(), 1);
+}
+
+// A GetTask whose answer was lost is retried: the worker gets the same task (same attempt),
+// nothing is stranded DOING, and the job finishes.
+TEST_F(MasterCoreTest, GetTaskIsIdempotentSoALostAnswerStrandsNothing) {
+  MakeJob("j", 1, /*eval=*/false);
+  auto w = AddWorker();
+  auto first = Get(w, "j");
+  ASSERT_TRUE(first.ok() && first->result() == GetTaskResponse::TASK);
+  auto retry = Get(w, "j");  // the first answer never arrived
+  ASSERT_TRUE(retry.ok() && retry->result() == GetTaskResponse::TASK);
+  EXPECT_EQ(retry->task().task_id(), first->task().task_id());
+  EXPECT_EQ(retry->task().attempt(), 1u);
+  EXPECT_EQ(GetStatus().jobs(0).tasks_doing(), 1u);
+  Reopen();  // also across a master restart
+  retry = Get(w, "j");
+  ASSERT_TRUE(retry.ok() && retry->result() == GetTaskResponse::TASK);
+  EXPECT_EQ(retry->task().task_id(), first->task().task_id());
+
+  std::map<uint64_t, int> done;
+  for (int i = 0; i < 10; ++i) {
+    auto t = Get(w, "j");
+    ASSERT_TRUE(t.ok()) << t.status();
+    if (t->result() == GetTaskResponse::DONE) break;
+    ASSERT_EQ(t->result(), GetTaskResponse::TASK);  // never WAIT: nothing is stranded
+    EXPECT_EQ(t->task().attempt(), 1u);
+    ASSERT_TRUE(Report(w, t->task(), true).ok());
+    ++done[t->task().task_id()];
+  }
+  EXPECT_EQ(done, (std::map<uint64_t, int>{{0, 1}, {1, 1}, {2, 1}}));
+  StatusResponse st = GetStatus();
+  EXPECT_EQ(st.jobs(0).state(), JobInfo::SUCCEEDED);
+  EXPECT_EQ(st.jobs(0).train_records_done(), 10u);
+  EXPECT_EQ(st.doing_tasks_size(), 0);
+}
+
+// A worker that asks for a task of another job is not working on the one it holds: that
+// task goes back to the queue (a failure), for another worker to take.
+TEST_F(MasterCoreTest, AWorkerAskingForAnotherJobGivesUpWhatItHolds) {
+  MakeJob("a", 1, /*eval=*/false);
+  MakeJob("b", 1, /*eval=*/false);
+  auto w = AddWorker();
+  auto ta = Get(w, "a");
+  ASSERT_TRUE(ta.ok() && ta->result() == GetTaskResponse::TASK);
+  auto tb = Get(w, "b");
+  ASSERT_TRUE(tb.ok() && tb->result() == GetTaskResponse::TASK);
+  EXPECT_EQ(tb->task().job(), "b");
+  StatusResponse st = GetStatus();
+  ASSERT_EQ(st.doing_tasks_size(), 1);
+  EXPECT_EQ(st.doing_tasks(0).job(), "b");
+  EXPECT_EQ(st.workers(0).tasks_doing(), 1u);
+  EXPECT_EQ(Report(w, ta->task(), true).code(), absl::StatusCode::kFailedPrecondition);
+  auto other = AddWorker();
+  auto again = Get(other, "a");
+  ASSERT_TRUE(again.ok() && again->result() == GetTaskResponse::TASK);
+  EXPECT_EQ(again->task().task_id(), ta->task().task_id());
+  EXPECT_EQ(again->task().attempt(), 2u);
+  EXPECT_EQ(again->task().failures(), 1u);
+  EXPECT_NE(again->task().last_error().find("asked for a task of job b"), std::string::npos)
+      << again->task().last_error();
+}
+
+// Finished jobs are deleted, tasks and all, beyond max_finished_jobs (3 here) and
+// job_retention (1 h) after they finished; the totals in status never go back, a running
+// job is never touched, and a deleted name can be used again.
+TEST_F(MasterCoreTest, RetentionDeletesFinishedJobsAndKeepsTheTotals) {
+  auto w = AddWorker();
+  const auto finish = [&](const std::string& job) {
+    for (;;) {
+      auto t = Get(w, job);
+      ASSERT_TRUE(t.ok()) << t.status();
+      if (t->result() == GetTaskResponse::DONE) return;
+      ASSERT_TRUE(Report(w, t->task(), true).ok());
+    }
+  };
+  for (int i = 0; i < 5; ++i) {
+    MakeJob(absl::StrCat("j", i), 1, /*eval=*/false);
+    finish(absl::StrCat("j", i));
+    now_ += absl::Minutes(1);  // j0 finished first
+    WorkerHeartbeatRequest hb;
+    hb.set_worker_id(w.worker_id());
+    hb.set_incarnation(w.incarnation());
+    WorkerHeartbeatResponse hb_resp;
+    ASSERT_TRUE(core_->WorkerHeartbeat(hb, &hb_resp).ok());
+  }
+  MakeJob("running", 1, /*eval=*/false);
+  StatusResponse st = GetStatus();
+  ASSERT_EQ(st.jobs_size(), 6);
+  EXPECT_EQ(st.tasks_done(), 15u);
+  EXPECT_EQ(st.records_trained(), 50u);
+  EXPECT_GT(st.jobs(0).finished_unix_ms(), 0);
+  EXPECT_EQ(st.retention().max_finished_jobs(), 3u);
+
+  ASSERT_TRUE(core_->EnforceRetention().ok());
+  st = GetStatus();
+  std::vector<std::string> names;
+  for (const JobInfo& j : st.jobs()) names.push_back(j.name());
+  EXPECT_EQ(names, (std::vector<std::string>{"j2", "j3", "j4", "running"}));  // the newest 3
+  EXPECT_EQ(st.tasks_done(), 15u);
+  EXPECT_EQ(st.records_trained(), 50u);
+  Reopen();  // deleted for good; the totals are stored
+  st = GetStatus();
+  EXPECT_EQ(st.jobs_size(), 4);
+  EXPECT_EQ(st.tasks_done(), 15u);
+
+  now_ += absl::Minutes(57);  // j2 finished 1 h ago; j3 and j4 later
+  ASSERT_TRUE(core_->EnforceRetention().ok());
+  names.clear();
+  st = GetStatus();
+  for (const JobInfo& j : st.jobs()) names.push_back(j.name());
+  EXPECT_EQ(names, (std::vector<std::string>{"j3", "j4", "running"}));
+  now_ += absl::Hours(2);
+  ASSERT_TRUE(core_->EnforceRetention().ok());
+  names.clear();
+  st = GetStatus();
+  for (const JobInfo& j : st.jobs()) names.push_back(j.name());
+  EXPECT_EQ(names, (std::vector<std::string>{"running"}));
+  EXPECT_EQ(GetStatus().records_trained(), 50u);
+
+  // The name is free again: a new job, cut anew.
+  CreateJobRequest req;
+  req.set_name("j0");
+  req.set_epochs(1);
+  req.set_records_per_task(1);
+  req.add_files()->set_path("other");
+  req.mutable_files(0)->set_records(2);
+  CreateJobResponse resp;
+  ASSERT_TRUE(core_->CreateJob(req, &resp).ok());
+  EXPECT_TRUE(resp.created());
+  EXPECT_EQ(resp.num_tasks(), 2u);
+  // Nothing of the deleted jobs is left in the store.
+  core_.reset();
+  auto store = MasterStore::Open(dir_);
+  ASSERT_TRUE(store.ok()) << store.status();
+  std::vector<std::string> keys;
+  ASSERT_TRUE((*store)
+                  ->Scan("",
+                         [&](absl::string_view key, absl::string_view) {
+                           if (absl::StartsWith(key, "task/") || absl::StartsWith(key, "job/")) {
+                             keys.push_back(std::string(key.substr(0, key.rfind('/'))));
+                           }
+                           return absl::OkStatus();
+                         })
+                  .ok());
+  std::sort(keys.begin(), keys.end());
+  keys.erase(std::unique(keys.begin(), keys.end()), keys.end());
+  EXPECT_EQ(keys, (std::vector<std::string>{"job", "task/j0", "task/running"}));
+}
+
+TEST_F(MasterCoreTest, DeleteJobRefusesARunningJobUnlessForced) {
+  MakeJob("j", 1, /*eval=*/false);
+  auto w = AddWorker();
+  auto t = Get(w, "j");
+  ASSERT_TRUE(t.ok() && t->result() == GetTaskResponse::TASK);
+  DeleteJobRequest del;
+  del.set_name("j");
+  DeleteJobResponse deleted;
+  absl::Status s = core_->DeleteJob(del, &deleted);
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(s.message().find("3 of 3 tasks unfinished"), std::string::npos) << s;
+  del.set_force(true);
+  ASSERT_TRUE(core_->DeleteJob(del, &deleted).ok());
+  EXPECT_EQ(deleted.job().name(), "j");
+  EXPECT_EQ(deleted.job().state(), JobInfo::RUNNING);
+  EXPECT_EQ(deleted.job().tasks_doing(), 1u);
+  // Its worker's report and next GetTask: NOT_FOUND; it holds nothing any more.
+  EXPECT_EQ(Report(w, t->task(), true).code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(Get(w, "j").status().code(), absl::StatusCode::kNotFound);
+  StatusResponse st = GetStatus();
+  EXPECT_EQ(st.jobs_size(), 0);
+  EXPECT_EQ(st.workers(0).tasks_doing(), 0u);
+  EXPECT_EQ(st.doing_tasks_size(), 0);
+  EXPECT_EQ(core_->DeleteJob(del, &deleted).code(), absl::StatusCode::kNotFound);
+  // Recreated under the same name, the worker takes its first task.
+  Reopen();
+  MakeJob("j", 1, /*eval=*/false);
+  auto fresh = Get(w, "j");
+  ASSERT_TRUE(fresh.ok() && fresh->result() == GetTaskResponse::TASK);
+  EXPECT_EQ(fresh->task().task_id(), 0u);
+  EXPECT_EQ(fresh->task().attempt(), 1u);
+}
+
+// Workers that left or lost their lease are forgotten worker_retention (10 min) later;
+// one that registers again with its old id gets a new id, never (old id, incarnation 1).
+TEST_F(MasterCoreTest, LeftAndLostWorkersAreForgottenAndTheirIdsNotReused) {
+  auto left = AddWorker();
+  auto lost = AddWorker();
+  LeaveWorkerRequest leave;
+  leave.set_worker_id(left.worker_id());
+  leave.set_incarnation(left.incarnation());
+  LeaveWorkerResponse leave_resp;
+  ASSERT_TRUE(core_->LeaveWorker(leave, &leave_resp).ok());
+  now_ += kLease + absl::Milliseconds(1);
+  ASSERT_TRUE(core_->ExpireLeases().ok());  // `lost` is LOST now
+  auto live = AddWorker();
+  now_ += absl::Minutes(9);
+  WorkerHeartbeatRequest hb;
+  hb.set_worker_id(live.worker_id());
+  hb.set_incarnation(live.incarnation());
+  WorkerHeartbeatResponse hb_resp;
+  ASSERT_TRUE(core_->WorkerHeartbeat(hb, &hb_resp).ok());
+  ASSERT_TRUE(core_->EnforceRetention().ok());
+  EXPECT_EQ(GetStatus().workers_size(), 3);  // not yet
+  now_ += absl::Minutes(1) + absl::Milliseconds(1);
+  ASSERT_TRUE(core_->WorkerHeartbeat(hb, &hb_resp).ok());
+  ASSERT_TRUE(core_->EnforceRetention().ok());
+  StatusResponse st = GetStatus();
+  ASSERT_EQ(st.workers_size(), 1);
+  EXPECT_EQ(st.workers(0).worker_id(), live.worker_id());
+  Reopen();
+  EXPECT_EQ(GetStatus().workers_size(), 1);
+  // The forgotten ids come back as new ones.
+  auto again = AddWorker(lost.worker_id());
+  EXPECT_GT(again.worker_id(), live.worker_id());
+  EXPECT_EQ(again.incarnation(), 1u);
+  // A live worker re-registering keeps its id (a new incarnation).
+  auto live2 = AddWorker(live.worker_id());
+  EXPECT_EQ(live2.worker_id(), live.worker_id());
+  EXPECT_EQ(live2.incarnation(), 2u);
+  // Ids are the master's to give: one never issued (near 2^64, which would wrap the next
+  // id onto one in use) gets the next new id too.
+  auto picked = AddWorker(UINT64_MAX - 1);
+  EXPECT_EQ(picked.worker_id(), again.worker_id() + 1);
+  EXPECT_EQ(AddWorker().worker_id(), again.worker_id() + 2);
 }
 
 }  // namespace

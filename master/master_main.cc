@@ -8,6 +8,7 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "common/base/binary_init.h"
 #include "common/base/shutdown_signal.h"
 #include "common/routing/vshards.h"
@@ -36,6 +37,20 @@ DEFINE_uint32(max_task_failures, 3,
               "A task that fails this many times (failed reports plus lost workers) is marked "
               "failed and reported in status and in its job's result.");
 DEFINE_int32(threads, 4, "Threads that run master requests.");
+DEFINE_uint64(max_tasks_per_job, 1000000,
+              "A job of more tasks (all epochs together) is refused at creation "
+              "(INVALID_ARGUMENT): a million tasks take ~0.5 GB of the master's memory. "
+              "Raise records_per_task rather than this.");
+DEFINE_int64(job_retention_s, 7 * 24 * 3600,
+             "Finished jobs (every task done or failed) are deleted, tasks and all, this many "
+             "seconds after they finished (ps-admin delete-job deletes one at once). 0: no "
+             "time limit.");
+DEFINE_uint32(max_finished_jobs, 100,
+              "At most this many finished jobs are kept; beyond, the oldest finished are "
+              "deleted. 0: no limit.");
+DEFINE_int64(worker_retention_s, 3600,
+             "Workers that left or lost their lease are forgotten this many seconds later "
+             "(status stops listing them). 0: kept forever.");
 DEFINE_uint32(vshards_per_move, 4,
               "Vshards copied (and fenced) together by one live move of drain/rebalance.");
 DEFINE_string(checkpoint_dir, "",
@@ -66,9 +81,21 @@ DEFINE_int32(tls_reload_s, 60,
              "The TLS files are read again this often: replaced certificates (a renewed "
              "Secret) serve new connections without a restart. 0: read once at start.");
 DEFINE_string(auth_token_file, "",
-              "File holding a shared token (surrounding whitespace trimmed). Set: every master "
-              "RPC must carry `authorization: Bearer <token>` (else UNAUTHENTICATED; health "
-              "stays open).");
+              "File holding the workers' token (surrounding whitespace trimmed). Set: the "
+              "worker calls (RegisterWorker, WorkerHeartbeat, GetTask, ReportTask, LeaveWorker, "
+              "CreateJob, GetShardMap, CreateTable, ListTables, Status) must carry "
+              "`authorization: Bearer <token>` (or the admin token), else UNAUTHENTICATED; "
+              "health stays open. Without an admin credential this token also allows the admin "
+              "calls, as before roles existed, and the master sends it to the pods.");
+DEFINE_string(admin_token_file, "",
+              "File holding the admin token (pods' and operators'). Set: Drain, Rebalance, "
+              "Checkpoint, DeleteJob and the pods' RegisterPod, PodHeartbeat and LeavePod "
+              "need it (a worker token gets PERMISSION_DENIED), and the master presents it "
+              "to the pods (assignments, moves, checkpoints are admin calls there).");
+DEFINE_string(admin_identities, "",
+              "Comma-separated client-certificate names (common name or subject alternative "
+              "name) that hold the admin role under mutual TLS (needs --tls_ca), e.g. "
+              "ps-server,ps-admin: the pods' and ps-admin's certificates.");
 DEFINE_bool(check_flags, false,
             "Parse and validate the flags, print the resulting configuration and exit 0 (2 on "
             "a bad flag) without opening the data dir, files or ports.");
@@ -78,6 +105,11 @@ namespace {
 int Main() {
   if (FLAGS_data_dir.empty() || FLAGS_lease_ms < 1 || FLAGS_threads < 1) {
     LOG(ERROR) << "--data_dir is required, --lease_ms and --threads must be >= 1";
+    return 2;
+  }
+  if (FLAGS_max_tasks_per_job < 1 || FLAGS_job_retention_s < 0 || FLAGS_worker_retention_s < 0) {
+    LOG(ERROR) << "--max_tasks_per_job must be >= 1, --job_retention_s and "
+                  "--worker_retention_s >= 0";
     return 2;
   }
   if (FLAGS_metrics_port < -1 || FLAGS_metrics_port > 65535 || FLAGS_port < 0 ||
@@ -91,6 +123,10 @@ int Main() {
                   "--tls_reload_s must be >= 0";
     return 2;
   }
+  if (!FLAGS_admin_identities.empty() && FLAGS_tls_ca.empty()) {
+    LOG(ERROR) << "--admin_identities names client certificates: it needs mutual TLS (--tls_ca)";
+    return 2;
+  }
   if (FLAGS_check_flags) {
     // The rest is checked by MasterCore::Open, which a check does not run.
     if (absl::Status s = ps::CheckNumVShards(FLAGS_num_vshards); !s.ok() || FLAGS_num_ps < 1) {
@@ -100,15 +136,28 @@ int Main() {
     }
     std::printf(
         "ps-master flags ok: port %d, metrics port %d, data in %s, %u vshards, %u pods, "
-        "tls %s%s, token %s\n",
+        "tls %s%s, worker token %s, admin %s\n",
         FLAGS_port, FLAGS_metrics_port, FLAGS_data_dir.c_str(), FLAGS_num_vshards, FLAGS_num_ps,
         FLAGS_tls_cert.empty() ? "off" : "on", FLAGS_tls_ca.empty() ? "" : " (mutual)",
-        FLAGS_auth_token_file.empty() ? "off" : "on");
+        FLAGS_auth_token_file.empty() ? "off" : "on",
+        FLAGS_admin_token_file.empty() && FLAGS_admin_identities.empty() ? "off" : "on");
     return 0;
   }
+  // Nothing the master writes (its database, checkpoints) is readable by other users.
+  ps::RestrictUmask();
   absl::StatusOr<std::string> token = ps::ReadAuthTokenFile(FLAGS_auth_token_file);
   if (!token.ok()) {
     LOG(ERROR) << "bad --auth_token_file: " << token.status();
+    return 2;
+  }
+  absl::StatusOr<std::string> admin = ps::ReadAuthTokenFile(FLAGS_admin_token_file);
+  if (!admin.ok()) {
+    LOG(ERROR) << "bad --admin_token_file: " << admin.status();
+    return 2;
+  }
+  if (!token->empty() && *token == *admin) {
+    LOG(ERROR) << "--auth_token_file and --admin_token_file hold the same token: workers would "
+                  "hold the admin role";
     return 2;
   }
   ps::MasterServerOptions options;
@@ -116,6 +165,9 @@ int Main() {
   options.security.key_file = FLAGS_tls_key;
   options.security.ca_file = FLAGS_tls_ca;
   options.security.auth_token = *token;
+  options.security.admin_token = *admin;
+  options.security.admin_identities =
+      absl::StrSplit(FLAGS_admin_identities, ',', absl::SkipWhitespace());
   options.security.reload_interval_s = FLAGS_tls_reload_s;
   options.metrics_enabled = FLAGS_metrics_port >= 0;
   options.metrics.host = FLAGS_host;
@@ -132,6 +184,12 @@ int Main() {
   options.core.fence_rows = FLAGS_fence_rows;
   options.core.checkpoint_dir = FLAGS_checkpoint_dir;
   options.core.auto_rebalance = FLAGS_auto_rebalance;
+  options.core.max_tasks_per_job = FLAGS_max_tasks_per_job;
+  options.core.job_retention = absl::Seconds(FLAGS_job_retention_s);
+  options.core.max_finished_jobs = FLAGS_max_finished_jobs;
+  options.core.worker_retention = absl::Seconds(FLAGS_worker_retention_s);
+  // Retention runs as often as leases are checked, at most every 10 s: O(jobs + workers).
+  options.core.retention_interval = std::min(absl::Seconds(10), options.core.lease);
   // SIGTERM/SIGINT are taken by a thread that runs the graceful shutdown.
   ps::ShutdownSignal shutdown_signal;
   // After ShutdownSignal: loading credentials starts gRPC's threads.
@@ -142,7 +200,8 @@ int Main() {
     to_pods.cert_file = FLAGS_tls_cert;
     to_pods.key_file = FLAGS_tls_key;
   }
-  to_pods.auth_token = *token;
+  // Assignments, moves and checkpoints are admin calls on the pods.
+  to_pods.auth_token = admin->empty() ? *token : *admin;
   to_pods.reload_interval_s = FLAGS_tls_reload_s;
   absl::StatusOr<ps::ChannelMaker> channels = ps::ChannelMaker::Create(to_pods);
   if (!channels.ok()) {

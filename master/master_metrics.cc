@@ -70,6 +70,16 @@ void AddMasterMetrics(MasterCore* core, MetricsRegistry* registry) {
     w->Family("ps_master_operation_running", "1 while a drain or rebalance runs.", G);
     w->Sample({}, s.operation().operation_id() != 0 && !s.operation().done() ? 1 : 0);
 
+    // Jobs the master keeps (retention deletes finished ones), by state.
+    std::map<std::string, int> jobs;
+    for (int v = JobInfo::State_MIN; v <= JobInfo::State_MAX; ++v) {
+      if (v != JobInfo::UNKNOWN) jobs[Lower(JobInfo::State_Name(v))] = 0;
+    }
+    for (const JobInfo& j : s.jobs()) ++jobs[Lower(JobInfo::State_Name(j.state()))];
+    w->Family("ps_master_jobs", "Jobs the master keeps, by state.", G);
+    for (const auto& [state, n] : jobs) w->Sample({{"state", state}}, n);
+
+    // Per job: counts kept as its tasks change (no walk over the tasks at scrape time).
     w->Family("ps_master_tasks", "Tasks per job and state.", G);
     for (const JobInfo& j : s.jobs()) {
       w->Sample({{"job", j.name()}, {"state", "todo"}}, j.tasks_todo());

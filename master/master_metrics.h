@@ -1,5 +1,7 @@
 // The master's Prometheus series, read at scrape time from MasterCore::Status and its
-// lease-loss counters: nothing is counted twice.
+// lease-loss counters: nothing is counted twice. A scrape costs O(pods + vshards + workers
+// + jobs + tasks in progress): each job's counts are kept as its tasks change, and
+// retention bounds the jobs and workers kept.
 #pragma once
 
 #include "common/metrics/metrics.h"

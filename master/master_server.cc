@@ -22,8 +22,12 @@ class MasterServerImpl final : public MasterServer {
   MasterServerImpl(const MasterServerOptions& options, std::unique_ptr<MasterCore> core)
       : core_(std::move(core)),
         pool_(WorkPoolOptions{options.threads, 4096}),
-        auth_(options.security.auth_token),
-        service_(core_.get(), &pool_, &auth_) {}
+        auth_(options.security),
+        service_(core_.get(), &pool_, &auth_) {
+    auth_.LogConfiguration("ps-master",
+                           "admin calls (Drain, Rebalance, Checkpoint) and the pods' "
+                           "registration (RegisterPod, PodHeartbeat, LeavePod)");
+  }
 
   absl::Status Start(const MasterServerOptions& options) {
     auto credentials = MakeServerCredentials(options.security);
@@ -89,7 +93,7 @@ class MasterServerImpl final : public MasterServer {
  private:
   std::unique_ptr<MasterCore> core_;
   WorkPool pool_;
-  const TokenAuthenticator auth_;
+  const Authorizer auth_;
   MasterService service_;
   MetricsRegistry registry_;
   std::unique_ptr<RpcMetrics> rpc_metrics_;  // outlives server_ (its interceptors)

@@ -19,7 +19,9 @@ struct MasterServerOptions {
   // threads let independent callers overlap their waits.
   int threads = 4;
   MasterOptions core;
-  // TLS and the bearer token every Master RPC must carry (health stays open).
+  // TLS and the credentials of the calls the master serves: security.auth_token (workers)
+  // and security.admin_token / admin_identities (pods and operators), checked against the
+  // role table (common/rpc/auth_policy.h; health stays open). Default: every call allowed.
   ServerSecurity security;
   // Prometheus metrics over HTTP (GET /metrics, /healthz) on metrics.port; off by default.
   bool metrics_enabled = false;

@@ -7,22 +7,20 @@
 namespace ps {
 
 template <typename Req, typename Resp>
-grpc::ServerUnaryReactor* MasterService::Run(grpc::CallbackServerContext* ctx, const Req* req,
-                                             Resp* resp,
-                                             absl::Status (MasterCore::*method)(const Req&,
-                                                                                Resp*)) {
+grpc::ServerUnaryReactor* MasterService::Run(grpc::CallbackServerContext* ctx, const char* method,
+                                             const Req* req, Resp* resp,
+                                             absl::Status (MasterCore::*handler)(const Req&,
+                                                                                 Resp*)) {
   grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
   if (auth_ != nullptr) {
-    if (absl::Status s = auth_->Check(*ctx); !s.ok()) {
-      LOG_EVERY_N(WARNING, 100) << "refused a call from " << ctx->peer() << ": " << s
-                                << " (every 100th refusal is logged)";
-      reactor->Finish(ToGrpcStatus(s));
+    if (absl::Status s = auth_->Authorize(*ctx, method); !s.ok()) {
+      reactor->Finish(ToGrpcStatus(s));  // the Authorizer logs refusals
       return reactor;
     }
   }
   MasterCore* core = core_;
-  bool queued = pool_->TrySubmit([core, ctx, req, resp, reactor, method] {
-    absl::Status s = (core->*method)(*req, resp);
+  bool queued = pool_->TrySubmit([core, ctx, req, resp, reactor, handler] {
+    absl::Status s = (core->*handler)(*req, resp);
     if (!s.ok()) VLOG(1) << "request from " << ctx->peer() << " failed: " << s;
     reactor->Finish(ToGrpcStatus(s));
   });
@@ -36,7 +34,7 @@ grpc::ServerUnaryReactor* MasterService::Run(grpc::CallbackServerContext* ctx, c
 #define PS_MASTER_RPC(Name, Req, Resp)                                                            \
   grpc::ServerUnaryReactor* MasterService::Name(grpc::CallbackServerContext* ctx, const Req* req, \
                                                 Resp* resp) {                                     \
-    return Run(ctx, req, resp, &MasterCore::Name);                                                \
+    return Run(ctx, "/ps.Master/" #Name, req, resp, &MasterCore::Name);                           \
   }
 
 PS_MASTER_RPC(RegisterPod, RegisterPodRequest, RegisterPodResponse)
@@ -55,6 +53,7 @@ PS_MASTER_RPC(ReportTask, ReportTaskRequest, ReportTaskResponse)
 PS_MASTER_RPC(Status, StatusRequest, StatusResponse)
 PS_MASTER_RPC(Drain, DrainRequest, DrainResponse)
 PS_MASTER_RPC(Rebalance, RebalanceRequest, RebalanceResponse)
+PS_MASTER_RPC(DeleteJob, DeleteJobRequest, DeleteJobResponse)
 PS_MASTER_RPC(Checkpoint, CheckpointRequest, CheckpointResponse)
 
 #undef PS_MASTER_RPC

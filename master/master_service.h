@@ -3,7 +3,7 @@
 #pragma once
 
 #include "common/base/work_pool.h"
-#include "common/rpc/transport_security.h"
+#include "common/rpc/authorizer.h"
 #include "master/master_core.h"
 #include "proto/master.grpc.pb.h"
 
@@ -12,8 +12,9 @@ namespace ps {
 class MasterService final : public Master::CallbackService {
  public:
   // `core` and `pool` (and `auth`, if given) must outlive the service. With `auth`, every
-  // RPC is checked first and refused with UNAUTHENTICATED.
-  MasterService(MasterCore* core, WorkPool* pool, const TokenAuthenticator* auth = nullptr)
+  // RPC is checked first against the role table (common/rpc/auth_policy.h) and refused
+  // with UNAUTHENTICATED or PERMISSION_DENIED.
+  MasterService(MasterCore* core, WorkPool* pool, const Authorizer* auth = nullptr)
       : core_(core), pool_(pool), auth_(auth) {}
 
 #define PS_MASTER_RPC(Name, Req, Resp)                                                         \
@@ -35,17 +36,20 @@ class MasterService final : public Master::CallbackService {
   PS_MASTER_RPC(Status, StatusRequest, StatusResponse)
   PS_MASTER_RPC(Drain, DrainRequest, DrainResponse)
   PS_MASTER_RPC(Rebalance, RebalanceRequest, RebalanceResponse)
+  PS_MASTER_RPC(DeleteJob, DeleteJobRequest, DeleteJobResponse)
   PS_MASTER_RPC(Checkpoint, CheckpointRequest, CheckpointResponse)
 #undef PS_MASTER_RPC
 
  private:
+  // Runs `handler` on the pool once the caller may call `method` (its full name).
   template <typename Req, typename Resp>
-  grpc::ServerUnaryReactor* Run(grpc::CallbackServerContext* ctx, const Req* req, Resp* resp,
-                                absl::Status (MasterCore::*method)(const Req&, Resp*));
+  grpc::ServerUnaryReactor* Run(grpc::CallbackServerContext* ctx, const char* method,
+                                const Req* req, Resp* resp,
+                                absl::Status (MasterCore::*handler)(const Req&, Resp*));
 
   MasterCore* const core_;
   WorkPool* const pool_;
-  const TokenAuthenticator* const auth_;  // null: no token required
+  const Authorizer* const auth_;  // null: every call is allowed
 };
 
 }  // namespace ps

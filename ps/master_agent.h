@@ -29,7 +29,10 @@ struct MasterAgentOptions {
   absl::Duration rpc_timeout = absl::Seconds(2);
   // Wait between failed registration attempts (master down, identity still leased).
   absl::Duration retry_interval = absl::Milliseconds(200);
-  // TLS and token towards the master. Default: plain text, no token.
+  // TLS and token towards the master. RegisterPod, PodHeartbeat and LeavePod are admin
+  // calls (common/rpc/auth_policy.h): the token is the admin one when the cluster has one
+  // (ps-server passes --admin_token_file's, else --auth_token_file's). Default: plain
+  // text, no token.
   ChannelSecurity security;
 };
 

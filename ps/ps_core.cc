@@ -18,6 +18,7 @@
 #include "embedding/spec.h"
 #include "google/protobuf/io/coded_stream.h"
 #include "proto/packed.h"
+#include "proto/wrong_shard.h"
 
 namespace ps {
 namespace {
@@ -150,9 +151,10 @@ absl::Status PsCore::CheckOwned(const ShardOwnership& own, const EmbeddingTable&
     const uint32_t v = VShardOf(RouteHash(h, id), own.num_vshards());
     if (!own.Owns(v)) {
       counters_.rejected_wrong_shard.fetch_add(1, std::memory_order_relaxed);
-      return absl::FailedPreconditionError(
+      return WrongShardError(
           absl::StrCat("id ", id, " of table '", table.spec().name(), "' is in vshard ", v,
-                       ", which this pod does not own at epoch ", own.epoch()));
+                       ", which this pod does not own at epoch ", own.epoch()),
+          own.epoch(), v);
     }
   }
   return absl::OkStatus();
@@ -162,9 +164,9 @@ absl::Status PsCore::CheckOwnedDense(const ShardOwnership& own, absl::string_vie
   const uint32_t v = DenseVShard(name, own.num_vshards());
   if (!own.Owns(v)) {
     counters_.rejected_wrong_shard.fetch_add(1, std::memory_order_relaxed);
-    return absl::FailedPreconditionError(absl::StrCat("dense tensor '", name, "' is in vshard ", v,
-                                                      ", which this pod does not own at epoch ",
-                                                      own.epoch()));
+    return WrongShardError(absl::StrCat("dense tensor '", name, "' is in vshard ", v,
+                                        ", which this pod does not own at epoch ", own.epoch()),
+                           own.epoch(), v);
   }
   return absl::OkStatus();
 }

@@ -57,6 +57,11 @@ std::string VShardList(const std::vector<uint32_t>& v) {
   return absl::StrCat(v.front(), "..", v.back(), " (", v.size(), ")");
 }
 
+// The most an assignment's epoch may lead the pod's. The master bumps the epoch once per
+// map change (a few per move), so a real cluster never gets near this; an epoch beyond it
+// (2^64-1, say) would make the pod ignore every later assignment as older.
+constexpr uint64_t kMaxEpochJump = uint64_t{1} << 32;
+
 std::vector<bool> BitsOf(absl::Span<const uint32_t> vshards, uint32_t n) {
   std::vector<bool> bits(n, false);
   for (uint32_t v : vshards) {
@@ -126,6 +131,13 @@ absl::Status PsCore::ApplyAssignment(const Assignment& req, ApplyAssignmentRespo
       resp->set_epoch(current->epoch());
       return absl::OkStatus();
     }
+    if (req.epoch() > current->epoch() && req.epoch() - current->epoch() > kMaxEpochJump) {
+      LOG(WARNING) << "refused an assignment at epoch " << req.epoch() << ": this pod is at epoch "
+                   << current->epoch();
+      return absl::InvalidArgumentError(absl::StrCat(
+          "assignment epoch ", req.epoch(), " is absurdly far (more than 2^32) beyond this pod's ",
+          current->epoch(), "; the master bumps it by a few per change"));
+    }
     if (outgoing_ != nullptr) {
       for (uint32_t v : outgoing_->list) {
         if (!moving_out[v]) ended = outgoing_;
@@ -178,6 +190,13 @@ absl::Status PsCore::ApplyAssignment(const Assignment& req, ApplyAssignmentRespo
       LOG(INFO) << "move " << ended->move_id << " of vshards " << VShardList(ended->list)
                 << (committed ? " committed" : " aborted before its fence");
     }
+  }
+  if (!drop.empty() && ownership()->owned_count() == 0 &&
+      std::find(moving_in.begin(), moving_in.end(), true) == moving_in.end()) {
+    LOG(WARNING) << "ALL VSHARDS DROPPED: the assignment at epoch " << req.epoch()
+                 << " leaves this pod no vshard; erasing the rows of the " << drop.size()
+                 << " vshards it held (" << VShardList(drop)
+                 << ") from memory and disk. Expected only when the pod was drained.";
   }
   if (!drop.empty()) RETURN_IF_ERROR(DropVShards(drop));
   resp->set_epoch(ownership()->epoch());

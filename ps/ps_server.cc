@@ -30,17 +30,37 @@ size_t InlineRequestBytes(const PsServerOptions& options, PsCore& core) {
   return static_cast<size_t>(PsServerOptions::kDurableInlineBytes);
 }
 
+PsServiceOptions ServiceOptions(const PsServerOptions& options, PsCore& core,
+                                const Authorizer* auth, MigrateImportOptions migrate) {
+  PsServiceOptions o;
+  o.inline_request_bytes = InlineRequestBytes(options, core);
+  o.auth = auth;
+  o.migrate = std::move(migrate);
+  o.checkpoint_root = PathRoot(options.checkpoint_root, "--checkpoint_root");
+  return o;
+}
+
+PodTransferServiceOptions TransferOptions(const PsServerOptions& options, const Authorizer* auth) {
+  PodTransferServiceOptions o;
+  o.auth = auth;
+  o.export_root = PathRoot(options.export_root, "--export_root");
+  return o;
+}
+
 class PsServerImpl final : public PsServer {
  public:
   PsServerImpl(const PsServerOptions& options, std::unique_ptr<PsCore> core,
                MigrateImportOptions migrate)
       : core_(std::move(core)),
         pool_(WorkPoolOptions{options.threads, 1024}),
-        auth_(options.security.auth_token),
-        service_(core_.get(), &pool_, InlineRequestBytes(options, *core_), &auth_,
-                 std::move(migrate)),
-        transfer_(core_.get(), &pool_, &auth_),
-        ready_(options.start_ready) {}
+        auth_(options.security),
+        service_(core_.get(), &pool_, ServiceOptions(options, *core_, &auth_, std::move(migrate))),
+        transfer_(core_.get(), &pool_, TransferOptions(options, &auth_)),
+        ready_(options.start_ready) {
+    auth_.LogConfiguration("ps-server",
+                           "pod-control calls (ApplyAssignment, MigrateBegin/Export/Import, "
+                           "Checkpoint, Export, ImportRows)");
+  }
 
   absl::Status Start(const PsServerOptions& options) {
     auto credentials = MakeServerCredentials(options.security);
@@ -120,7 +140,7 @@ class PsServerImpl final : public PsServer {
  private:
   std::unique_ptr<PsCore> core_;  // destroyed last: the storage flushes on destruction
   WorkPool pool_;
-  const TokenAuthenticator auth_;
+  const Authorizer auth_;
   PsService service_;
   PodTransferService transfer_;
   MetricsRegistry registry_;

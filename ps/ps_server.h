@@ -31,11 +31,18 @@ struct PsServerOptions {
   int64_t inline_request_bytes = -1;
   static constexpr int64_t kDurableInlineBytes = 1024;
   PsCoreOptions core;
-  // TLS and the bearer token every PS RPC must carry (health stays open). Default: none.
+  // TLS and the credentials of the calls this pod serves: security.auth_token (workers)
+  // and security.admin_token / admin_identities (the master and operators), checked
+  // against the role table (common/rpc/auth_policy.h; health stays open). Default: none,
+  // every call allowed (a warning at start says so).
   ServerSecurity security;
   // TLS and token of this pod's own calls to other pods (a move's destination pulls the
-  // rows from its source). Default: plain text, no token.
+  // rows from its source with MigrateExport, an admin call). Default: plain text, no token.
   ChannelSecurity peer_security;
+  // The directories Checkpoint and PodTransfer.Export may write under (ps/path_root.h).
+  // Empty: such calls are refused with FAILED_PRECONDITION.
+  std::string checkpoint_root;
+  std::string export_root;
   // Prometheus metrics over HTTP (GET /metrics, /healthz) on metrics.port; off by default.
   bool metrics_enabled = false;
   MetricsHttpOptions metrics;

@@ -28,21 +28,19 @@ class WirePullSink final : public PullSink {
 
 }  // namespace
 
-absl::Status PsService::Authenticate(const grpc::ServerContextBase& ctx) const {
-  if (auth_ == nullptr) return absl::OkStatus();
-  absl::Status s = auth_->Check(ctx);
-  if (!s.ok()) {
-    LOG_EVERY_N(WARNING, 100) << "refused a call from " << ctx.peer() << ": " << s
-                              << " (every 100th refusal is logged)";
-  }
-  return s;
+// The full name of a ParameterServer method, as the role table has it.
+#define PS_METHOD(Name) "/ps.ParameterServer/" #Name
+
+absl::Status PsService::Authorize(const grpc::ServerContextBase& ctx, const char* method) const {
+  if (options_.auth == nullptr) return absl::OkStatus();
+  return options_.auth->Authorize(ctx, method);
 }
 
-grpc::ServerUnaryReactor* PsService::Submit(grpc::CallbackServerContext* ctx,
+grpc::ServerUnaryReactor* PsService::Submit(grpc::CallbackServerContext* ctx, const char* method,
                                             std::function<void(PsCore::Done)> work,
                                             size_t request_bytes) {
   grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
-  if (absl::Status s = Authenticate(*ctx); !s.ok()) {
+  if (absl::Status s = Authorize(*ctx, method); !s.ok()) {
     reactor->Finish(ToGrpcStatus(s));
     return reactor;
   }
@@ -58,7 +56,7 @@ grpc::ServerUnaryReactor* PsService::Submit(grpc::CallbackServerContext* ctx,
     reactor->Finish(ToGrpcStatus(s));
   };
   auto run = [work = std::move(work), finish = std::move(finish)] { work(finish); };
-  if (request_bytes <= inline_request_bytes_) {
+  if (request_bytes <= options_.inline_request_bytes) {
     run();  // tiny: a hand-off to the pool would cost more than the work
     return reactor;
   }
@@ -70,12 +68,13 @@ grpc::ServerUnaryReactor* PsService::Submit(grpc::CallbackServerContext* ctx,
 }
 
 template <typename Req, typename Resp>
-grpc::ServerUnaryReactor* PsService::Run(grpc::CallbackServerContext* ctx, const Req* req,
-                                         Resp* resp,
-                                         absl::Status (PsCore::*method)(const Req&, Resp*)) {
+grpc::ServerUnaryReactor* PsService::Run(grpc::CallbackServerContext* ctx, const char* method,
+                                         const Req* req, Resp* resp,
+                                         absl::Status (PsCore::*handler)(const Req&, Resp*)) {
   PsCore* core = core_;
   return Submit(
-      ctx, [core, req, resp, method](PsCore::Done done) { done((core->*method)(*req, resp)); },
+      ctx, method,
+      [core, req, resp, handler](PsCore::Done done) { done((core->*handler)(*req, resp)); },
       std::numeric_limits<size_t>::max());
 }
 
@@ -83,7 +82,7 @@ grpc::ServerUnaryReactor* PsService::Pull(grpc::CallbackServerContext* ctx,
                                           const grpc::ByteBuffer* req, grpc::ByteBuffer* resp) {
   PsCore* core = core_;
   return Submit(
-      ctx,
+      ctx, PS_METHOD(Pull),
       [core, req, resp](PsCore::Done done) {
         grpc::ByteBuffer raw(*req);  // shares the slices; Deserialize consumes its argument
         PullRequest request;
@@ -102,7 +101,7 @@ grpc::ServerUnaryReactor* PsService::Push(grpc::CallbackServerContext* ctx,
                                           const grpc::ByteBuffer* req, grpc::ByteBuffer* resp) {
   PsCore* core = core_;
   return Submit(
-      ctx,
+      ctx, PS_METHOD(Push),
       [core, req, resp](PsCore::Done done) {
         // The request and response live until the push is durable (PsCore calls back).
         auto call = std::make_shared<std::pair<PushRequest, PushResponse>>();
@@ -126,7 +125,7 @@ grpc::ServerUnaryReactor* PsService::PushDense(grpc::CallbackServerContext* ctx,
                                                const DensePushRequest* req, PushResponse* resp) {
   PsCore* core = core_;
   return Submit(
-      ctx,
+      ctx, PS_METHOD(PushDense),
       [core, req, resp](PsCore::Done done) { core->PushDenseAsync(*req, resp, std::move(done)); },
       std::numeric_limits<size_t>::max());
 }
@@ -134,7 +133,7 @@ grpc::ServerUnaryReactor* PsService::PushDense(grpc::CallbackServerContext* ctx,
 #define PS_RPC(Name, Req, Resp)                                                               \
   grpc::ServerUnaryReactor* PsService::Name(grpc::CallbackServerContext* ctx, const Req* req, \
                                             Resp* resp) {                                     \
-    return Run(ctx, req, resp, &PsCore::Name);                                                \
+    return Run(ctx, PS_METHOD(Name), req, resp, &PsCore::Name);                               \
   }
 
 PS_RPC(CreateTable, CreateTableRequest, CreateTableResponse)
@@ -142,27 +141,46 @@ PS_RPC(CreateDense, CreateDenseRequest, CreateDenseResponse)
 PS_RPC(Describe, DescribeRequest, DescribeResponse)
 PS_RPC(PullDense, DensePullRequest, DensePullResponse)
 PS_RPC(Stats, StatsRequest, StatsResponse)
-PS_RPC(Checkpoint, PodCheckpointRequest, PodCheckpointResponse)
 PS_RPC(MigrateBegin, MigrateBeginRequest, MigrateBeginResponse)
 PS_RPC(MigrateExport, MigrateExportRequest, MigrateExportResponse)
 
 grpc::ServerUnaryReactor* PsService::ApplyAssignment(grpc::CallbackServerContext* ctx,
                                                      const Assignment* req,
                                                      ApplyAssignmentResponse* resp) {
-  return Run(ctx, req, resp, &PsCore::ApplyAssignment);
+  return Run(ctx, PS_METHOD(ApplyAssignment), req, resp, &PsCore::ApplyAssignment);
+}
+
+grpc::ServerUnaryReactor* PsService::Checkpoint(grpc::CallbackServerContext* ctx,
+                                                const PodCheckpointRequest* req,
+                                                PodCheckpointResponse* resp) {
+  PsCore* core = core_;
+  const PathRoot* root = &options_.checkpoint_root;
+  return Submit(
+      ctx, PS_METHOD(Checkpoint),
+      [core, root, req, resp](PsCore::Done done) {
+        absl::StatusOr<std::string> dir = root->Resolve(req->dir());
+        if (!dir.ok()) {
+          LOG(WARNING) << "checkpoint to '" << req->dir() << "' refused: " << dir.status();
+          return done(dir.status());
+        }
+        PodCheckpointRequest resolved = *req;
+        resolved.set_dir(*dir);
+        done(core->Checkpoint(resolved, resp));
+      },
+      std::numeric_limits<size_t>::max());
 }
 
 grpc::ServerUnaryReactor* PsService::MigrateImport(grpc::CallbackServerContext* ctx,
                                                    const MigrateImportRequest* req,
                                                    MigrateImportResponse* resp) {
   grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
-  if (absl::Status s = Authenticate(*ctx); !s.ok()) {
+  if (absl::Status s = Authorize(*ctx, PS_METHOD(MigrateImport)); !s.ok()) {
     reactor->Finish(ToGrpcStatus(s));
     return reactor;
   }
   PsCore* core = core_;
   if (!migrate_pool_.TrySubmit([this, core, req, resp, reactor] {
-        reactor->Finish(ToGrpcStatus(RunMigrateImport(core, *req, resp, migrate_options_)));
+        reactor->Finish(ToGrpcStatus(RunMigrateImport(core, *req, resp, options_.migrate)));
       })) {
     reactor->Finish(grpc::Status(grpc::StatusCode::UNAVAILABLE, "too many imports queued"));
   }
@@ -170,5 +188,6 @@ grpc::ServerUnaryReactor* PsService::MigrateImport(grpc::CallbackServerContext* 
 }
 
 #undef PS_RPC
+#undef PS_METHOD
 
 }  // namespace ps

@@ -13,28 +13,38 @@
 #include <functional>
 
 #include "common/base/work_pool.h"
-#include "common/rpc/transport_security.h"
+#include "common/rpc/authorizer.h"
 #include "proto/ps.grpc.pb.h"
 #include "ps/migrate_import.h"
+#include "ps/path_root.h"
 #include "ps/ps_core.h"
 
 namespace ps {
+
+struct PsServiceOptions {
+  // Pulls and pushes whose request is at most this many bytes run on gRPC's thread
+  // instead of the pool (PsServerOptions::inline_request_bytes says when that pays).
+  size_t inline_request_bytes = 0;
+  // Checks every RPC against the role table (common/rpc/auth_policy.h) first. Null:
+  // every call is allowed. Must outlive the service.
+  const Authorizer* auth = nullptr;
+  // The imports this pod runs as a move's destination.
+  MigrateImportOptions migrate;
+  // Where Checkpoint may write (--checkpoint_root). Default: nowhere (refused).
+  PathRoot checkpoint_root{"", "--checkpoint_root"};
+};
 
 class PsService final
     : public ParameterServer::WithRawCallbackMethod_Pull<
           ParameterServer::WithRawCallbackMethod_Push<ParameterServer::CallbackService>> {
  public:
-  // `core` and `pool` (and `auth`, if given) must outlive the service. Pulls and pushes
-  // whose request is at most `inline_request_bytes` run on gRPC's thread instead of the
-  // pool. With `auth`, every RPC is checked first and refused with UNAUTHENTICATED.
-  // `migrate` configures the imports this pod runs as a move's destination.
-  PsService(PsCore* core, WorkPool* pool, size_t inline_request_bytes = 0,
-            const TokenAuthenticator* auth = nullptr, MigrateImportOptions migrate = {})
+  // `core` and `pool` must outlive the service. A call its options' Authorizer refuses
+  // gets UNAUTHENTICATED or PERMISSION_DENIED before anything else happens; a Checkpoint
+  // outside the checkpoint root INVALID_ARGUMENT (FAILED_PRECONDITION without a root).
+  PsService(PsCore* core, WorkPool* pool, PsServiceOptions options = {})
       : core_(core),
         pool_(pool),
-        inline_request_bytes_(inline_request_bytes),
-        auth_(auth),
-        migrate_options_(std::move(migrate)),
+        options_(std::move(options)),
         migrate_pool_(WorkPoolOptions{1, 4}) {}
 
   grpc::ServerUnaryReactor* CreateTable(grpc::CallbackServerContext* ctx,
@@ -72,24 +82,22 @@ class PsService final
                                           MigrateImportResponse* resp) override;
 
  private:
-  // Runs `work` (inline if request_bytes <= inline_request_bytes_, else on the pool); the
-  // call finishes with the status `work` passes to its callback, whenever it does (a
-  // durable push calls back once its log record is written).
-  grpc::ServerUnaryReactor* Submit(grpc::CallbackServerContext* ctx,
+  // Runs `work` (inline if request_bytes <= inline_request_bytes, else on the pool) once
+  // the caller may call `method` (its full name); the call finishes with the status
+  // `work` passes to its callback, whenever it does (a durable push calls back once its
+  // log record is written).
+  grpc::ServerUnaryReactor* Submit(grpc::CallbackServerContext* ctx, const char* method,
                                    std::function<void(PsCore::Done)> work, size_t request_bytes);
   template <typename Req, typename Resp>
-  grpc::ServerUnaryReactor* Run(grpc::CallbackServerContext* ctx, const Req* req, Resp* resp,
-                                absl::Status (PsCore::*method)(const Req&, Resp*));
+  grpc::ServerUnaryReactor* Run(grpc::CallbackServerContext* ctx, const char* method,
+                                const Req* req, Resp* resp,
+                                absl::Status (PsCore::*handler)(const Req&, Resp*));
+  // OK, or the Authorizer's refusal of `method` for this call.
+  absl::Status Authorize(const grpc::ServerContextBase& ctx, const char* method) const;
 
   PsCore* const core_;
   WorkPool* const pool_;
-  const size_t inline_request_bytes_;
-  // OK, or UNAUTHENTICATED (logged, 1 in 100) when `auth_` refuses the call. Every RPC
-  // checks it first.
-  absl::Status Authenticate(const grpc::ServerContextBase& ctx) const;
-
-  const TokenAuthenticator* const auth_;  // null: no token required
-  const MigrateImportOptions migrate_options_;
+  const PsServiceOptions options_;
   WorkPool migrate_pool_;  // one import at a time
 };
 

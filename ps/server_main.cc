@@ -15,6 +15,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "common/base/binary_init.h"
@@ -113,9 +114,30 @@ DEFINE_int32(tls_reload_s, 60,
              "The TLS files are read again this often: replaced certificates (a renewed "
              "Secret) serve new connections without a restart. 0: read once at start.");
 DEFINE_string(auth_token_file, "",
-              "File holding a shared token (surrounding whitespace trimmed). Set: every PS "
-              "RPC must carry `authorization: Bearer <token>` (else UNAUTHENTICATED; health "
-              "stays open), and the pod sends it to the master.");
+              "File holding the workers' token (surrounding whitespace trimmed). Set: pulls, "
+              "pushes, Describe, Stats and table creation must carry `authorization: Bearer "
+              "<token>` (or the admin token), else UNAUTHENTICATED; health stays open. "
+              "Without an admin credential this token also allows pod control, as before "
+              "roles existed, and the pod sends it to the master and other pods.");
+DEFINE_string(admin_token_file, "",
+              "File holding the admin token (the master's and operators'). Set: pod control "
+              "(ApplyAssignment, MigrateBegin/Export/Import, Checkpoint, Export, ImportRows) "
+              "needs it (a worker token gets PERMISSION_DENIED), and the pod presents it to the "
+              "master (RegisterPod, PodHeartbeat, LeavePod are admin calls there) and to other "
+              "pods during a move.");
+DEFINE_string(admin_identities, "",
+              "Comma-separated client-certificate names (common name or subject alternative "
+              "name) that hold the admin role under mutual TLS (needs --tls_ca), e.g. "
+              "ps-server,ps-admin: the master's and ps-admin's certificates.");
+DEFINE_string(checkpoint_root, "",
+              "Directory under which Checkpoint may write (the master's cluster checkpoints "
+              "name <its --checkpoint_dir>/ckpt-<id>/<pod id>: put that under this root). A "
+              "relative checkpoint path is taken under it; '..' and symbolic links that lead "
+              "out of it are refused. Empty: checkpoints are refused. Best on the data dir's "
+              "filesystem (the copy is then made of hard links).");
+DEFINE_string(export_root, "",
+              "Directory under which PodTransfer.Export (ps-transfer export) may write, with "
+              "the rules of --checkpoint_root. Empty: exports are refused.");
 DEFINE_bool(check_flags, false,
             "Parse and validate the flags, print the resulting configuration and exit 0 (2 on "
             "a bad flag) without opening the data dir, files or ports.");
@@ -198,7 +220,8 @@ absl::StatusOr<ps::ShardOwnership> OwnershipFromFlags() {
 }
 
 // Where and how the pod serves: --host, --port, --inline_request_bytes, --metrics_port,
-// and readiness at start (under a master, once registered). Sets those fields of *options.
+// readiness at start (under a master, once registered), and the directories requests may
+// name (--checkpoint_root, --export_root). Sets those fields of *options.
 absl::Status EndpointOptionsFromFlags(ps::PsServerOptions* options) {
   if (FLAGS_inline_request_bytes < -1) {
     return absl::InvalidArgumentError(
@@ -216,6 +239,17 @@ absl::Status EndpointOptionsFromFlags(ps::PsServerOptions* options) {
   options->metrics.host = FLAGS_host;
   options->metrics.port = std::max(0, FLAGS_metrics_port);
   options->start_ready = FLAGS_master.empty();
+  // Roots are absolute: a relative one would move with the working directory.
+  for (const auto& [flag, value] :
+       {std::pair<const char*, const std::string&>{"checkpoint_root", FLAGS_checkpoint_root},
+        {"export_root", FLAGS_export_root}}) {
+    if (!value.empty() && value.front() != '/') {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--", flag, " must be an absolute path; got '", value, "'"));
+    }
+  }
+  options->checkpoint_root = FLAGS_checkpoint_root;
+  options->export_root = FLAGS_export_root;
   return absl::OkStatus();
 }
 
@@ -228,17 +262,26 @@ absl::Status CheckTlsFlags() {
         "--tls_cert and --tls_key go together, --tls_ca needs them, and "
         "--tls_reload_s must be >= 0");
   }
+  if (!FLAGS_admin_identities.empty() && FLAGS_tls_ca.empty()) {
+    return absl::InvalidArgumentError(
+        "--admin_identities names client certificates: it needs mutual TLS (--tls_ca)");
+  }
   return absl::OkStatus();
 }
 
 // --check_flags: the configuration the flags describe, on stdout.
 void PrintCheckedFlags() {
-  std::printf("ps-server flags ok: port %d, metrics port %d, %s, %s, tls %s%s, token %s\n",
-              FLAGS_port, FLAGS_metrics_port,
-              FLAGS_master.empty() ? "standalone" : ("master " + FLAGS_master).c_str(),
-              FLAGS_data_dir.empty() ? "in memory" : ("data in " + FLAGS_data_dir).c_str(),
-              FLAGS_tls_cert.empty() ? "off" : "on", FLAGS_tls_ca.empty() ? "" : " (mutual)",
-              FLAGS_auth_token_file.empty() ? "off" : "on");
+  std::printf(
+      "ps-server flags ok: port %d, metrics port %d, %s, %s, tls %s%s, worker token %s, admin "
+      "%s, checkpoint root %s, export root %s\n",
+      FLAGS_port, FLAGS_metrics_port,
+      FLAGS_master.empty() ? "standalone" : ("master " + FLAGS_master).c_str(),
+      FLAGS_data_dir.empty() ? "in memory" : ("data in " + FLAGS_data_dir).c_str(),
+      FLAGS_tls_cert.empty() ? "off" : "on", FLAGS_tls_ca.empty() ? "" : " (mutual)",
+      FLAGS_auth_token_file.empty() ? "off" : "on",
+      FLAGS_admin_token_file.empty() && FLAGS_admin_identities.empty() ? "off" : "on",
+      FLAGS_checkpoint_root.empty() ? "none" : FLAGS_checkpoint_root.c_str(),
+      FLAGS_export_root.empty() ? "none" : FLAGS_export_root.c_str());
 }
 
 // Transport security both ways, with the token read from its file.
@@ -249,26 +292,46 @@ struct Security {
   ps::ChannelSecurity outgoing;
 };
 
-// --tls_cert, --tls_key, --tls_ca, --master_tls_ca, --tls_reload_s, --auth_token_file
-// (read here: NOT_FOUND / INVALID_ARGUMENT as ReadAuthTokenFile says, in the logged line).
-absl::StatusOr<Security> SecurityFromFlags() {
-  absl::StatusOr<std::string> token = ps::ReadAuthTokenFile(FLAGS_auth_token_file);
+// A token file flag's token (read here: NOT_FOUND / INVALID_ARGUMENT as ReadAuthTokenFile
+// says, in the logged line); "" when the flag is empty.
+absl::StatusOr<std::string> TokenFromFlag(const char* flag, const std::string& path) {
+  absl::StatusOr<std::string> token = ps::ReadAuthTokenFile(path);
   if (!token.ok()) {
     return absl::Status(token.status().code(),
-                        absl::StrCat("bad --auth_token_file: ", token.status().ToString()));
+                        absl::StrCat("bad --", flag, ": ", token.status().ToString()));
+  }
+  return token;
+}
+
+// --tls_cert, --tls_key, --tls_ca, --master_tls_ca, --tls_reload_s, --auth_token_file,
+// --admin_token_file, --admin_identities.
+absl::StatusOr<Security> SecurityFromFlags() {
+  absl::StatusOr<std::string> token = TokenFromFlag("auth_token_file", FLAGS_auth_token_file);
+  if (!token.ok()) return token.status();
+  absl::StatusOr<std::string> admin = TokenFromFlag("admin_token_file", FLAGS_admin_token_file);
+  if (!admin.ok()) return admin.status();
+  if (!token->empty() && *token == *admin) {
+    return absl::InvalidArgumentError(
+        "--auth_token_file and --admin_token_file hold the same token: workers would hold "
+        "the admin role");
   }
   Security security;
   security.incoming.cert_file = FLAGS_tls_cert;
   security.incoming.key_file = FLAGS_tls_key;
   security.incoming.ca_file = FLAGS_tls_ca;
   security.incoming.auth_token = *token;
+  security.incoming.admin_token = *admin;
+  security.incoming.admin_identities =
+      absl::StrSplit(FLAGS_admin_identities, ',', absl::SkipWhitespace());
   security.incoming.reload_interval_s = FLAGS_tls_reload_s;
   security.outgoing.ca_file = FLAGS_master_tls_ca.empty() ? FLAGS_tls_ca : FLAGS_master_tls_ca;
   if (!security.outgoing.ca_file.empty()) {
     security.outgoing.cert_file = FLAGS_tls_cert;
     security.outgoing.key_file = FLAGS_tls_key;
   }
-  security.outgoing.auth_token = *token;
+  // The pod's own calls (register, heartbeat, leave at the master; MigrateExport at a
+  // move's source) are admin calls: it presents the admin token when it has one.
+  security.outgoing.auth_token = admin->empty() ? *token : *admin;
   security.outgoing.reload_interval_s = FLAGS_tls_reload_s;
   return security;
 }
@@ -412,6 +475,9 @@ int main(int argc, char** argv) {
     PrintCheckedFlags();
     return 0;
   }
+  // Everything the pod writes (its database, push log, checkpoints, exports) is readable
+  // by its user and group only: no file or directory it creates is open to other users.
+  ps::RestrictUmask();
   absl::StatusOr<Security> security = SecurityFromFlags();
   if (!security.ok()) return BadFlags(security.status());
   options.security = security->incoming;

@@ -1,5 +1,7 @@
 #include "ps/transfer_service.h"
 
+#include <glog/logging.h>
+
 #include <memory>
 
 #include "common/rpc/grpc_status.h"
@@ -8,11 +10,12 @@
 namespace ps {
 namespace {
 
-// Finishes `reactor` with UNAUTHENTICATED and returns true when `ctx` lacks the token.
-bool Refused(const TokenAuthenticator* auth, grpc::CallbackServerContext* ctx,
+// Finishes `reactor` with the refusal and returns true when `auth` refuses `method` for
+// the call.
+bool Refused(const Authorizer* auth, grpc::CallbackServerContext* ctx, const char* method,
              grpc::ServerUnaryReactor* reactor) {
   if (auth == nullptr) return false;
-  absl::Status s = auth->Check(*ctx);
+  absl::Status s = auth->Authorize(*ctx, method);
   if (s.ok()) return false;
   reactor->Finish(ToGrpcStatus(s));
   return true;
@@ -24,7 +27,7 @@ grpc::ServerUnaryReactor* PodTransferService::Export(grpc::CallbackServerContext
                                                      const ExportRequest* req,
                                                      ExportResponse* resp) {
   grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
-  if (Refused(auth_, ctx, reactor)) return reactor;
+  if (Refused(options_.auth, ctx, "/ps.PodTransfer/Export", reactor)) return reactor;
   if (exporting_.exchange(true)) {
     reactor->Finish(grpc::Status(grpc::StatusCode::UNAVAILABLE,
                                  "an export is already running on this pod; retry later"));
@@ -32,8 +35,19 @@ grpc::ServerUnaryReactor* PodTransferService::Export(grpc::CallbackServerContext
   }
   PsCore* core = core_;
   std::atomic<bool>* exporting = &exporting_;
-  if (!export_pool_.TrySubmit([core, req, resp, reactor, exporting] {
-        absl::Status s = ExportPod(*core, *req, resp);
+  const PathRoot* root = &options_.export_root;
+  if (!export_pool_.TrySubmit([core, root, req, resp, reactor, exporting] {
+        // The directory must lie under the export root (resolved here, off gRPC's thread:
+        // it reads the file system).
+        absl::StatusOr<std::string> dir = root->Resolve(req->dir());
+        absl::Status s = dir.status();
+        if (s.ok()) {
+          ExportRequest resolved = *req;
+          resolved.set_dir(*dir);
+          s = ExportPod(*core, resolved, resp);
+        } else {
+          LOG(WARNING) << "export to '" << req->dir() << "' refused: " << s;
+        }
         exporting->store(false);
         reactor->Finish(ToGrpcStatus(s));
       })) {
@@ -47,7 +61,7 @@ grpc::ServerUnaryReactor* PodTransferService::ImportRows(grpc::CallbackServerCon
                                                          const ImportRowsRequest* req,
                                                          ImportRowsResponse* resp) {
   grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
-  if (Refused(auth_, ctx, reactor)) return reactor;
+  if (Refused(options_.auth, ctx, "/ps.PodTransfer/ImportRows", reactor)) return reactor;
   PsCore* core = core_;
   if (!pool_->TrySubmit([core, req, resp, reactor] {
         core->ImportRows(*req, resp,

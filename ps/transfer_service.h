@@ -7,19 +7,31 @@
 #include <atomic>
 
 #include "common/base/work_pool.h"
-#include "common/rpc/transport_security.h"
+#include "common/rpc/authorizer.h"
 #include "proto/ps.grpc.pb.h"
+#include "ps/path_root.h"
 #include "ps/ps_core.h"
 
 namespace ps {
 
+struct PodTransferServiceOptions {
+  // Checks every call first (both methods need the admin role). Null: every call is
+  // allowed. Must outlive the service.
+  const Authorizer* auth = nullptr;
+  // Where Export may write (--export_root). Default: nowhere (refused).
+  PathRoot export_root{"", "--export_root"};
+};
+
 class PodTransferService final : public PodTransfer::CallbackService {
  public:
-  // `core` and `pool` must outlive the service.
-  // With `auth` (which must outlive the service too), every call is checked first and
-  // refused with UNAUTHENTICATED.
-  PodTransferService(PsCore* core, WorkPool* pool, const TokenAuthenticator* auth = nullptr)
-      : core_(core), pool_(pool), auth_(auth), export_pool_(WorkPoolOptions{1, 1}) {}
+  // `core` and `pool` must outlive the service. A call the Authorizer refuses gets
+  // UNAUTHENTICATED or PERMISSION_DENIED; an Export outside the export root
+  // INVALID_ARGUMENT (FAILED_PRECONDITION without a root).
+  PodTransferService(PsCore* core, WorkPool* pool, PodTransferServiceOptions options = {})
+      : core_(core),
+        pool_(pool),
+        options_(std::move(options)),
+        export_pool_(WorkPoolOptions{1, 1}) {}
 
   grpc::ServerUnaryReactor* Export(grpc::CallbackServerContext* ctx, const ExportRequest* req,
                                    ExportResponse* resp) override;
@@ -30,7 +42,7 @@ class PodTransferService final : public PodTransfer::CallbackService {
  private:
   PsCore* const core_;
   WorkPool* const pool_;
-  const TokenAuthenticator* const auth_;  // null: no token required
+  const PodTransferServiceOptions options_;
   std::atomic<bool> exporting_{false};
   WorkPool export_pool_;  // one thread; declared last, so joined first
 };

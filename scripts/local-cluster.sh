@@ -4,13 +4,18 @@
 # or the master that dies is restarted with the same identity, port and data dir).
 #
 #   scripts/local-cluster.sh start --ps=N --dir=DIR [--num_vshards=V] [--lease_ms=MS]
-#                                  [--workers=K --worker_cmd='CMD ARGS']
+#                                  [--tokens] [--workers=K --worker_cmd='CMD ARGS']
 #   scripts/local-cluster.sh status --dir=DIR
 #   scripts/local-cluster.sh stop --dir=DIR
 #
 # start prints `master=HOST:PORT` once the master and every pod serve. Workers (optional)
 # run CMD K times with PS_MASTER=HOST:PORT and PS_WORKER_INDEX=i in the environment; they
-# are not restarted (a lost worker's task goes back to the master's queue).
+# are not restarted (a lost worker's task goes back to the master's queue). Checkpoints
+# (ps-admin checkpoint) go to DIR/checkpoints, exports (ps-transfer export) under
+# DIR/exports. --tokens: the two credentials of the production overlay, made at the first
+# start in DIR/worker.token and DIR/admin.token (mode 600): the master and the pods get
+# both, workers only the worker token (PS_AUTH_TOKEN_FILE); ps-admin and ps-transfer need
+# --admin_token_file=DIR/admin.token.
 # Binaries come from build/bin, or $PS_BUILD_DIR/bin when PS_BUILD_DIR is set. Every process
 # is recorded in DIR/*.pid with its start time; stop signals exactly those processes (a
 # reused pid does not match), never by name.
@@ -20,7 +25,7 @@ ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 SELF="$ROOT/scripts/local-cluster.sh"
 
 usage() {
-  sed -n '2,17p' "$SELF" | sed 's/^# \{0,1\}//' >&2
+  sed -n '2,21p' "$SELF" | sed 's/^# \{0,1\}//' >&2
   exit 2
 }
 
@@ -38,7 +43,7 @@ shift
 # one host, so each binds port 0 and reports it through a port file.
 # shellcheck disable=SC1091
 source "$ROOT/docker/k8s/base/cluster.env"
-NUM_PS="" DIR="" WORKERS=0 WORKER_CMD=""
+NUM_PS="" DIR="" WORKERS=0 WORKER_CMD="" TOKENS=0
 for arg in "$@"; do
   case "$arg" in
     --ps=*) NUM_PS="${arg#*=}" ;;
@@ -47,6 +52,7 @@ for arg in "$@"; do
     --lease_ms=*) LEASE_MS="${arg#*=}" ;;
     --workers=*) WORKERS="${arg#*=}" ;;
     --worker_cmd=*) WORKER_CMD="${arg#*=}" ;;
+    --tokens) TOKENS=1 ;;
     -h | --help) usage ;;
     *) echo "local-cluster: unknown argument $arg" >&2; usage ;;
   esac
@@ -92,14 +98,25 @@ wait_port() {
 
 # ---- the supervisor (runs in the background, started by `start`) ----
 
+# server_tokens: the token flags of the master and the pods (both credentials, as the
+# production overlay mounts them), none without --tokens.
+server_tokens() {
+  # shellcheck disable=SC2153  # TOKENS comes from cluster.conf
+  [ "$TOKENS" = 1 ] || return 0
+  echo "--auth_token_file=$DIR/worker.token"
+  echo "--admin_token_file=$DIR/admin.token"
+}
+
 start_master() {
-  local port="$1"
+  local port="$1" tokens
+  mapfile -t tokens < <(server_tokens)
   rm -f "$DIR/master.port"
   # The flags of docker/k8s/base/master.yaml, with local ports and directories.
   "$BIN/ps-master" --host=127.0.0.1 --port="$port" --port_file="$DIR/master.port" \
     --metrics_port=0 --metrics_port_file="$DIR/master.metrics_port" \
     --data_dir="$DIR/master" --num_ps="$NUM_PS" --num_vshards="$NUM_VSHARDS" \
     --lease_ms="$LEASE_MS" --threads="$MASTER_THREADS" \
+    --checkpoint_dir="$DIR/checkpoints" "${tokens[@]}" \
     --shutdown_grace_ms="$MASTER_SHUTDOWN_GRACE_MS" >>"$DIR/master.log" 2>&1 &
   record master $!
 }
@@ -109,6 +126,10 @@ start_pod() {
   # shellcheck disable=SC2153  # POD_DATA_DIR comes from cluster.conf
   [ "$POD_DATA_DIR" = 1 ] && extra+=(--data_dir="$DIR/ps-$i" --durability="$DURABILITY"
     --materialize_ms="$MATERIALIZE_MS")
+  # The roots of cluster.env's PS_CHECKPOINT_ROOT and PS_EXPORT_ROOT, here: one host, one
+  # directory for the master's checkpoint_dir and every pod's copies.
+  extra+=(--checkpoint_root="$DIR/checkpoints" --export_root="$DIR/exports")
+  mapfile -t -O "${#extra[@]}" extra < <(server_tokens)
   rm -f "$DIR/ps-$i.port"
   # The flags of docker/k8s/base/ps.yaml, with local ports and directories.
   "$BIN/ps-server" --host=127.0.0.1 --port="$port" --port_file="$DIR/ps-$i.port" \
@@ -134,8 +155,11 @@ supervise() {
     wait_port "ps-$i" 20 || { echo "ps-$i did not start"; exit 1; }
     pod_port[$i]="$(cat "$DIR/ps-$i.port")"
   done
+  # Workers get the worker token only (as in the production overlay).
+  local worker_env=()
+  [ "$TOKENS" = 1 ] && worker_env=("PS_AUTH_TOKEN_FILE=$DIR/worker.token")
   for i in $(seq 0 $((WORKERS - 1))); do
-    PS_MASTER="$MASTER" PS_WORKER_INDEX="$i" sh -c "exec $WORKER_CMD" \
+    env "${worker_env[@]}" PS_MASTER="$MASTER" PS_WORKER_INDEX="$i" sh -c "exec $WORKER_CMD" \
       >>"$DIR/worker-$i.log" 2>&1 &
     record "worker-$i" $!
   done
@@ -187,11 +211,24 @@ cmd_start() {
   done
   # Pods get their own data dir only if this ps-server has durable storage.
   local pod_data_dir=0
-  "$bin/ps-server" --help 2>/dev/null | grep -q -- '--data_dir' && pod_data_dir=1
+  # (The whole help is read: `grep -q` would end the pipe early, and pipefail would take
+  # ps-server's SIGPIPE for a missing flag.)
+  local help
+  help="$("$bin/ps-server" --help 2>/dev/null || true)"
+  [[ "$help" == *--data_dir* ]] && pod_data_dir=1
   rm -f "$DIR"/*.port "$DIR/master.address"
+  if [ "$TOKENS" = 1 ]; then
+    # Two different random tokens, readable by this user only; kept across restarts.
+    local t
+    for t in worker admin; do
+      [ -s "$DIR/$t.token" ] && continue
+      (umask 077 && od -An -tx1 -N32 /dev/urandom | tr -d ' \n' >"$DIR/$t.token")
+    done
+  fi
   {
     printf 'BIN=%q\nNUM_PS=%q\nNUM_VSHARDS=%q\nLEASE_MS=%q\n' "$bin" "$NUM_PS" "$NUM_VSHARDS" "$LEASE_MS"
     printf 'WORKERS=%q\nWORKER_CMD=%q\nPOD_DATA_DIR=%q\n' "$WORKERS" "$WORKER_CMD" "$pod_data_dir"
+    printf 'TOKENS=%q\n' "$TOKENS"
   } >"$DIR/cluster.conf"
   nohup "$SELF" _supervise --dir="$DIR" >>"$DIR/supervisor.log" 2>&1 </dev/null &
   record supervisor $!
@@ -199,6 +236,7 @@ cmd_start() {
     if [ -s "$DIR/master.address" ]; then
       echo "master=$(cat "$DIR/master.address")"
       echo "dir=$DIR pods=$NUM_PS logs=$DIR/*.log"
+      [ "$TOKENS" = 1 ] && echo "admin_token_file=$DIR/admin.token worker_token_file=$DIR/worker.token"
       return 0
     fi
     pid_alive supervisor || break
@@ -244,7 +282,10 @@ cmd_status() {
     # shellcheck disable=SC1091
     source "$DIR/cluster.conf"
     echo "master=$(cat "$DIR/master.address")"
-    [ -x "$BIN/ps-admin" ] && echo && "$BIN/ps-admin" --master="$(cat "$DIR/master.address")" status
+    local token=()
+    [ "${TOKENS:-0}" = 1 ] && token=(--admin_token_file="$DIR/admin.token")
+    [ -x "$BIN/ps-admin" ] && echo &&
+      "$BIN/ps-admin" --master="$(cat "$DIR/master.address")" "${token[@]}" status
   fi
   return 0
 }

@@ -2,7 +2,11 @@
 # Makes a private CA and certificates for TLS between ps-server, ps-master and clients:
 #   DIR/ca.crt, ca.key              the CA (keep ca.key offline in production)
 #   DIR/server.crt, server.key      for ps-server and ps-master (--tls_cert/--tls_key)
-#   DIR/client.crt, client.key      for clients under mutual TLS (pods use it for the master)
+#   DIR/client.crt, client.key      for workers under mutual TLS (common name ps-client)
+#   DIR/admin.crt, admin.key        for ps-admin / ps-transfer under mutual TLS (common name
+#                                   ps-admin: list it in the servers' --admin_identities)
+# ps-server and ps-master present server.crt when they call each other; with
+# --admin_identities, list ps-server there too (or give them --admin_token_file).
 # The server certificate names every SAN given (DNS names or IPs), plus localhost and
 # 127.0.0.1. For Kubernetes give the Services' names, e.g.
 #   scripts/make-certs.sh certs '*.ps-headless.ps.svc' 'ps-master.ps.svc' 'ps-master'
@@ -21,7 +25,7 @@ days=825
 q() { "$@" >/dev/null 2>&1 || { echo "failed: $*" >&2; exit 1; }; }
 q openssl req -x509 -newkey rsa:2048 -nodes -keyout ca.key -out ca.crt -days "$days" \
   -subj "/CN=elastic-ps test CA"
-for who in server client; do
+for who in server client admin; do
   q openssl req -newkey rsa:2048 -nodes -keyout "$who.key" -out "$who.csr" -subj "/CN=ps-$who"
   if [ "$who" = server ]; then
     ext="subjectAltName=$sans
@@ -36,4 +40,4 @@ extendedKeyUsage=serverAuth,clientAuth"
 done
 rm -f ca.srl
 chmod 600 ./*.key
-echo "certificates in $dir: ca.crt server.crt/key client.crt/key (SANs $sans)"
+echo "certificates in $dir: ca.crt server.crt/key client.crt/key admin.crt/key (SANs $sans)"

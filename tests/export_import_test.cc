@@ -105,6 +105,7 @@ class Cluster {
                                      absl::StrCat("--shard=", i, "/", n_),
                                      absl::StrCat("--num_vshards=", vshards_),
                                      absl::StrCat("--data_dir=", File(i, ".db")),
+                                     absl::StrCat("--export_root=", root_),
                                      "--materialize_ms=300",
                                      "--shutdown_grace_ms=1000"};
     auto child = ChildProcess::Start(argv, File(i, ".log"));

@@ -3,7 +3,10 @@
 manifests mean: names, ports consistent between the ConfigMap (cluster.env), Services,
 containers, probes and scrape annotations; volumes and mounts; priorities; graceful
 termination; and that each container's command line is accepted by the binary's own flag
-parser (ps-server / ps-master --check_flags with the args as Kubernetes expands them).
+parser (ps-server / ps-master --check_flags with the args as Kubernetes expands them);
+and the credentials' roles: where tokens are configured, the master and the pods hold the
+worker and the admin token from two Secrets, and workers only the worker token (never the
+admin token's Secret, nor the servers' private key).
 
 Usage: k8s_manifest_test.py BUILD_DIR   (exit 77 = skipped: kubectl or PyYAML missing)
 """
@@ -83,6 +86,17 @@ def flag(args, name):
     return None
 
 
+def secret_of(path, container, spec):
+    """The name of the Secret a file path of `container` comes from, or None."""
+    if path is None:
+        return None
+    vols = {v["name"]: v for v in spec.get("volumes", [])}
+    for m in container.get("volumeMounts", []):
+        if path.startswith(m["mountPath"] + "/"):
+            return vols.get(m["name"], {}).get("secret", {}).get("secretName")
+    return None
+
+
 def free_port():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -127,7 +141,9 @@ def run_on_loopback(name, commands, build_dir):
         p = start("ps", ["--host=127.0.0.1", f"--port={pod_port}",
                          f"--advertise_address=127.0.0.1:{pod_port}",
                          f"--master=127.0.0.1:{mport}", "--metrics_port=0",
-                         f"--metrics_port_file={tmp}/ps.mport", f"--data_dir={tmp}/ps-0/db"])
+                         f"--metrics_port_file={tmp}/ps.mport", f"--data_dir={tmp}/ps-0/db",
+                         f"--checkpoint_root={tmp}/ps-0/checkpoints",
+                         f"--export_root={tmp}/ps-0/exports"])
         pm = wait_file(f"{tmp}/ps.mport", p)
         ready = False
         end = time.time() + 20
@@ -183,6 +199,7 @@ def check_overlay(name, path, build_dir, run=False):
         return
     namespace = ps["metadata"].get("namespace", "default")
     commands = {}
+    secrets = {}  # role -> {flag: the Secret its file comes from}
 
     # --- PS pods
     check(ps["spec"]["replicas"] == int(cfg["NUM_PS"]),
@@ -242,14 +259,28 @@ def check_overlay(name, path, build_dir, run=False):
         for m in mounts:
             check(m in vols or m in claims, f"{name}/{role}: mount {m} has a volume")
         args = c["args"]
-        data_dir = flag(args, "data_dir")
+        # The command line as Kubernetes expands it.
+        env = dict(cfg)
+        env.update({"POD_NAME": f"{cfg['PS_POD_PREFIX']}-0", "NAMESPACE": namespace})
+        for e in c.get("env", []):
+            if "value" in e:
+                env[e["name"]] = e["value"]
+        expanded = [expand(a, env) for a in args]
+        data_dir = flag(expanded, "data_dir")
         check(data_dir is not None and data_dir.startswith(mounts.get("data", "?") + "/"),
               f"{name}/{role}: --data_dir {data_dir} is inside the data volume {mounts.get('data')}")
-        for f in ("tls_cert", "tls_key", "tls_ca", "auth_token_file"):
-            v = flag(args, f)
+        for f in ("tls_cert", "tls_key", "tls_ca", "auth_token_file", "admin_token_file"):
+            v = flag(expanded, f)
             if v is not None:
                 check(any(v.startswith(p + "/") for p in mounts.values()),
                       f"{name}/{role}: --{f} {v} is on a mounted volume")
+        if role == "ps":
+            for f in ("checkpoint_root", "export_root"):
+                v = flag(expanded, f)
+                check(v is not None and v.startswith(mounts.get("data", "?") + "/"),
+                      f"{name}/ps: --{f} {v} is on the data volume (hard-linked checkpoints)")
+        secrets[role] = {f: secret_of(flag(expanded, f), c, spec)
+                         for f in ("auth_token_file", "admin_token_file", "tls_key")}
         # Priority and termination.
         pc = pcs.get(spec.get("priorityClassName"))
         check(pc is not None and pc["value"] > 0, f"{name}/{role}: high PriorityClass")
@@ -262,12 +293,6 @@ def check_overlay(name, path, build_dir, run=False):
                   for e in c.get("envFrom", [])), f"{name}/{role}: env from ps-cluster")
         check(c["command"] == [binary], f"{name}/{role}: runs {binary}")
         # The binary accepts the command line as Kubernetes expands it.
-        env = dict(cfg)
-        env.update({"POD_NAME": f"{cfg['PS_POD_PREFIX']}-0", "NAMESPACE": namespace})
-        for e in c.get("env", []):
-            if "value" in e:
-                env[e["name"]] = e["value"]
-        expanded = [expand(a, env) for a in args]
         left = [a for a in expanded if "$(" in a]
         check(not left, f"{name}/{role}: every $(VAR) is defined: {left}")
         if role == "ps":
@@ -323,6 +348,29 @@ def check_overlay(name, path, build_dir, run=False):
     wvols = {v["name"] for v in wspec.get("volumes", [])}
     for m in wc.get("volumeMounts", []):
         check(m["name"] in wvols, f"{name}/workers: mount {m['name']} has a volume")
+
+    # --- roles: two credentials, and workers hold only theirs.
+    for role in ("ps", "master"):
+        worker, admin = secrets[role]["auth_token_file"], secrets[role]["admin_token_file"]
+        if name == "production":
+            check(worker and admin, f"{name}/{role}: has the worker and the admin token")
+        if worker or admin:
+            check(worker and admin and worker != admin,
+                  f"{name}/{role}: the worker and the admin token come from two Secrets "
+                  f"({worker}, {admin})")
+    admin_secrets = {secrets[r]["admin_token_file"] for r in ("ps", "master")} - {None}
+    server_keys = {secrets[r]["tls_key"] for r in ("ps", "master")} - {None}
+    wsecrets = {v["secret"]["secretName"] for v in wspec.get("volumes", []) if "secret" in v}
+    check(not (wsecrets & admin_secrets),
+          f"{name}/workers: no admin token (Secrets {sorted(wsecrets)})")
+    check(not (wsecrets & server_keys),
+          f"{name}/workers: not the servers' private key (Secrets {sorted(wsecrets)})")
+    wenv_all = {e["name"]: expand(e.get("value", ""), wenv) for e in wc.get("env", [])}
+    check("PS_ADMIN_TOKEN_FILE" not in wenv_all, f"{name}/workers: no admin token file")
+    if secrets["ps"]["auth_token_file"]:
+        token = wenv_all.get("PS_AUTH_TOKEN_FILE")
+        check(secret_of(token, wc, wspec) == secrets["ps"]["auth_token_file"],
+              f"{name}/workers: PS_AUTH_TOKEN_FILE {token} is the worker token's Secret")
 
 
 def main():

@@ -11,6 +11,7 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <fstream>
 #include <map>
 #include <memory>
 #include <string>
@@ -19,6 +20,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "client/ps_client.h"
@@ -78,13 +80,18 @@ class MasterProcessTest : public testing::Test {
     return integration::WaitForPortFile(port_file, *children_[name], kStartTimeout);
   }
 
-  // Starts ps-master on data dir `db` and connects the stub to it.
-  void StartMaster(int lease_ms, uint32_t num_ps = 2, const std::string& db = "master-db") {
-    auto port = StartServer(
-        "master", {Binary("PS_MASTER_BINARY", PS_MASTER_BINARY), "--data_dir=" + Path(db),
-                   absl::StrCat("--num_vshards=", kVShards), absl::StrCat("--num_ps=", num_ps),
-                   absl::StrCat("--lease_ms=", lease_ms), "--max_task_failures=3",
-                   "--shutdown_grace_ms=200"});
+  // Starts ps-master on data dir `db` (with `extra` flags) and connects the stub to it.
+  void StartMaster(int lease_ms, uint32_t num_ps = 2, const std::string& db = "master-db",
+                   const std::vector<std::string>& extra = {}) {
+    std::vector<std::string> argv = {Binary("PS_MASTER_BINARY", PS_MASTER_BINARY),
+                                     "--data_dir=" + Path(db),
+                                     absl::StrCat("--num_vshards=", kVShards),
+                                     absl::StrCat("--num_ps=", num_ps),
+                                     absl::StrCat("--lease_ms=", lease_ms),
+                                     "--max_task_failures=3",
+                                     "--shutdown_grace_ms=200"};
+    argv.insert(argv.end(), extra.begin(), extra.end());
+    auto port = StartServer("master", argv);
     ASSERT_TRUE(port.ok()) << port.status();
     master_address_ = absl::StrCat("127.0.0.1:", *port);
     master_ =
@@ -135,6 +142,17 @@ class MasterProcessTest : public testing::Test {
     req.set_incarnation(w.incarnation());
     req.set_job(job);
     return Call(&Master::Stub::GetTask, req);
+  }
+
+  // Takes and reports every task of `job` with worker `w`; false if it does not finish.
+  bool Finish(const RegisterWorkerResponse& w, const std::string& job) {
+    for (int i = 0; i < 1000; ++i) {
+      auto t = GetTask(w, job);
+      if (!t.ok() || t->result() == GetTaskResponse::WAIT) return false;
+      if (t->result() == GetTaskResponse::DONE) return true;
+      if (!Report(w, t->task()).ok()) return false;
+    }
+    return false;
   }
 
   absl::StatusOr<ReportTaskResponse> Report(const RegisterWorkerResponse& w, const Task& t) {
@@ -286,7 +304,11 @@ TEST_F(MasterProcessTest, SigkilledWorkerProcessesTaskIsRerunByAnother) {
   const absl::Time deadline = absl::Now() + absl::Seconds(10);
   for (;;) {
     unsigned long w = 0, t = 0;
-    if (std::sscanf(integration::FileTail(log).c_str(), "worker %lu task %lu", &w, &t) == 2) {
+    bool found = false;  // its line "worker W task T", among the worker's log lines
+    for (absl::string_view line : absl::StrSplit(integration::FileTail(log), '\n')) {
+      found = found || std::sscanf(std::string(line).c_str(), "worker %lu task %lu", &w, &t) == 2;
+    }
+    if (found) {
       killed_task = t;
       break;
     }
@@ -368,6 +390,141 @@ TEST_F(MasterProcessTest, BadInputGetsClearCodes) {
   EXPECT_TRUE(absl::EndsWith((*child)->Describe(), "exited with code 2"));
   EXPECT_TRUE(absl::StrContains(integration::FileTail(Path("bad-master.log")),
                                 "num_vshards = 100 must be a power of two"));
+}
+
+// The case: a GetTask whose answer was lost (the worker's deadline passed) is
+// retried. It used to hand out the next task, leaving the first DOING for a worker that
+// heartbeats on, so the job never finished; now the retry gets the same task.
+TEST_F(MasterProcessTest, ARetriedGetTaskGetsTheSameTaskAndTheJobFinishes) {
+  StartMaster(/*lease_ms=*/2000);
+  CreateJob("job", /*epochs=*/1, /*files=*/1, /*records=*/30, /*per_task=*/10, /*eval=*/false);
+  RegisterWorkerResponse w = AddWorker();
+  auto lost = GetTask(w, "job");  // its answer "never arrived"
+  ASSERT_TRUE(lost.ok() && lost->result() == GetTaskResponse::TASK);
+  std::map<uint64_t, int> done;
+  for (int i = 0; i < 10; ++i) {
+    auto t = GetTask(w, "job");
+    ASSERT_TRUE(t.ok()) << t.status();
+    if (t->result() == GetTaskResponse::DONE) break;
+    ASSERT_EQ(t->result(), GetTaskResponse::TASK) << "a task was stranded";
+    if (i == 0) {
+      EXPECT_EQ(t->task().task_id(), lost->task().task_id());
+      EXPECT_EQ(t->task().attempt(), lost->task().attempt());
+    }
+    ASSERT_TRUE(Report(w, t->task()).ok());
+    ++done[t->task().task_id()];
+  }
+  EXPECT_EQ(done, (std::map<uint64_t, int>{{0, 1}, {1, 1}, {2, 1}}));
+  auto status = Call(&Master::Stub::Status, StatusRequest());
+  ASSERT_TRUE(status.ok());
+  EXPECT_EQ(status->jobs(0).state(), JobInfo::SUCCEEDED);
+  EXPECT_EQ(status->jobs(0).train_records_done(), 30u);
+}
+
+// ps-admin jobs lists the jobs with the retention that deletes them; delete-job deletes a
+// finished job, refuses a running one without --force; and the master's own retention
+// (--max_finished_jobs=1 here) deletes the older of two finished jobs by itself.
+TEST_F(MasterProcessTest, PsAdminListsAndDeletesJobsAndRetentionRuns) {
+  // Retention runs every min(lease, 10 s): here every 10 s.
+  StartMaster(/*lease_ms=*/10000, 2, "master-db",
+              {"--max_finished_jobs=1", "--job_retention_s=86400"});
+  CreateJob("first", 1, 1, 10, 5, false);
+  CreateJob("running", 1, 1, 10, 5, false);
+  RegisterWorkerResponse w = AddWorker(), other = AddWorker();
+  ASSERT_TRUE(Finish(w, "first"));
+  ASSERT_TRUE(GetTask(other, "running").ok());
+  std::string out;
+  EXPECT_EQ(RunAdmin({"--master=" + master_address_, "jobs"}, &out), "exited with code 0");
+  EXPECT_TRUE(absl::StrContains(out, "first")) << out;
+  EXPECT_TRUE(absl::StrContains(out, "SUCCEEDED")) << out;
+  EXPECT_TRUE(absl::StrContains(out, "RUNNING")) << out;
+  EXPECT_TRUE(absl::StrContains(out, "finished jobs kept 86400 s, at most 1")) << out;
+
+  // A second job finishes: retention deletes "first" (the older) by itself.
+  CreateJob("second", 1, 1, 10, 5, false);
+  ASSERT_TRUE(Finish(w, "second"));
+  std::vector<std::string> names;
+  for (const absl::Time end = absl::Now() + absl::Seconds(30); absl::Now() < end;) {
+    for (const RegisterWorkerResponse& alive : {w, other}) {  // the workers heartbeat
+      WorkerHeartbeatRequest hb;
+      hb.set_worker_id(alive.worker_id());
+      hb.set_incarnation(alive.incarnation());
+      ASSERT_TRUE(Call(&Master::Stub::WorkerHeartbeat, hb).ok());
+    }
+    auto status = Call(&Master::Stub::Status, StatusRequest());
+    ASSERT_TRUE(status.ok()) << status.status();
+    names.clear();
+    for (const JobInfo& j : status->jobs()) names.push_back(j.name());
+    if (names.size() == 2) break;
+    absl::SleepFor(absl::Milliseconds(100));
+  }
+  EXPECT_EQ(names, (std::vector<std::string>{"running", "second"}));
+
+  EXPECT_EQ(RunAdmin({"--master=" + master_address_, "delete-job", "running"}, &out),
+            "exited with code 1");
+  EXPECT_TRUE(absl::StrContains(out, "FAILED_PRECONDITION")) << out;
+  EXPECT_TRUE(absl::StrContains(out, "--force")) << out;
+  EXPECT_EQ(RunAdmin({"--master=" + master_address_, "delete-job", "second"}, &out),
+            "exited with code 0");
+  EXPECT_TRUE(absl::StrContains(out, "job second deleted (was SUCCEEDED: 2/2 tasks done")) << out;
+  EXPECT_EQ(RunAdmin({"--master=" + master_address_, "--force", "delete-job", "running"}, &out),
+            "exited with code 0");
+  EXPECT_EQ(RunAdmin({"--master=" + master_address_, "delete-job", "running"}, &out),
+            "exited with code 1");
+  EXPECT_TRUE(absl::StrContains(out, "NOT_FOUND")) << out;
+  EXPECT_EQ(RunAdmin({"--master=" + master_address_, "delete-job"}, &out), "exited with code 2");
+
+  EXPECT_EQ(RunAdmin({"--master=" + master_address_, "--json", "jobs"}, &out),
+            "exited with code 0");
+  StatusResponse parsed;
+  ASSERT_TRUE(google::protobuf::util::JsonStringToMessage(out, &parsed).ok()) << out;
+  EXPECT_EQ(parsed.jobs_size(), 0);
+  EXPECT_EQ(parsed.tasks_done(), 4u);  // deleted jobs' work still counts
+  EXPECT_EQ(parsed.retention().max_finished_jobs(), 1u);
+  // The worker of the deleted running job is told so, and the name is free again.
+  auto gone = GetTask(other, "running");
+  EXPECT_EQ(gone.status().code(), absl::StatusCode::kNotFound) << gone.status();
+  CreateJob("running", 1, 1, 10, 5, false);
+}
+
+// DeleteJob is an admin call: a worker's token is refused (PERMISSION_DENIED), the admin
+// token (ps-admin --admin_token_file) deletes.
+TEST_F(MasterProcessTest, DeleteJobNeedsTheAdminRole) {
+  const std::string worker_token = Path("worker.token"), admin_token = Path("admin.token");
+  ASSERT_TRUE(std::ofstream(worker_token) << "w-secret\n");
+  ASSERT_TRUE(std::ofstream(admin_token) << "a-secret\n");
+  StartMaster(/*lease_ms=*/5000, 2, "master-db",
+              {"--auth_token_file=" + worker_token, "--admin_token_file=" + admin_token});
+  const auto call = [&](const std::string& token, const auto& rpc, const auto& req, auto* resp) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(5)));
+    ctx.AddMetadata("authorization", "Bearer " + token);
+    return FromGrpcStatus((master_.get()->*rpc)(&ctx, req, resp));
+  };
+  CreateJobRequest job;
+  job.set_name("j");
+  job.set_epochs(1);
+  job.set_records_per_task(5);
+  job.add_files()->set_path("f");
+  job.mutable_files(0)->set_records(10);
+  CreateJobResponse created;
+  ASSERT_TRUE(call("w-secret", &Master::Stub::CreateJob, job, &created).ok());
+  DeleteJobRequest del;
+  del.set_name("j");
+  DeleteJobResponse deleted;
+  absl::Status s = call("w-secret", &Master::Stub::DeleteJob, del, &deleted);
+  EXPECT_EQ(s.code(), absl::StatusCode::kPermissionDenied) << s;
+  std::string out;
+  EXPECT_EQ(RunAdmin({"--master=" + master_address_, "--auth_token_file=" + worker_token, "--force",
+                      "delete-job", "j"},
+                     &out),
+            "exited with code 1");
+  EXPECT_TRUE(absl::StrContains(out, "PERMISSION_DENIED")) << out;
+  EXPECT_EQ(RunAdmin({"--master=" + master_address_, "--admin_token_file=" + admin_token, "--force",
+                      "delete-job", "j"},
+                     &out),
+            "exited with code 0");
+  EXPECT_TRUE(absl::StrContains(out, "job j deleted")) << out;
 }
 
 TEST_F(MasterProcessTest, PsServerRegistersServesItsVShardsAndComesBackAtANewAddress) {

@@ -171,6 +171,7 @@ class MigrationTest : public testing::Test {
             absl::StrCat("--pod_id=ps-", i),
             absl::StrCat("--num_vshards=", kVShards),
             "--data_dir=" + Path(absl::StrCat("ps-", i, "-data")),
+            "--checkpoint_root=" + Path("checkpoints"),
             "--durability=process",
             "--materialize_ms=300",
             "--shutdown_grace_ms=200"};

@@ -1,16 +1,22 @@
 // Integration tests of observability and transport security with real processes on
 // loopback: ps-master and a ps-server pod export Prometheus metrics whose series change
 // with traffic; a SIGTERMed pod deregisters and exits 0; a cluster under mutual TLS and a
-// shared token serves clients that have both and refuses those that do not; and (when
-// Debian's prometheus is installed) a real Prometheus scrapes the cluster.
+// shared token serves clients that have both and refuses those that do not; a cluster
+// with a worker and an admin token refuses the worker token for pod control and the
+// master's admin calls, takes the admin one, refuses absurd epochs and paths outside the
+// pods' roots, and writes no file other users can read; and (when Debian's prometheus is
+// installed) a real Prometheus scrapes the cluster.
 #include <netinet/in.h>
 #include <signal.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
+#include <limits>
 #include <map>
 #include <memory>
 #include <string>
@@ -19,11 +25,15 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "client/ps_client.h"
 #include "common/rpc/test_certs.h"
+#include "common/rpc/transport_security.h"
 #include "gtest/gtest.h"
+#include "proto/master.grpc.pb.h"
+#include "proto/ps.grpc.pb.h"
 #include "tests/http_get.h"
 #include "tests/process.h"
 
@@ -187,9 +197,12 @@ TEST_F(ObservabilityTest, MutualTlsAndTokenAcrossTheCluster) {
   if (!certs.ok()) GTEST_SKIP() << "openssl is missing";
   std::ofstream(Path("token")) << "cluster-secret\n";
   std::ofstream(Path("wrong")) << "not-the-secret\n";
+  // The token is the workers'; the admin role comes with a certificate: the servers'
+  // (the master and pods calling each other) and ps-admin's (make-certs.sh's admin.crt).
   const std::vector<std::string> tls = {
       "--tls_cert=" + certs.file("server.crt"), "--tls_key=" + certs.file("server.key"),
-      "--tls_ca=" + certs.file("ca.crt"), "--auth_token_file=" + Path("token")};
+      "--tls_ca=" + certs.file("ca.crt"), "--auth_token_file=" + Path("token"),
+      "--admin_identities=ps-server,ps-admin"};
   std::vector<std::string> margv = {PS_MASTER_BINARY, "--data_dir=" + Path("master-db"),
                                     "--num_ps=1", "--num_vshards=64"};
   margv.insert(margv.end(), tls.begin(), tls.end());
@@ -240,10 +253,11 @@ TEST_F(ObservabilityTest, MutualTlsAndTokenAcrossTheCluster) {
     EXPECT_FALSE(client.ok());
   }
   // ps-admin with the same credentials, then without the token.
-  auto admin = [&](std::vector<std::string> extra, const std::string& command = "status") {
+  auto admin = [&](std::vector<std::string> extra, const std::string& command = "status",
+                   const std::string& cert = "client") {
     std::vector<std::string> argv = {
         PS_ADMIN_BINARY, "--master=" + master, "--tls_ca=" + certs.file("ca.crt"),
-        "--tls_cert=" + certs.file("client.crt"), "--tls_key=" + certs.file("client.key")};
+        "--tls_cert=" + certs.file(cert + ".crt"), "--tls_key=" + certs.file(cert + ".key")};
     argv.insert(argv.end(), extra.begin(), extra.end());
     argv.push_back(command);
     static int runs = 0;
@@ -260,13 +274,17 @@ TEST_F(ObservabilityTest, MutualTlsAndTokenAcrossTheCluster) {
   EXPECT_TRUE(absl::StrContains(refused, "UNAUTHENTICATED")) << refused;
 
   // A second pod and a rebalance: the master's calls to the pods and the pods' copy between
-  // them go over mutual TLS with the token too; the pushed rows move with their vshards.
+  // them go over mutual TLS, admin by their certificate; the pushed rows move with their
+  // vshards. A worker's certificate with the token may not rebalance; ps-admin's may.
   std::vector<std::string> p1argv = {PS_SERVER_BINARY, "--master=" + master, "--pod_id=ps-1",
                                      "--num_vshards=64"};
   p1argv.insert(p1argv.end(), tls.begin(), tls.end());
   auto [pod1_port, pod1_metrics] = Start("ps-1", p1argv);
   ASSERT_TRUE(WaitReady(pod1_metrics));
-  std::string moved = admin({"--auth_token_file=" + Path("token")}, "rebalance");
+  std::string denied = admin({"--auth_token_file=" + Path("token")}, "rebalance");
+  EXPECT_TRUE(absl::StartsWith(denied, "exited with code 1")) << denied;
+  EXPECT_TRUE(absl::StrContains(denied, "PERMISSION_DENIED")) << denied;
+  std::string moved = admin({}, "rebalance", "admin");
   EXPECT_TRUE(absl::StartsWith(moved, "exited with code 0")) << moved;
   EXPECT_EQ(Sample(Scrape(pod1_metrics), "ps_owned_vshards"), 32);
   auto client = PsClient::Connect(options);
@@ -274,6 +292,192 @@ TEST_F(ObservabilityTest, MutualTlsAndTokenAcrossTheCluster) {
   ASSERT_TRUE((*client)->Pull({{"t", many, after.data()}}).ok());
   EXPECT_EQ(before, after);  // half of them now served by ps-1
   EXPECT_GT(Sample(Scrape(pod1_metrics), "ps_table_rows{table=\"t\"}"), 0);
+}
+
+// Calls `method` of `stub` with a 30 s deadline.
+template <typename Stub, typename Req, typename Resp>
+grpc::Status Call(Stub& stub, grpc::Status (Stub::*method)(grpc::ClientContext*, const Req&, Resp*),
+                  const Req& req, Resp* resp) {
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
+  return (stub.*method)(&ctx, req, resp);
+}
+
+// Every file and directory under `dir` whose mode lets other users in, with its mode.
+std::vector<std::string> OpenToOthers(const std::string& dir) {
+  std::vector<std::string> open;
+  auto check = [&open](const std::string& path) {
+    struct stat st;
+    if (lstat(path.c_str(), &st) == 0 && !S_ISLNK(st.st_mode) && (st.st_mode & S_IRWXO)) {
+      open.push_back(absl::StrFormat("%s (mode %o)", path, st.st_mode & 07777));
+    }
+  };
+  check(dir);
+  std::error_code ec;
+  for (auto it = std::filesystem::recursive_directory_iterator(dir, ec);
+       it != std::filesystem::recursive_directory_iterator(); it.increment(ec)) {
+    check(it->path().string());
+  }
+  return open;
+}
+
+TEST_F(ObservabilityTest, WorkersCannotControlPodsAndTheAdminCanWithinLimits) {
+  // Children inherit the usual umask: what protects the files must be the servers' own.
+  umask(022);
+  std::ofstream(Path("worker.token")) << "worker-secret\n";
+  std::ofstream(Path("admin.token")) << "admin-secret\n";
+  const std::vector<std::string> tokens = {"--auth_token_file=" + Path("worker.token"),
+                                           "--admin_token_file=" + Path("admin.token")};
+  std::vector<std::string> margv = {
+      PS_MASTER_BINARY,   "--data_dir=" + Path("master-db"), "--num_ps=1",
+      "--num_vshards=64", "--shutdown_grace_ms=200",         "--checkpoint_dir=" + Path("ckpts")};
+  margv.insert(margv.end(), tokens.begin(), tokens.end());
+  auto [master_port, master_metrics] = Start("master", margv);
+  ASSERT_GT(master_port, 0);
+  const std::string master = absl::StrCat("127.0.0.1:", master_port);
+  std::map<std::string, int> pod_ports, pod_metrics;
+  for (const std::string id : {"ps-0", "ps-1"}) {
+    std::vector<std::string> pargv = {PS_SERVER_BINARY,
+                                      "--master=" + master,
+                                      "--pod_id=" + id,
+                                      "--num_vshards=64",
+                                      "--data_dir=" + Path(id),
+                                      "--materialize_ms=100",
+                                      "--shutdown_grace_ms=200",
+                                      "--checkpoint_root=" + Path("ckpts"),
+                                      "--export_root=" + Path("exports")};
+    pargv.insert(pargv.end(), tokens.begin(), tokens.end());
+    std::tie(pod_ports[id], pod_metrics[id]) = Start(id, pargv);
+    // Ready = registered: the pod presents the admin token to the master.
+    ASSERT_TRUE(WaitReady(pod_metrics[id])) << id << " never registered";
+  }
+
+  // A worker trains with the worker token.
+  ClientOptions options;
+  options.master = master;
+  options.security.auth_token = "worker-secret";
+  std::vector<int64_t> ids(64);
+  for (int64_t i = 0; i < 64; ++i) ids[i] = i;
+  std::vector<float> before(ids.size() * 2), after(ids.size() * 2);
+  {
+    auto client = PsClient::Connect(options);
+    ASSERT_TRUE(client.ok()) << client.status();
+    TableSpec spec;
+    spec.set_name("t");
+    spec.set_dim(2);
+    ASSERT_TRUE((*client)->CreateTable(spec).ok());
+    std::vector<float> grads(ids.size() * 2, 1.0f);
+    ASSERT_TRUE((*client)->Push({{"t", ids, grads.data()}}).ok());
+    ASSERT_TRUE((*client)->Pull({{"t", ids, before.data()}}).ok());
+  }
+
+  auto channel = [](const std::string& address, const std::string& token) {
+    ChannelSecurity security;
+    security.auth_token = token;
+    return ChannelMaker::Create(security)->Make(address);
+  };
+  const std::string pod0 = absl::StrCat("127.0.0.1:", pod_ports["ps-0"]);
+  auto worker_pod = ParameterServer::NewStub(channel(pod0, "worker-secret"));
+  auto worker_transfer = PodTransfer::NewStub(channel(pod0, "worker-secret"));
+  auto worker_master = Master::NewStub(channel(master, "worker-secret"));
+  auto admin_pod = ParameterServer::NewStub(channel(pod0, "admin-secret"));
+  auto admin_transfer = PodTransfer::NewStub(channel(pod0, "admin-secret"));
+
+  // The worker token: every control call is PERMISSION_DENIED.
+  const grpc::StatusCode denied = grpc::StatusCode::PERMISSION_DENIED;
+  Assignment detach;  // the attack: epoch 2^64-1 and no vshards
+  detach.set_epoch(std::numeric_limits<uint64_t>::max());
+  detach.set_num_vshards(64);
+  ApplyAssignmentResponse assigned;
+  EXPECT_EQ(
+      Call(*worker_pod, &ParameterServer::Stub::ApplyAssignment, detach, &assigned).error_code(),
+      denied);
+  PodCheckpointRequest checkpoint;
+  checkpoint.set_dir(Path("ckpts/by-worker"));
+  PodCheckpointResponse checkpointed;
+  EXPECT_EQ(
+      Call(*worker_pod, &ParameterServer::Stub::Checkpoint, checkpoint, &checkpointed).error_code(),
+      denied);
+  ExportRequest exp;
+  exp.set_dir(Path("exports/by-worker"));
+  ExportResponse exported;
+  EXPECT_EQ(Call(*worker_transfer, &PodTransfer::Stub::Export, exp, &exported).error_code(),
+            denied);
+  ImportRowsResponse imported;
+  EXPECT_EQ(Call(*worker_transfer, &PodTransfer::Stub::ImportRows, ImportRowsRequest(), &imported)
+                .error_code(),
+            denied);
+  DrainRequest drain;
+  drain.set_pod_id("ps-0");
+  DrainResponse drained;
+  EXPECT_EQ(Call(*worker_master, &Master::Stub::Drain, drain, &drained).error_code(), denied);
+  CheckpointResponse cluster_checkpoint;
+  EXPECT_EQ(
+      Call(*worker_master, &Master::Stub::Checkpoint, CheckpointRequest(), &cluster_checkpoint)
+          .error_code(),
+      denied);
+  RegisterPodRequest impostor;  // a worker posing as a pod
+  impostor.set_pod_id("ps-9");
+  impostor.set_address("127.0.0.1:1");
+  impostor.set_num_vshards(64);
+  RegisterPodResponse registered;
+  EXPECT_EQ(Call(*worker_master, &Master::Stub::RegisterPod, impostor, &registered).error_code(),
+            denied);
+  // ps-admin with the worker token only.
+  auto admin_cli = [&](const std::string& token_flag, const std::string& command) {
+    static int runs = 0;
+    auto c = ChildProcess::Start({PS_ADMIN_BINARY, "--master=" + master, token_flag, command},
+                                 Path(absl::StrCat("admin", runs++, ".out")));
+    if (!c.ok() || !(*c)->WaitExit(absl::Seconds(60))) return std::string("did not run");
+    const std::string d = (*c)->Describe();
+    return d.substr(d.find(' ', 4) + 1) + ": " + integration::FileTail((*c)->log_path());
+  };
+  std::string refused = admin_cli("--auth_token_file=" + Path("worker.token"), "rebalance");
+  EXPECT_TRUE(absl::StartsWith(refused, "exited with code 1")) << refused;
+  EXPECT_TRUE(absl::StrContains(refused, "PERMISSION_DENIED")) << refused;
+  // Status is a worker call.
+  std::string status = admin_cli("--auth_token_file=" + Path("worker.token"), "status");
+  EXPECT_TRUE(absl::StartsWith(status, "exited with code 0")) << status;
+  // Nothing changed: ps-0 still owns every vshard (its rows are checked below).
+  EXPECT_EQ(Sample(Scrape(pod_metrics["ps-0"]), "ps_owned_vshards"), 64);
+  EXPECT_FALSE(std::filesystem::exists(Path("ckpts/by-worker")));
+  EXPECT_FALSE(std::filesystem::exists(Path("exports/by-worker")));
+
+  // The admin token: an absurd epoch and paths outside the roots are still refused.
+  EXPECT_EQ(
+      Call(*admin_pod, &ParameterServer::Stub::ApplyAssignment, detach, &assigned).error_code(),
+      grpc::StatusCode::INVALID_ARGUMENT);
+  checkpoint.set_dir(Path("ps-1/stolen"));  // another pod's data dir
+  EXPECT_EQ(
+      Call(*admin_pod, &ParameterServer::Stub::Checkpoint, checkpoint, &checkpointed).error_code(),
+      grpc::StatusCode::INVALID_ARGUMENT);
+  exp.set_dir("../ps-1");
+  EXPECT_EQ(Call(*admin_transfer, &PodTransfer::Stub::Export, exp, &exported).error_code(),
+            grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_FALSE(std::filesystem::exists(Path("ps-1/stolen")));
+  // ... and within them, it controls the cluster: a rebalance (the master's calls to the
+  // pods and the pods' copy between them are admin calls), a cluster checkpoint, an export.
+  std::string moved = admin_cli("--admin_token_file=" + Path("admin.token"), "rebalance");
+  EXPECT_TRUE(absl::StartsWith(moved, "exited with code 0")) << moved;
+  EXPECT_EQ(Sample(Scrape(pod_metrics["ps-1"]), "ps_owned_vshards"), 32);
+  std::string copied = admin_cli("--admin_token_file=" + Path("admin.token"), "checkpoint");
+  EXPECT_TRUE(absl::StartsWith(copied, "exited with code 0")) << copied;
+  exp.set_dir("e1");
+  grpc::Status s = Call(*admin_transfer, &PodTransfer::Stub::Export, exp, &exported);
+  EXPECT_TRUE(s.ok()) << s.error_message();
+  EXPECT_TRUE(std::filesystem::exists(Path("exports/e1/manifest.json")));
+  {
+    auto client = PsClient::Connect(options);
+    ASSERT_TRUE(client.ok()) << client.status();
+    ASSERT_TRUE((*client)->Pull({{"t", ids, after.data()}}).ok());
+    EXPECT_EQ(before, after);  // no refused call touched a row; the move kept them all
+  }
+
+  // Nothing the servers wrote is open to other users.
+  for (const std::string dir : {"ps-0", "ps-1", "master-db", "ckpts", "exports"}) {
+    ASSERT_TRUE(std::filesystem::exists(Path(dir))) << dir;
+    EXPECT_EQ(OpenToOthers(Path(dir)), std::vector<std::string>()) << dir;
+  }
 }
 
 // A free loopback port (bound and released: Prometheus cannot take port 0).

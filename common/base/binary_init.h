@@ -9,6 +9,7 @@
 #include <gflags/gflags.h>
 #include <glog/logging.h>
 #include <malloc.h>
+#include <sys/stat.h>
 
 #include <cstdio>
 #include <cstdlib>
@@ -55,6 +56,14 @@ inline void InitBinary(int* argc, char*** argv, const char* usage, const char* m
   absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
   mallopt(M_MMAP_THRESHOLD, 64 << 20);
   mallopt(M_TRIM_THRESHOLD, 256 << 20);
+}
+
+// For the servers that keep data (ps-server, ps-master): adds 027 to the process's umask,
+// so no file or directory they create (databases, logs, checkpoints, exports) is readable
+// by other users; group read stays (Kubernetes' fsGroup). A stricter umask is kept.
+inline void RestrictUmask() {
+  const mode_t old = umask(0);
+  umask(old | 027);
 }
 
 // For --port_file: writes the bound port to `path` atomically (a temporary file renamed

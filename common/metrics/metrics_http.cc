@@ -8,6 +8,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <thread>
@@ -22,12 +23,20 @@ namespace ps {
 namespace {
 
 struct Connection {
+  // What the connection is doing, and so which timeout applies (MetricsHttpOptions).
+  enum class Phase {
+    kIdle,       // waiting for a request to begin: idle_timeout
+    kReceiving,  // part of a request is in: request_timeout from its first byte
+    kWriting,    // an answer is going out: response_timeout
+  };
   int fd = -1;
   std::string in;
   std::string out;
   size_t written = 0;
   bool close_after_write = false;
-  absl::Time last_active;
+  Phase phase = Phase::kIdle;
+  absl::Time since;     // when the phase began
+  absl::Time deadline;  // when the phase must be over, else the connection is closed
 };
 
 class MetricsHttpServerImpl final : public MetricsHttpServer {
@@ -90,16 +99,37 @@ class MetricsHttpServerImpl final : public MetricsHttpServer {
   int port() const override { return port_; }
 
  private:
+  // Starts `phase` on `c` at `now`, with that phase's deadline.
+  void Enter(Connection* c, Connection::Phase phase, absl::Time now) const {
+    c->phase = phase;
+    c->since = now;
+    switch (phase) {
+      case Connection::Phase::kIdle:
+        c->deadline = now + options_.idle_timeout;
+        break;
+      case Connection::Phase::kReceiving:
+        c->deadline = now + options_.request_timeout;
+        break;
+      case Connection::Phase::kWriting:
+        c->deadline = now + options_.response_timeout;
+        break;
+    }
+  }
+
   void Loop() {
     std::vector<pollfd> fds;
     for (;;) {
       fds.clear();
       fds.push_back({wake_fd_, POLLIN, 0});
       fds.push_back({listen_fd_, POLLIN, 0});
+      absl::Time next = absl::Now() + absl::Seconds(1);
       for (const Connection& c : conns_) {
         fds.push_back({c.fd, static_cast<short>(c.out.size() > c.written ? POLLOUT : POLLIN), 0});
+        next = std::min(next, c.deadline);
       }
-      const int timeout_ms = 1000;  // idle connections are checked at least this often
+      // Wake up for the nearest deadline (at least every second).
+      const int timeout_ms = static_cast<int>(
+          std::clamp<int64_t>(absl::ToInt64Milliseconds(next - absl::Now()) + 1, 0, 1000));
       if (poll(fds.data(), fds.size(), timeout_ms) < 0 && errno != EINTR) return;
       if (fds[0].revents != 0) return;  // woken to stop
       const absl::Time now = absl::Now();
@@ -114,17 +144,41 @@ class MetricsHttpServerImpl final : public MetricsHttpServer {
           Read(&conns_[i], now);
         }
       }
-      // Close finished, failed and idle connections.
+      // Close finished and failed connections, and those past their phase's deadline.
       for (size_t i = conns_.size(); i-- > 0;) {
         Connection& c = conns_[i];
         const bool done = c.close_after_write && c.written >= c.out.size();
-        if (done || now - c.last_active > options_.idle_timeout) {
-          close(c.fd);
-          conns_.erase(conns_.begin() + i);
-        }
+        if (done || now >= c.deadline) Close(i);
       }
       if (fds[1].revents & POLLIN) Accept(now);
     }
+  }
+
+  void Close(size_t i) {
+    close(conns_[i].fd);
+    conns_.erase(conns_.begin() + i);
+  }
+
+  // When every slot is taken: the connection a new one replaces. The one idle the
+  // longest, else the one whose request began first (a slow sender); never one whose
+  // answer is going out. -1 if there is none.
+  int Victim() const {
+    int victim = -1;
+    for (size_t i = 0; i < conns_.size(); ++i) {
+      const Connection& c = conns_[i];
+      if (c.phase == Connection::Phase::kWriting) continue;
+      if (victim < 0) {
+        victim = static_cast<int>(i);
+        continue;
+      }
+      const Connection& v = conns_[victim];
+      const bool idle = c.phase == Connection::Phase::kIdle;
+      const bool victim_idle = v.phase == Connection::Phase::kIdle;
+      if ((idle && !victim_idle) || (idle == victim_idle && c.since < v.since)) {
+        victim = static_cast<int>(i);
+      }
+    }
+    return victim;
   }
 
   void Accept(absl::Time now) {
@@ -132,12 +186,16 @@ class MetricsHttpServerImpl final : public MetricsHttpServer {
       int fd = accept4(listen_fd_, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
       if (fd < 0) return;
       if (static_cast<int>(conns_.size()) >= options_.max_connections) {
-        close(fd);  // over the bound: the client sees the connection closed
-        continue;
+        const int victim = Victim();
+        if (victim < 0) {
+          close(fd);  // every slot is sending an answer: the client sees the connection closed
+          continue;
+        }
+        Close(victim);
       }
       Connection c;
       c.fd = fd;
-      c.last_active = now;
+      Enter(&c, Connection::Phase::kIdle, now);
       conns_.push_back(std::move(c));
     }
   }
@@ -153,19 +211,22 @@ class MetricsHttpServerImpl final : public MetricsHttpServer {
       }
       return;
     }
-    c->last_active = now;
+    if (c->phase == Connection::Phase::kIdle) Enter(c, Connection::Phase::kReceiving, now);
     c->in.append(buf, n);
     const size_t end = c->in.find("\r\n\r\n");
     if (end == std::string::npos) {
       if (c->in.size() > options_.max_request_bytes) {
         Respond(c, 431, "Request Header Fields Too Large", "text/plain", "request too large\n",
                 /*close=*/true);
+        Enter(c, Connection::Phase::kWriting, now);
+        Write(c, now);
       }
       return;
     }
     const std::string head = c->in.substr(0, end);
     c->in.erase(0, end + 4);  // requests carry no body: GET only
     Handle(c, head);
+    Enter(c, Connection::Phase::kWriting, now);
     Write(c, now);
   }
 
@@ -221,18 +282,22 @@ class MetricsHttpServerImpl final : public MetricsHttpServer {
         return;
       }
       c->written += n;
-      c->last_active = now;
     }
     c->out.clear();
     c->written = 0;
+    if (c->close_after_write) return;
     // A pipelined request already buffered: answer it now.
-    if (!c->close_after_write && c->in.find("\r\n\r\n") != std::string::npos) {
+    if (c->in.find("\r\n\r\n") != std::string::npos) {
       const size_t end = c->in.find("\r\n\r\n");
       const std::string head = c->in.substr(0, end);
       c->in.erase(0, end + 4);
       Handle(c, head);
+      Enter(c, Connection::Phase::kWriting, now);
       Write(c, now);
+      return;
     }
+    // The next request: begun already (part of it is in) or awaited.
+    Enter(c, c->in.empty() ? Connection::Phase::kIdle : Connection::Phase::kReceiving, now);
   }
 
   const MetricsHttpOptions options_;

@@ -1,9 +1,14 @@
 // A small HTTP/1.1 server for Prometheus scrapes and health checks: GET /metrics and
 // GET /healthz, nothing else. Plain sockets and poll() on one thread of its own, so a
-// scrape never runs on (or waits for) a request thread of the data path. Bounded: at most
-// max_connections at once (more are closed at accept), requests of at most
-// max_request_bytes, and a connection idle for idle_timeout is closed. Keep-alive is
+// scrape never runs on (or waits for) a request thread of the data path. Keep-alive is
 // supported (Prometheus reuses its connection).
+//
+// Bounded, so that slow or idle clients cannot lock out the probes: requests of at most
+// max_request_bytes; a request must arrive whole within request_timeout of its first byte
+// and its answer be taken within response_timeout (however slowly the bytes trickle); a
+// connection waiting for a request is closed after idle_timeout; and of at most
+// max_connections at once, a new connection closes the one that has waited longest for a
+// request of its own (idle first, then the oldest unfinished request), so /healthz gets in.
 #pragma once
 
 #include <functional>
@@ -22,7 +27,12 @@ struct MetricsHttpOptions {
   int max_connections = 16;
   // Request line and headers; a scrape's are a few hundred bytes.
   size_t max_request_bytes = 8192;
-  // A connection with no complete request for this long is closed (Prometheus scrapes
+  // From a request's first byte to its last (a scrape sends its few hundred bytes at once;
+  // a client that trickles them is closed).
+  absl::Duration request_timeout = absl::Seconds(5);
+  // For the client to take a whole answer (a scrape's is at most a few MB).
+  absl::Duration response_timeout = absl::Seconds(30);
+  // A connection that has not begun a request for this long is closed (Prometheus scrapes
   // every 15-60 s and reconnects when needed).
   absl::Duration idle_timeout = absl::Seconds(120);
 };

@@ -7,9 +7,16 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <cerrno>
+#include <cstring>
 #include <string>
+#include <thread>
+#include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
 #include "common/metrics/metrics_http.h"
 
 namespace ps {
@@ -91,8 +98,8 @@ TEST(MetricsRegistryTest, RendersOwnedFamiliesAndCollectors) {
             "# HELP rows Rows.\n# TYPE rows gauge\nrows{table=\"user\"} 7\n");
 }
 
-// A blocking HTTP exchange over loopback: sends `request`, reads until the peer closes.
-std::string Exchange(int port, const std::string& request) {
+// A connected loopback socket, or -1.
+int Connect(int port) {
   int fd = socket(AF_INET, SOCK_STREAM, 0);
   sockaddr_in addr{};
   addr.sin_family = AF_INET;
@@ -100,8 +107,15 @@ std::string Exchange(int port, const std::string& request) {
   addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
   if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
     close(fd);
-    return "connect failed";
+    return -1;
   }
+  return fd;
+}
+
+// A blocking HTTP exchange over loopback: sends `request`, reads until the peer closes.
+std::string Exchange(int port, const std::string& request) {
+  const int fd = Connect(port);
+  if (fd < 0) return "connect failed";
   send(fd, request.data(), request.size(), MSG_NOSIGNAL);
   std::string out;
   char buf[4096];
@@ -151,23 +165,95 @@ TEST(MetricsHttpServerTest, ClosesIdleConnectionsAndBoundsTheirNumber) {
   options.idle_timeout = absl::Milliseconds(200);
   auto server = MetricsHttpServer::Start(options, MetricsHttpHandlers{});
   ASSERT_TRUE(server.ok()) << server.status();
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_port = htons((*server)->port());
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
   int fds[3];
   for (int& fd : fds) {
-    fd = socket(AF_INET, SOCK_STREAM, 0);
-    ASSERT_EQ(connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
-    usleep(50000);  // let the server accept in order
+    fd = Connect((*server)->port());
+    ASSERT_GE(fd, 0);
   }
   char c;
-  // The third is over the bound and closed at once; the first two are closed once idle.
-  EXPECT_EQ(recv(fds[2], &c, 1, 0), 0);
-  for (int i = 0; i < 2; ++i) EXPECT_EQ(recv(fds[i], &c, 1, 0), 0);  // waits for the idle close
+  // Over the bound, a new connection replaces an idle one; the rest are closed once idle.
+  for (int fd : fds) EXPECT_EQ(recv(fd, &c, 1, 0), 0);
   for (int fd : fds) close(fd);
   // Still serving afterwards.
   EXPECT_THAT(Exchange((*server)->port(), "GET /healthz HTTP/1.0\r\n\r\n"), HasSubstr("200"));
+}
+
+// Clients that send a request a byte at a time, for as long as the server lets them.
+class SlowWriters {
+ public:
+  SlowWriters(int port, int n) {
+    for (int i = 0; i < n; ++i) {
+      const int fd = Connect(port);
+      if (fd >= 0) fds_.push_back(fd);
+    }
+    {
+      absl::MutexLock lock(&mu_);
+      closed_.assign(fds_.size(), false);
+    }
+    thread_ = std::thread([this] {
+      for (int i = 0; !stop_.WaitForNotificationWithTimeout(absl::Milliseconds(100)); ++i) {
+        absl::MutexLock lock(&mu_);
+        for (size_t k = 0; k < fds_.size(); ++k) {
+          if (closed_[k]) continue;
+          const char* part = i == 0 ? "GET /metr" : "i";
+          (void)send(fds_[k], part, std::strlen(part), MSG_NOSIGNAL | MSG_DONTWAIT);
+          char c;
+          const ssize_t r = recv(fds_[k], &c, 1, MSG_DONTWAIT);
+          if (r == 0 || (r < 0 && errno != EAGAIN && errno != EWOULDBLOCK)) closed_[k] = true;
+        }
+      }
+    });
+  }
+  ~SlowWriters() {
+    stop_.Notify();
+    thread_.join();
+    for (int fd : fds_) close(fd);
+  }
+  size_t connected() const { return fds_.size(); }
+  // How many the server has closed so far.
+  size_t closed() {
+    absl::MutexLock lock(&mu_);
+    size_t n = 0;
+    for (size_t k = 0; k < fds_.size(); ++k) n += closed_[k];
+    return n;
+  }
+
+ private:
+  std::vector<int> fds_;
+  absl::Mutex mu_;
+  std::vector<bool> closed_ ABSL_GUARDED_BY(mu_);
+  absl::Notification stop_;
+  std::thread thread_;
+};
+
+TEST(MetricsHttpServerTest, SlowClientsNeitherLockOutHealthzNorHoldTheirConnections) {
+  MetricsHttpOptions options;
+  options.host = "127.0.0.1";
+  options.request_timeout = absl::Seconds(1);
+  auto server = MetricsHttpServer::Start(options, MetricsHttpHandlers{});
+  ASSERT_TRUE(server.ok()) << server.status();
+  const int port = (*server)->port();
+  // More slow clients than the server takes connections; each keeps sending a byte every
+  // 100 ms, so an idle timer alone would never close them.
+  SlowWriters slow(port, options.max_connections + 8);
+  ASSERT_EQ(slow.connected(), size_t(options.max_connections + 8));
+
+  // /healthz answers while they hold on (tries within a generous deadline, not a timing).
+  bool answered = false;
+  for (const absl::Time end = absl::Now() + absl::Seconds(60); !answered && absl::Now() < end;) {
+    answered = absl::StrContains(Exchange(port, "GET /healthz HTTP/1.0\r\n\r\n"), "200 OK");
+    if (!answered) absl::SleepFor(absl::Milliseconds(100));
+  }
+  EXPECT_TRUE(answered) << "slow clients locked out /healthz";
+
+  // And none of them keeps its connection: each is closed (by the request deadline, or
+  // replaced by a newer connection), although it never stops sending.
+  for (const absl::Time end = absl::Now() + absl::Seconds(60);
+       slow.closed() < slow.connected() && absl::Now() < end;) {
+    absl::SleepFor(absl::Milliseconds(100));
+  }
+  EXPECT_EQ(slow.closed(), slow.connected());
+  EXPECT_THAT(Exchange(port, "GET /healthz HTTP/1.0\r\n\r\n"), HasSubstr("200 OK"));
 }
 
 TEST(MetricsHttpServerTest, RefusesABusyPort) {

@@ -1,5 +1,6 @@
 #include "common/rpc/transport_security.h"
 
+#include <glog/logging.h>
 #include <grpcpp/security/tls_certificate_provider.h>
 #include <grpcpp/security/tls_credentials_options.h>
 #include <grpcpp/support/client_interceptor.h>
@@ -41,6 +42,46 @@ class TokenInterceptorFactory final : public grpc::experimental::ClientIntercept
 
  private:
   const std::string value_;
+};
+
+// Fails every call of its channel with `status` without sending anything: it takes the
+// call over (hijacks it) before its first byte and answers it itself.
+class FailingInterceptor final : public grpc::experimental::Interceptor {
+ public:
+  explicit FailingInterceptor(const grpc::Status* status) : status_(status) {}
+  void Intercept(grpc::experimental::InterceptorBatchMethods* methods) override {
+    using grpc::experimental::InterceptionHookPoints;
+    const bool first =
+        methods->QueryInterceptionHookPoint(InterceptionHookPoints::PRE_SEND_INITIAL_METADATA);
+    if (methods->QueryInterceptionHookPoint(InterceptionHookPoints::PRE_RECV_MESSAGE)) {
+      methods->FailHijackedRecvMessage();
+    }
+    if (methods->QueryInterceptionHookPoint(InterceptionHookPoints::PRE_RECV_STATUS)) {
+      *methods->GetRecvStatus() = *status_;
+    }
+    if (first) {
+      methods->Hijack();
+    } else {
+      methods->Proceed();
+    }
+  }
+
+ private:
+  const grpc::Status* const status_;
+};
+
+class FailingInterceptorFactory final
+    : public grpc::experimental::ClientInterceptorFactoryInterface {
+ public:
+  explicit FailingInterceptorFactory(const absl::Status& status)
+      : status_(grpc::StatusCode::UNAVAILABLE, std::string(status.message())) {}
+  grpc::experimental::Interceptor* CreateClientInterceptor(
+      grpc::experimental::ClientRpcInfo*) override {
+    return new FailingInterceptor(&status_);  // owned by gRPC's call (its API)
+  }
+
+ private:
+  const grpc::Status status_;
 };
 
 absl::Status CheckPairs(const std::string& what, const std::string& cert, const std::string& key) {
@@ -88,6 +129,10 @@ absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> MakeServerCredentials(
     const ServerSecurity& security) {
   if (absl::Status s = CheckPairs("server TLS", security.cert_file, security.key_file); !s.ok()) {
     return s;
+  }
+  if (!security.admin_identities.empty() && security.ca_file.empty()) {
+    return absl::InvalidArgumentError(
+        "admin identities are client certificates' names: they need mutual TLS (a client CA)");
   }
   if (security.cert_file.empty()) {
     if (!security.ca_file.empty()) {
@@ -169,8 +214,29 @@ absl::StatusOr<ChannelMaker> ChannelMaker::Create(const ChannelSecurity& securit
   return maker;
 }
 
+ChannelMaker ChannelMaker::CreateOrFailClosed(const ChannelSecurity& security) {
+  absl::StatusOr<ChannelMaker> maker = Create(security);
+  if (maker.ok()) return *std::move(maker);
+  ChannelMaker failing;
+  failing.error_ = absl::UnavailableError(
+      absl::StrCat("TLS is configured but its files cannot be read, so no channel is made (never "
+                   "plain text instead): ",
+                   maker.status().message()));
+  LOG(ERROR) << failing.error_.message();
+  return failing;
+}
+
 std::shared_ptr<grpc::Channel> ChannelMaker::Make(const std::string& target,
                                                   grpc::ChannelArguments args) const {
+  if (!error_.ok()) {
+    // Never connects: the address is no socket, and every call is answered by the
+    // interceptor before it is sent.
+    std::vector<std::unique_ptr<grpc::experimental::ClientInterceptorFactoryInterface>> creators;
+    creators.push_back(std::make_unique<FailingInterceptorFactory>(error_));
+    return grpc::experimental::CreateCustomChannelWithInterceptors(
+        "unix:/dev/null/ps-fail-closed", grpc::InsecureChannelCredentials(), args,
+        std::move(creators));
+  }
   if (tls_ && !server_name_.empty()) args.SetSslTargetNameOverride(server_name_);
   if (auth_token_.empty()) return grpc::CreateCustomChannel(target, credentials_, args);
   std::vector<std::unique_ptr<grpc::experimental::ClientInterceptorFactoryInterface>> creators;
@@ -189,19 +255,6 @@ bool ConstantTimeEquals(const std::string& a, const std::string& b) {
     diff |= x ^ y;
   }
   return diff == 0;
-}
-
-absl::Status TokenAuthenticator::Check(const grpc::ServerContextBase& ctx) const {
-  if (!enabled_) return absl::OkStatus();
-  const auto& md = ctx.client_metadata();
-  auto it = md.find("authorization");
-  if (it == md.end()) {
-    return absl::UnauthenticatedError("missing 'authorization: Bearer <token>' metadata");
-  }
-  if (!ConstantTimeEquals(std::string(it->second.data(), it->second.size()), expected_)) {
-    return absl::UnauthenticatedError("wrong authorization token");
-  }
-  return absl::OkStatus();
 }
 
 }  // namespace ps

@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <fstream>
+#include <memory>
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
@@ -80,6 +81,10 @@ ChannelMaker Maker(const ChannelSecurity& s) {
 
 class TlsTest : public ::testing::Test {
  protected:
+  // One set of certificates for the suite (each set costs seconds of key generation); the
+  // tests that replace or remove files use copies of their own.
+  static void SetUpTestSuite() { shared_certs_ = std::make_unique<TestCerts>(); }
+  static void TearDownTestSuite() { shared_certs_.reset(); }
   void SetUp() override {
     if (!certs_.ok()) GTEST_SKIP() << "openssl is missing: cannot make test certificates";
   }
@@ -99,7 +104,8 @@ class TlsTest : public ::testing::Test {
     }
     return s;
   }
-  TestCerts certs_;
+  static inline std::unique_ptr<TestCerts> shared_certs_;
+  const TestCerts& certs_ = *shared_certs_;
 };
 
 TEST_F(TlsTest, PlainTextClientIsRefusedByATlsServer) {
@@ -177,6 +183,54 @@ TEST_F(TlsTest, ReplacedCertificatesTakeEffectWithoutARestart) {
   }
   EXPECT_TRUE(switched) << "the server kept its old certificate";
   EXPECT_EQ(Check(Maker(old_ca), server.address()).error_code(), grpc::StatusCode::UNAVAILABLE);
+}
+
+TEST_F(TlsTest, VanishedTlsFilesFailClosedInsteadOfFallingBackToPlainText) {
+  // A copy of the CA that can vanish, and a plain-text server that would answer anyone.
+  const std::string ca = certs_.file("vanishing-ca.crt");
+  Replace(certs_.file("ca.crt"), ca);
+  HealthServer tls_server(Server(false));
+  HealthServer plain_server(ServerSecurity{});
+  ChannelSecurity security = Client(false);
+  security.ca_file = ca;
+  security.auth_token = "secret";
+  ChannelMaker present = ChannelMaker::CreateOrFailClosed(security);
+  EXPECT_TRUE(present.error().ok()) << present.error();
+  EXPECT_TRUE(Check(present, tls_server.address()).ok());
+
+  ASSERT_EQ(std::remove(ca.c_str()), 0);
+  ChannelMaker vanished = ChannelMaker::CreateOrFailClosed(security);
+  EXPECT_EQ(vanished.error().code(), absl::StatusCode::kUnavailable);
+  // Every call fails, naming the file, against the plain-text server too: nothing went
+  // out in plain text (a downgraded channel would have been answered OK there).
+  for (const std::string& address : {plain_server.address(), tls_server.address()}) {
+    grpc::Status s = Check(vanished, address);
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::UNAVAILABLE) << address;
+    EXPECT_THAT(s.error_message(), ::testing::HasSubstr("vanishing-ca.crt")) << address;
+  }
+  // The completion-queue API (the client's raw calls) too.
+  auto channel = vanished.Make(plain_server.address());
+  grpc::GenericStub stub(channel);
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(3));
+  grpc::Slice empty("");
+  grpc::ByteBuffer req(&empty, 1), resp;
+  grpc::CompletionQueue cq;
+  auto call = stub.PrepareUnaryCall(&ctx, "/grpc.health.v1.Health/Check", req, &cq);
+  call->StartCall();
+  grpc::Status status;
+  call->Finish(&resp, &status, reinterpret_cast<void*>(1));
+  void* tag;
+  bool ok;
+  ASSERT_TRUE(cq.Next(&tag, &ok));
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::UNAVAILABLE);
+  EXPECT_THAT(status.error_message(), ::testing::HasSubstr("vanishing-ca.crt"));
+  cq.Shutdown();
+  while (cq.Next(&tag, &ok)) {
+  }
+  // The channel never connects anywhere.
+  EXPECT_FALSE(
+      channel->WaitForConnected(std::chrono::system_clock::now() + std::chrono::milliseconds(200)));
 }
 
 TEST(TransportSecurityTest, InconsistentOptionsAreRefused) {

@@ -1,0 +1,121 @@
+// The master's job series, rendered from a MasterCore driven through a job: each series
+// says what the job's tasks are at that moment (the counts are kept as tasks change, not
+// counted at scrape time), and the totals never go back when a job is deleted.
+#include "master/master_metrics.h"
+
+#include <stdlib.h>
+
+#include <filesystem>
+#include <string>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "gtest/gtest.h"
+
+namespace ps {
+namespace {
+
+class MasterMetricsTest : public testing::Test {
+ protected:
+  void SetUp() override {
+    std::string templ = std::filesystem::temp_directory_path() / "master_metrics_test.XXXXXX";
+    ASSERT_NE(mkdtemp(templ.data()), nullptr);
+    dir_ = templ;
+    MasterOptions o;
+    o.data_dir = dir_;
+    o.num_vshards = 4;
+    o.retention_interval = absl::ZeroDuration();
+    auto core = MasterCore::Open(o);
+    ASSERT_TRUE(core.ok()) << core.status();
+    core_ = *std::move(core);
+    AddMasterMetrics(core_.get(), &registry_);
+  }
+  void TearDown() override {
+    core_.reset();
+    std::filesystem::remove_all(dir_);
+  }
+
+  // Whether the exposition has the sample line `line` ("name{labels} value").
+  ::testing::AssertionResult Has(const std::string& line) {
+    const std::string text = registry_.Render();
+    if (absl::StrContains(absl::StrCat("\n", text), absl::StrCat("\n", line, "\n"))) {
+      return ::testing::AssertionSuccess();
+    }
+    return ::testing::AssertionFailure() << "no line '" << line << "' in:\n" << text;
+  }
+
+  Task Take(const RegisterWorkerResponse& w) {
+    GetTaskRequest req;
+    req.set_worker_id(w.worker_id());
+    req.set_incarnation(w.incarnation());
+    req.set_job("j");
+    GetTaskResponse resp;
+    EXPECT_TRUE(core_->GetTask(req, &resp).ok());
+    EXPECT_EQ(resp.result(), GetTaskResponse::TASK);
+    return resp.task();
+  }
+
+  void Report(const RegisterWorkerResponse& w, const Task& t, bool ok) {
+    ReportTaskRequest req;
+    req.set_worker_id(w.worker_id());
+    req.set_incarnation(w.incarnation());
+    req.set_job("j");
+    req.set_task_id(t.task_id());
+    req.set_ok(ok);
+    req.set_records(t.end_record() - t.first_record());
+    ReportTaskResponse resp;
+    ASSERT_TRUE(core_->ReportTask(req, &resp).ok());
+  }
+
+  std::string dir_;
+  std::unique_ptr<MasterCore> core_;
+  MetricsRegistry registry_;
+};
+
+TEST_F(MasterMetricsTest, JobSeriesFollowTheTasks) {
+  CreateJobRequest job;
+  job.set_name("j");
+  job.add_files()->set_path("f");
+  job.mutable_files(0)->set_records(10);
+  job.set_epochs(1);
+  job.set_records_per_task(4);  // [0,4) [4,8) [8,10)
+  CreateJobResponse created;
+  ASSERT_TRUE(core_->CreateJob(job, &created).ok());
+  EXPECT_TRUE(Has("ps_master_tasks{job=\"j\",state=\"todo\"} 3"));
+  EXPECT_TRUE(Has("ps_master_job_running{job=\"j\"} 1"));
+
+  RegisterWorkerResponse a, b;
+  ASSERT_TRUE(core_->RegisterWorker(RegisterWorkerRequest(), &a).ok());
+  ASSERT_TRUE(core_->RegisterWorker(RegisterWorkerRequest(), &b).ok());
+  const Task t0 = Take(a);
+  const Task t1 = Take(b);
+  EXPECT_TRUE(Has("ps_master_tasks{job=\"j\",state=\"todo\"} 1"));
+  EXPECT_TRUE(Has("ps_master_tasks{job=\"j\",state=\"doing\"} 2"));
+  Report(a, t0, true);
+  Report(b, t1, false);  // back to the queue (a failure)
+  EXPECT_TRUE(Has("ps_master_tasks{job=\"j\",state=\"todo\"} 2"));
+  EXPECT_TRUE(Has("ps_master_tasks{job=\"j\",state=\"doing\"} 0"));
+  EXPECT_TRUE(Has("ps_master_tasks{job=\"j\",state=\"done\"} 1"));
+  EXPECT_TRUE(Has("ps_master_job_records_trained{job=\"j\"} 4"));
+  EXPECT_TRUE(Has("ps_master_tasks_done_total 1"));
+  EXPECT_TRUE(Has("ps_master_records_trained_total 4"));
+  for (int i = 0; i < 2; ++i) Report(a, Take(a), true);
+  EXPECT_TRUE(Has("ps_master_tasks{job=\"j\",state=\"done\"} 3"));
+  EXPECT_TRUE(Has("ps_master_job_records_trained{job=\"j\"} 10"));
+  EXPECT_TRUE(Has("ps_master_job_running{job=\"j\"} 0"));
+  EXPECT_TRUE(Has("ps_master_jobs{state=\"succeeded\"} 1"));
+  EXPECT_TRUE(Has("ps_master_jobs{state=\"running\"} 0"));
+
+  // Deleted: its series go, the totals stay.
+  DeleteJobRequest del;
+  del.set_name("j");
+  DeleteJobResponse deleted;
+  ASSERT_TRUE(core_->DeleteJob(del, &deleted).ok());
+  EXPECT_FALSE(absl::StrContains(registry_.Render(), "job=\"j\""));
+  EXPECT_TRUE(Has("ps_master_tasks_done_total 3"));
+  EXPECT_TRUE(Has("ps_master_records_trained_total 10"));
+  EXPECT_TRUE(Has("ps_master_jobs{state=\"succeeded\"} 0"));
+}
+
+}  // namespace
+}  // namespace ps

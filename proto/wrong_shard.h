@@ -1,0 +1,51 @@
+// The wrong-shard signal, in one place: a pod's refusal of ids (or a dense tensor) of a
+// vshard it does not own is FAILED_PRECONDITION carrying a ps.WrongShard (proto/ps.proto)
+// as an absl::Status payload, which common/rpc/grpc_status.h carries across gRPC as an
+// error detail. Pods make it with WrongShardError; clients decide "the map changed: refresh
+// and route again" with WrongShardOf, and only so, never from the message text.
+//
+//   absl::Status s = WrongShardError("id 7 of table 'emb' is in vshard 3, ...", epoch, 3);
+//   if (auto ws = WrongShardOf(s)) router.Refresh(ws->epoch() ...);
+//
+// Here rather than in common/rpc: the detail is a message of proto/ps.proto, and common/
+// sits below proto/.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/strings/cord.h"
+#include "absl/strings/string_view.h"
+#include "proto/ps.pb.h"
+
+namespace ps {
+
+// The payload's type URL, as google.protobuf.Any names a ps.WrongShard.
+inline constexpr absl::string_view kWrongShardTypeUrl = "type.googleapis.com/ps.WrongShard";
+
+// FAILED_PRECONDITION with `message` (for humans; say which id, vshard and epoch) and the
+// WrongShard{epoch, vshard} detail. Thread-safe (pure).
+inline absl::Status WrongShardError(absl::string_view message, uint64_t epoch, uint32_t vshard) {
+  WrongShard detail;
+  detail.set_epoch(epoch);
+  detail.set_vshard(vshard);
+  absl::Status s = absl::FailedPreconditionError(message);
+  s.SetPayload(kWrongShardTypeUrl, absl::Cord(detail.SerializeAsString()));
+  return s;
+}
+
+// The WrongShard detail of `s`: set only for FAILED_PRECONDITION carrying a readable one.
+// A FAILED_PRECONDITION without it (a superseded push key, a bad request) is not a wrong
+// shard, whatever its message says. Thread-safe (pure).
+inline std::optional<WrongShard> WrongShardOf(const absl::Status& s) {
+  if (s.code() != absl::StatusCode::kFailedPrecondition) return std::nullopt;
+  auto payload = s.GetPayload(kWrongShardTypeUrl);  // absl::optional<absl::Cord>
+  if (!payload.has_value()) return std::nullopt;
+  WrongShard detail;
+  if (!detail.ParseFromString(std::string(*payload))) return std::nullopt;
+  return detail;
+}
+
+}  // namespace ps
