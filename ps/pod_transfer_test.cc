@@ -317,7 +317,9 @@ TEST_F(PodTransferTest, ExportLeavesOutRowsAnImportWouldRefuse) {
     weights[2] = 0.5f;
     slots[5] = -2.0f;  // a negative second moment
     ASSERT_TRUE(t->Install(1002, weights.data(), slots.data(), 9));
-    if (durable) ASSERT_TRUE(a->storage()->Materialize().ok());  // the stored-rows path
+    if (durable) {
+      ASSERT_TRUE(a->storage()->Materialize().ok());  // the stored-rows path
+    }
     const std::string dir = root_ + (durable ? "/export-durable" : "/export-memory");
     ExportRequest ereq;
     ereq.set_dir(dir);

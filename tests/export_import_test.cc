@@ -441,7 +441,9 @@ TEST(ExportImportTest, RowsNoUpdateCouldLeaveAreSkippedAndNamed) {
   for (size_t i = 0; i < ids.size(); ++i) {
     for (size_t j = 0; j < 4; ++j) {
       ASSERT_TRUE(std::isfinite(after[i * 4 + j])) << ids[i];
-      if (bad.count(ids[i]) == 0) ASSERT_EQ(after[i * 4 + j], before[i * 4 + j]) << ids[i];
+      if (bad.count(ids[i]) == 0) {
+        ASSERT_EQ(after[i * 4 + j], before[i * 4 + j]) << ids[i];
+      }
     }
   }
 }
