@@ -82,14 +82,30 @@ absl::StatusOr<std::unique_ptr<PsClient>> ConnectThroughMaster(const ClientOptio
   return std::unique_ptr<PsClient>(std::move(client));
 }
 
+// The vshard count of options.servers[0], asked with a client of that pod alone (so with
+// the usual retries while it starts).
+absl::StatusOr<uint32_t> FirstPodVShards(const ClientOptions& options) {
+  ClientOptions one = options;
+  one.servers.resize(1);
+  one.num_vshards = 1;
+  ASSIGN_OR_RETURN(auto routing, StaticRouting(one));
+  PsClientImpl probe(one, std::move(routing));
+  ASSIGN_OR_RETURN(std::vector<PodDescription> described, probe.DescribeByPod());
+  return described.at(0).response.num_vshards();
+}
+
 }  // namespace
 }  // namespace internal
 
 absl::StatusOr<std::unique_ptr<PsClient>> PsClient::Connect(const ClientOptions& options) {
   RETURN_IF_ERROR(internal::CheckOptions(options));
   if (options.master.empty()) {
-    ASSIGN_OR_RETURN(auto routing, internal::StaticRouting(options));
-    auto client = std::make_unique<internal::PsClientImpl>(options, std::move(routing));
+    ClientOptions resolved = options;
+    if (resolved.num_vshards == 0) {
+      ASSIGN_OR_RETURN(resolved.num_vshards, internal::FirstPodVShards(options));
+    }
+    ASSIGN_OR_RETURN(auto routing, internal::StaticRouting(resolved));
+    auto client = std::make_unique<internal::PsClientImpl>(resolved, std::move(routing));
     RETURN_IF_ERROR(client->Init());
     return std::unique_ptr<PsClient>(std::move(client));
   }

@@ -6,6 +6,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
+#include "client/finite_check.h"
 #include "common/base/status_macros.h"
 #include "common/routing/hash.h"
 #include "proto/wrong_shard.h"
@@ -81,6 +82,10 @@ absl::Status DenseCalls::Push(const std::vector<std::string>& names,
     return absl::InvalidArgumentError("names and grads differ in size");
   }
   ASSIGN_OR_RETURN(const std::vector<size_t> numel, Numels(names));
+  for (size_t i = 0; i < names.size(); ++i) {
+    RETURN_IF_ERROR(
+        CheckFinite(absl::StrCat("dense push to '", names[i], "'"), grads[i], numel[i], 1));
+  }
   // Tensors still to push; after a pod refuses its part (applying none of it) that part
   // goes out again under the new map with a new key.
   std::vector<size_t> todo(names.size());

@@ -40,7 +40,8 @@ struct ClientOptions {
   int connect_timeout_ms = 30000;
   // Pod addresses (host:port). With a static map, pod i is the one started --shard=i/N.
   std::vector<std::string> servers;
-  // Must equal the pods' --num_vshards; Connect checks it.
+  // Must equal the pods' --num_vshards; Connect checks it. 0: the first pod's (Connect
+  // asks it), for a caller that does not know the cluster's setting.
   uint32_t num_vshards = 256;
   // The retry policy of every call, to pods and master (common/rpc/retry_policy.h, whose
   // RetryOptions these four fields fill; defaults as there). deadline_ms: per attempt. A
@@ -95,6 +96,31 @@ struct PushSpec {
   absl::Span<const int64_t> ids;
   const float* grads = nullptr;
   float learning_rate = 0;
+};
+
+// One pod of the client's routing, as shard_map() reports it.
+struct PodView {
+  std::string id;       // the master's pod id, or "pod i" in a static map
+  std::string address;  // host:port; empty for a pod that never registered
+  bool up = false;      // LIVE or DRAINED as far as the master knows; always with a static map
+};
+
+// A copy of the routing the client's calls are made with: vshard v is owned by
+// pods[owner[v]].
+struct ShardMapView {
+  uint64_t epoch = 0;  // 0 for a static map
+  std::vector<uint32_t> owner;
+  std::vector<PodView> pods;
+};
+
+// A pod's answer to a call made to every pod that is up, with the pod it came from.
+struct PodDescription {
+  PodView pod;
+  DescribeResponse response;
+};
+struct PodStats {
+  PodView pod;
+  StatsResponse response;
 };
 
 // What this client has done, counted since Connect (PsClient::client_stats). Every field
@@ -185,6 +211,16 @@ class PsClient {
   // Per-pod statistics, in pod order (with a master: of the pods it reports live or
   // drained).
   virtual absl::StatusOr<std::vector<StatsResponse>> Stats() = 0;
+  // The same calls as Stats, and Describe (tables with their rows, owned vshards), each
+  // answer with the pod it came from.
+  virtual absl::StatusOr<std::vector<PodStats>> StatsByPod() = 0;
+  virtual absl::StatusOr<std::vector<PodDescription>> DescribeByPod() = 0;
+
+  // A copy of the current routing (it changes when the client follows the master's map).
+  virtual ShardMapView shard_map() const = 0;
+  // A key no call of this client uses, of its current identity: for tools and tests that
+  // send a PushRequest of their own.
+  virtual PushKey NextPushKey() = 0;
 
   virtual uint64_t worker_id() const = 0;
   virtual uint64_t incarnation() const = 0;

@@ -29,17 +29,4 @@ PsClientImpl::~PsClientImpl() {
   completions_.reset();
 }
 
-absl::StatusOr<std::vector<StatsResponse>> PsClientImpl::Stats() {
-  auto r = router_.current();
-  std::vector<std::unique_ptr<Rpc<StatsRequest, StatsResponse>>> rpcs;
-  for (size_t p = 0; p < r->pods.size(); ++p) {
-    if (!r->up[p]) continue;
-    rpcs.push_back(MakeRpc<StatsRequest, StatsResponse>(r->pods[p], r->map.epoch()));
-  }
-  RETURN_IF_ERROR(runner_.RunAll(&ParameterServer::Stub::PrepareAsyncStats, &rpcs));
-  std::vector<StatsResponse> out;
-  for (auto& rpc : rpcs) out.push_back(std::move(rpc->resp));
-  return out;
-}
-
 }  // namespace ps::internal

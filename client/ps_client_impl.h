@@ -69,6 +69,11 @@ class PsClientImpl final : public PsClient {
     return dense_.Push(names, grads, learning_rate);
   }
   absl::StatusOr<std::vector<StatsResponse>> Stats() override;
+  // Defined in ps_client_views.cc, with Stats.
+  absl::StatusOr<std::vector<PodStats>> StatsByPod() override;
+  absl::StatusOr<std::vector<PodDescription>> DescribeByPod() override;
+  ShardMapView shard_map() const override;
+  PushKey NextPushKey() override { return keys_.Next(); }
 
  private:
   // Declaration order is construction order; the destructor tears down the completion

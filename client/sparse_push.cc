@@ -2,6 +2,7 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "client/finite_check.h"
 #include "client/sparse_calls.h"
 
 namespace ps::internal {
@@ -18,6 +19,9 @@ Handle SparseCalls::Push(std::vector<PushSpec> specs) {
       return Handle(Op::Failed(
           absl::InvalidArgumentError(absl::StrCat("push to '", spec.table, "' has no gradients"))));
     }
+    absl::Status finite = CheckFinite(absl::StrCat("push to '", spec.table, "'"), spec.grads,
+                                      spec.ids.size(), *dim, spec.ids);
+    if (!finite.ok()) return Handle(Op::Failed(std::move(finite)));
     batch.Add(spec.table, *dim, spec.learning_rate, spec.ids, spec.grads);
   }
   auto rpcs = PushRpcs(batch.Finish(), key, *r, 0);

@@ -4,6 +4,7 @@
 #include <glog/logging.h>
 
 #include <set>
+#include <thread>
 
 #include "absl/memory/memory.h"
 #include "common/base/status_macros.h"
@@ -124,7 +125,11 @@ absl::Status MasterCore::ReportTask(const ReportTaskRequest& req, ReportTaskResp
 
 absl::Status MasterCore::ExpireLeases() {
   const absl::Time now = CurrentTime(options_);
-  membership_.ExpireLeases(now);
+  // After a failover the pods whose role changed learn it now, not at their next heartbeat.
+  std::vector<std::string> tell = membership_.ExpireLeases(now);
+  std::vector<std::thread> threads;
+  for (const std::string& pod : tell) threads.emplace_back([this, pod] { moves_.NotifyPod(pod); });
+  for (std::thread& t : threads) t.join();
   return jobs_.ExpireLeases(now);
 }
 

@@ -30,6 +30,16 @@ DEFINE_uint32(num_ps, 1,
               "contiguous ranges, as `ps-server --shard=i/N` would own them. Ignored once the "
               "data dir exists: more pods join by registering and get vshards from "
               "`ps-admin rebalance`; `ps-admin drain` empties one.");
+DEFINE_uint32(replication, 1,
+              "Copies of each vshard (1..8, at most --num_ps): a primary and replication-1 "
+              "followers on other pods, which hold every acknowledged push, so losing a pod "
+              "and its volume loses nothing; when a primary's lease runs out a follower takes "
+              "over. 1: one copy, on the owner's volume. Fixed when the data dir is first used.");
+DEFINE_string(replication_ack, "all",
+              "With --replication >= 2, when a push is acknowledged: 'all' once the primary "
+              "and every live follower hold it (durably, in each pod's --durability mode); "
+              "'leader' once the primary does (faster, but a push acknowledged just before "
+              "the primary's loss may be lost).");
 DEFINE_int64(lease_ms, 10000,
              "Pods and workers that send no heartbeat for this long are LOST; a lost worker's "
              "tasks go back to the queue.");
@@ -179,6 +189,13 @@ int Main() {
   options.core.num_vshards = FLAGS_num_vshards;
   options.core.num_ps = FLAGS_num_ps;
   options.core.lease = absl::Milliseconds(FLAGS_lease_ms);
+  options.core.replication = FLAGS_replication;
+  if (FLAGS_replication_ack != "all" && FLAGS_replication_ack != "leader") {
+    LOG(ERROR) << "--replication_ack must be 'all' or 'leader', not '" << FLAGS_replication_ack
+               << "'";
+    return 2;
+  }
+  options.core.replication_ack_leader = FLAGS_replication_ack == "leader";
   options.core.max_task_failures = FLAGS_max_task_failures;
   options.core.vshards_per_move = FLAGS_vshards_per_move;
   options.core.fence_rows = FLAGS_fence_rows;

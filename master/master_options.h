@@ -54,6 +54,14 @@ struct MasterOptions {
   // Rebalance by itself (on a background thread) when a new pod registers: a pod id not
   // seen before, or a drained one back at a new address.
   bool auto_rebalance = false;
+  // Replication factor R (issue 16): each vshard has a primary and R-1 followers on other
+  // pods, which hold every acknowledged push. 1 (no followers) keeps a single copy, on the
+  // owner's volume. Fixed for the data dir. At most 8: each copy costs a pod's CPU and disk.
+  uint32_t replication = 1;
+  // Acknowledge pushes once the primary holds them (true), or once every follower in the
+  // ack set does too (false, the default): "leader" is faster but a push acknowledged just
+  // before the primary's loss may be lost.
+  bool replication_ack_leader = false;
   // Where cluster checkpoints go (ckpt-<id> below it, on each pod's filesystem and the
   // master's); empty: Checkpoint is refused.
   std::string checkpoint_dir;

@@ -40,6 +40,12 @@ absl::StatusOr<std::vector<MoveRecord>> Membership::Load(absl::Time lease_deadli
   ASSIGN_OR_RETURN(std::optional<ShardMapRecord> map,
                    GetRecord<ShardMapRecord>(*store_, keys::kMap));
   if (!map.has_value()) return absl::DataLossError("master store: no shard map record");
+  if (map->followers_size() != 0 &&
+      map->followers_size() != static_cast<int>(config_.num_vshards())) {
+    return absl::DataLossError(absl::StrCat("master store: shard map has ", map->followers_size(),
+                                            " follower sets for ", config_.num_vshards(),
+                                            " vshards"));
+  }
   if (map->owner_size() != static_cast<int>(config_.num_vshards())) {
     return absl::DataLossError(absl::StrCat("master store: shard map has ", map->owner_size(),
                                             " owners for ", config_.num_vshards(), " vshards"));
@@ -95,6 +101,7 @@ void Membership::FillAssignment(const std::string& pod_id, PodAssignment* out) c
     if (move.destination() == pod_id) *out->mutable_moving_in() = move.vshards();
     if (move.source() == pod_id) *out->mutable_moving_out() = move.vshards();
   }
+  if (config_.replication() >= 2) FillReplication(pod_id, out->mutable_replication());
 }
 
 absl::Status Membership::RegisterPod(const RegisterPodRequest& req, RegisterPodResponse* resp,
@@ -182,16 +189,29 @@ absl::Status Membership::LeavePod(const LeavePodRequest& req, LeavePodResponse*)
   return absl::OkStatus();
 }
 
-void Membership::ExpireLeases(absl::Time now) {
+std::vector<std::string> Membership::ExpireLeases(absl::Time now) {
   absl::MutexLock lock(&mu_);
+  std::vector<std::string> lost;
   for (auto& [id, pod] : pods_) {
     if (pod.lease_deadline <= now && !pod.lost_logged) {
       pod.lost_logged = true;
       lease_losses_.fetch_add(1);
+      lost.push_back(id);
       LOG(WARNING) << "pod " << id << " at " << pod.record.address() << " LOST: no heartbeat for "
                    << absl::FormatDuration(options_.lease + (now - pod.lease_deadline));
     }
   }
+  if (lost.empty() || config_.replication() < 2) return {};
+  absl::StatusOr<std::vector<std::string>> tell = FailOver(lost, now);
+  if (!tell.ok()) {
+    // Nothing changed: the next round tries again.
+    LOG(ERROR) << "failover after losing " << absl::StrJoin(lost, ", ")
+               << " failed: " << tell.status();
+    for (const std::string& id : lost) pods_[id].lost_logged = false;
+    lease_losses_.fetch_sub(lost.size());
+    return {};
+  }
+  return *std::move(tell);
 }
 
 std::vector<std::string> Membership::KnownPodIds() const {
@@ -243,6 +263,12 @@ absl::Status Membership::GetShardMap(const GetShardMapRequest&, ShardMapResponse
     *resp->add_pods() = DescribePod(id, now);
   }
   for (const std::string& o : map_.owner()) resp->add_owner(index[o]);
+  resp->set_replication(std::max(1u, config_.replication()));
+  for (const ReplicaSet& set : map_.followers()) {
+    Followers* f = resp->add_followers();
+    for (const std::string& p : set.pods()) f->add_pods(index[p]);
+  }
+  resp->set_failovers(failovers_.load());
   for (MoveInfo& info : MovesInFlightLocked()) *resp->add_moves() = std::move(info);
   return absl::OkStatus();
 }

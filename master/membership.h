@@ -59,8 +59,15 @@ class Membership {
   absl::Status GetShardMap(const GetShardMapRequest& req, ShardMapResponse* resp)
       ABSL_LOCKS_EXCLUDED(mu_);
 
-  // Marks (and logs, once) the pods whose lease ran out by `now` as LOST.
-  void ExpireLeases(absl::Time now) ABSL_LOCKS_EXCLUDED(mu_);
+  // Marks (and logs, once) the pods whose lease ran out by `now` as LOST. With replication
+  // (membership_replicas.cc), a lost pod also leaves the ack sets it was in, and each vshard
+  // it was the primary of is promoted to its first live follower (it holds every
+  // acknowledged push): one synced write, epoch + 1, logged and counted. Returns the pods
+  // whose role changed, to be told at once (their heartbeats bring it otherwise).
+  std::vector<std::string> ExpireLeases(absl::Time now) ABSL_LOCKS_EXCLUDED(mu_);
+  // Promotions since this master started, and the longest time from a primary's last
+  // heartbeat to its vshards' promotion.
+  uint64_t failovers() const { return failovers_.load(); }
   // Fills the status's epoch, num_vshards and pods as of `now`.
   void Describe(absl::Time now, StatusResponse* resp) const ABSL_LOCKS_EXCLUDED(mu_);
   // A copy of the map and the pods now, for planning drains, rebalances and checkpoints.
@@ -127,6 +134,15 @@ class Membership {
   uint32_t OwnedBy(const std::string& pod_id) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   bool Live(const std::string& pod_id, absl::Time now) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   std::vector<MoveInfo> MovesInFlightLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The replication role of `pod_id` (R >= 2): its followers (the ack set of the vshards it
+  // owns) with their addresses, and the vshards it follows, by primary.
+  void FillReplication(const std::string& pod_id, ReplicationRole* out) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Takes the pods in `lost` out of every ack set and promotes the vshards they were the
+  // primary of (see ExpireLeases); returns the pods to tell.
+  absl::StatusOr<std::vector<std::string>> FailOver(const std::vector<std::string>& lost,
+                                                    absl::Time now)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Writes `batch` with the map as `map` (epoch already bumped), then installs the map.
   absl::Status WriteMap(StoreBatch batch, ShardMapRecord map) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
@@ -141,6 +157,7 @@ class Membership {
   std::map<std::string, Pod> pods_ ABSL_GUARDED_BY(mu_);
   std::map<uint64_t, MoveRecord> moves_ ABSL_GUARDED_BY(mu_);  // in flight: at most one
   std::atomic<uint64_t> lease_losses_{0};
+  std::atomic<uint64_t> failovers_{0};
 };
 
 }  // namespace ps

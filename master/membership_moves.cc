@@ -19,6 +19,11 @@ absl::StatusOr<Membership::StartedMove> Membership::BeginMove(
     return absl::AbortedError(
         absl::StrCat("move ", moves_.begin()->first, " is in progress; one move at a time"));
   }
+  if (config_.replication() >= 2) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("live moves are not supported yet with replication = ", config_.replication(),
+                     " (the followers would need a copy too)"));
+  }
   if (vshards.empty() || source == destination) {
     return absl::InvalidArgumentError("a move needs vshards and two different pods");
   }

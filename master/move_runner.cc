@@ -22,6 +22,7 @@ Assignment ToAssignment(const PodAssignment& a) {
   *out.mutable_owned() = a.owned_vshards();
   *out.mutable_moving_in() = a.moving_in();
   *out.mutable_moving_out() = a.moving_out();
+  if (a.has_replication()) *out.mutable_replication() = a.replication();
   return out;
 }
 

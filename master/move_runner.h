@@ -47,10 +47,11 @@ class MoveRunner {
   // Adds to the status the move in flight (COPYING), then the recent moves, newest first.
   void Describe(StatusResponse* resp) const ABSL_LOCKS_EXCLUDED(mu_);
 
- private:
   // Sends pod `pod_id` its assignment now (best effort: a failure is logged, and the pod's
-  // next heartbeat brings it).
+  // next heartbeat brings it). Also used after a failover.
   void NotifyPod(const std::string& pod_id) ABSL_LOCKS_EXCLUDED(mu_);
+
+ private:
   // Aborts move `id` (the source keeps its vshards) and tells both pods.
   void AbortMove(uint64_t id, const std::string& why) ABSL_LOCKS_EXCLUDED(mu_);
   void Remember(MoveInfo info) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -4,10 +4,12 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
 #include "common/base/crc32c.h"
+#include "common/base/status_macros.h"
 
 namespace ps {
 namespace {
@@ -17,9 +19,12 @@ static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "export files are littl
 constexpr char kMagic[8] = {'P', 'S', 'E', 'X', 'P', 'O', 'R', 'T'};
 constexpr uint32_t kVersion = 1;
 constexpr size_t kBlockHeader = 4 + 8;
-// Guards against allocating absurd sizes from a damaged length field.
+// Refuses absurd length fields outright (a damaged file); lengths below these still drive
+// no allocation before their bytes are read (ReadGrowing).
 constexpr uint64_t kMaxPayload = uint64_t{16} << 30;
 constexpr uint32_t kMaxSpec = 1 << 20;
+// The most a length field makes the reader allocate ahead of the bytes it has read.
+constexpr size_t kReadChunk = size_t{1} << 20;
 
 template <typename T>
 void Put(std::string* out, T v) {
@@ -142,8 +147,7 @@ absl::StatusOr<std::unique_ptr<ExportFileReader>> ExportFileReader::Open(const s
   if (spec_len > kMaxSpec) {
     return absl::DataLossError(absl::StrCat(path, ": header spec length ", spec_len));
   }
-  r->spec_.resize(spec_len);
-  if (absl::Status s = r->ReadExact(r->spec_.data(), spec_len, "header"); !s.ok()) return s;
+  if (absl::Status s = r->ReadGrowing(&r->spec_, spec_len, "header"); !s.ok()) return s;
   if (absl::Status s = r->ReadExact(&r->dim_, 4, "header"); !s.ok()) return s;
   if (absl::Status s = r->ReadExact(&r->slot_floats_, 4, "header"); !s.ok()) return s;
   const uint32_t header_crc = r->summary_.crc32c;
@@ -184,6 +188,17 @@ absl::Status ExportFileReader::ReadExact(void* dst, size_t n, const char* what) 
   return absl::OkStatus();
 }
 
+absl::Status ExportFileReader::ReadGrowing(std::string* out, uint64_t n, const char* what) {
+  out->clear();
+  while (out->size() < n) {
+    const size_t at = out->size();
+    const size_t chunk = static_cast<size_t>(std::min<uint64_t>(n - at, kReadChunk));
+    out->resize(at + chunk);
+    RETURN_IF_ERROR(ReadExact(out->data() + at, chunk, what));
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<bool> ExportFileReader::Next(ExportBlock* block) {
   if (done_) return false;
   const uint64_t at = offset_;
@@ -191,13 +206,17 @@ absl::StatusOr<bool> ExportFileReader::Next(ExportBlock* block) {
   uint64_t payload_bytes;
   if (absl::Status s = ReadExact(&records, 4, "block header"); !s.ok()) return s;
   if (absl::Status s = ReadExact(&payload_bytes, 8, "block header"); !s.ok()) return s;
+  // At most 16 + 2^35 bytes a record: records * record_bytes could wrap in 64 bits, so
+  // compare by division.
   const uint64_t record_bytes = 16 + (uint64_t{dim_} + slot_floats_) * sizeof(float);
-  if (payload_bytes > kMaxPayload || payload_bytes != records * record_bytes) {
+  if (payload_bytes > kMaxPayload || payload_bytes % record_bytes != 0 ||
+      payload_bytes / record_bytes != records) {
     return absl::DataLossError(absl::StrCat(path_, ": block at offset ", at, " claims ", records,
                                             " records in ", payload_bytes, " bytes"));
   }
-  std::string payload(payload_bytes, '\0');
-  if (absl::Status s = ReadExact(payload.data(), payload.size(), "block"); !s.ok()) return s;
+  // A truncated file ends the read before its claimed length is allocated.
+  std::string payload;
+  RETURN_IF_ERROR(ReadGrowing(&payload, payload_bytes, "block"));
   uint32_t stored;
   if (absl::Status s = ReadExact(&stored, 4, "block checksum"); !s.ok()) return s;
   const uint32_t crc = payload.empty() ? 0 : Crc32c(0, payload.data(), payload.size());

@@ -93,6 +93,9 @@ class ExportFileReader {
  private:
   ExportFileReader(std::string path, int fd) : path_(std::move(path)), fd_(fd) {}
   absl::Status ReadExact(void* dst, size_t n, const char* what);
+  // Reads n bytes into *out, growing it as they arrive (a damaged length field costs no
+  // more memory than the bytes the file really has).
+  absl::Status ReadGrowing(std::string* out, uint64_t n, const char* what);
 
   const std::string path_;
   int fd_;

@@ -2,6 +2,9 @@
 
 #include <gtest/gtest.h>
 #include <stdlib.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <filesystem>
 #include <fstream>
@@ -128,6 +131,75 @@ TEST_F(ExportFileTest, DamageIsDataLoss) {
   EXPECT_EQ(ExportFileReader::Open(dir_ + "/missing").status().code(), absl::StatusCode::kNotFound);
   // Create refuses to overwrite.
   EXPECT_FALSE(ExportFileWriter::Create(path, ExportKind::kDense, "", 1, 0).ok());
+}
+
+// Found while writing tests/fuzz/fuzz_export_file.cc (regression input
+// corpus/export_file/regression-wrapped_block): a block header's record count times the
+// header's record size wrapped in 64 bits to the claimed payload (here 2^30 records of 2^34 bytes
+// in 0 bytes), so the reader sized its arrays from the count: an 8 GB allocation, then a throw,
+// from a 70-byte file.
+TEST_F(ExportFileTest, BlockHeaderThatWrapsIsDataLoss) {
+  const std::string path = dir_ + "/wrapped";
+  {
+    // dim + slot floats = 2^32 - 4: a record of 16 + 4 * (2^32 - 4) = 2^34 bytes.
+    auto w = ExportFileWriter::Create(path, ExportKind::kTableRows, "s", uint32_t{1} << 31,
+                                      (uint32_t{1} << 31) - 4);
+    ASSERT_TRUE(w.ok()) << w.status();
+  }  // the header only; the block is written by hand
+  std::string bytes = ReadAll(path);
+  auto put = [&bytes](const void* p, size_t n) { bytes.append(static_cast<const char*>(p), n); };
+  const uint32_t records = uint32_t{1} << 30, crc = 0;
+  const uint64_t payload = 0;
+  put(&records, 4);
+  put(&payload, 8);
+  put(&crc, 4);
+  WriteAll(path, bytes);
+  auto r = ExportFileReader::Open(path);
+  ASSERT_TRUE(r.ok()) << r.status();
+  ExportBlock block;
+  auto more = (*r)->Next(&block);
+  EXPECT_EQ(more.status().code(), absl::StatusCode::kDataLoss) << more.status();
+  EXPECT_TRUE(block.ids.empty());
+}
+
+// A block header that claims more bytes than the file has is refused once the file ends
+// (corpus/export_file/regression-long_block),
+// without allocating the claim first: a 4 GB claim in a small file is read in a child
+// process whose address space allows 256 MB more than it uses (the reader used to size
+// the payload from the claim: std::bad_alloc, an abort).
+TEST_F(ExportFileTest, BlockLongerThanTheFileIsTruncatedWithoutAllocatingIt) {
+  const std::string path = dir_ + "/long";
+  {
+    auto w = ExportFileWriter::Create(path, ExportKind::kTableRows, "s", 0, 0);
+    ASSERT_TRUE(w.ok()) << w.status();
+  }
+  std::string bytes = ReadAll(path);
+  const uint32_t records = 1u << 28;
+  const uint64_t payload = uint64_t{16} << 28;  // 2^28 records of 16 bytes: 4 GB
+  bytes.append(reinterpret_cast<const char*>(&records), 4);
+  bytes.append(reinterpret_cast<const char*>(&payload), 8);
+  bytes.append(100, 'x');
+  WriteAll(path, bytes);
+  const pid_t pid = fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    size_t vm_pages = 0;
+    std::ifstream("/proc/self/statm") >> vm_pages;
+    const rlim_t limit = vm_pages * sysconf(_SC_PAGESIZE) + (rlim_t{256} << 20);
+    const rlimit rl{limit, limit};
+    if (setrlimit(RLIMIT_AS, &rl) != 0) _exit(3);
+    auto r = ExportFileReader::Open(path);
+    if (!r.ok()) _exit(4);
+    ExportBlock block;
+    auto more = (*r)->Next(&block);
+    const bool truncated = more.status().code() == absl::StatusCode::kDataLoss &&
+                           more.status().message().find("truncated") != std::string::npos;
+    _exit(truncated ? 0 : 5);
+  }
+  int status = 0;
+  ASSERT_EQ(waitpid(pid, &status, 0), pid);
+  ASSERT_TRUE(WIFEXITED(status)) << "the reader died of signal " << WTERMSIG(status);
+  EXPECT_EQ(WEXITSTATUS(status), 0);
 }
 
 }  // namespace

@@ -10,7 +10,16 @@
 namespace ps::wire {
 namespace {
 
-enum WireType : uint32_t { kVarint = 0, kFixed64 = 1, kLength = 2, kFixed32 = 5 };
+enum WireType : uint32_t {
+  kVarint = 0,
+  kFixed64 = 1,
+  kLength = 2,
+  kStartGroup = 3,
+  kEndGroup = 4,
+  kFixed32 = 5
+};
+// How deep groups may nest in a skipped field (protobuf's default recursion limit).
+constexpr int kMaxGroupDepth = 100;
 
 // Bytes fields from this size travel as slices of their own; smaller ones are copied into
 // the surrounding slice (a slice costs an allocation and an iovec entry).
@@ -259,19 +268,39 @@ bool Reader::Skip(size_t n) {
   return true;
 }
 
-bool Reader::SkipValue(uint32_t wire_type) {
-  uint64_t v;
-  switch (wire_type) {
-    case kVarint:
-      return ReadVarint(&v);
-    case kFixed64:
-      return Skip(8);
-    case kLength:
-      return ReadVarint(&v) && Skip(v);
-    case kFixed32:
-      return Skip(4);
-    default:
-      return false;  // groups (deprecated) and invalid types
+bool Reader::SkipValue(uint64_t tag) {
+  // The field numbers of the groups being skipped, innermost last.
+  std::vector<uint64_t> open_groups;
+  for (;;) {
+    uint64_t v;
+    bool ok = true;
+    switch (tag & 7) {
+      case kVarint:
+        ok = ReadVarint(&v);
+        break;
+      case kFixed64:
+        ok = Skip(8);
+        break;
+      case kLength:
+        ok = ReadVarint(&v) && Skip(v);
+        break;
+      case kFixed32:
+        ok = Skip(4);
+        break;
+      case kStartGroup:
+        if (open_groups.size() >= kMaxGroupDepth) return false;
+        open_groups.push_back(tag >> 3);
+        break;
+      case kEndGroup:
+        if (open_groups.empty() || open_groups.back() != tag >> 3) return false;
+        open_groups.pop_back();
+        break;
+      default:
+        return false;  // wire types 6 and 7 do not exist
+    }
+    if (!ok) return false;
+    if (open_groups.empty()) return true;
+    if (!ReadVarint(&tag)) return false;  // the next field inside the group
   }
 }
 
@@ -289,7 +318,7 @@ absl::Status DecodePullResponse(absl::Span<const absl::string_view> pieces, uint
       continue;
     }
     if (tag >> 3 != 2 || type != kLength) {
-      if (!r.SkipValue(type)) return Malformed(absl::StrCat("bad field with tag ", tag));
+      if (!r.SkipValue(tag)) return Malformed(absl::StrCat("bad field with tag ", tag));
       continue;
     }
     uint64_t len;
@@ -300,7 +329,8 @@ absl::Status DecodePullResponse(absl::Span<const absl::string_view> pieces, uint
       if (!r.ReadVarint(&tag)) return Malformed("truncated tag in table entry");
       const uint32_t field = tag >> 3;
       if ((field == 1 || field == 2) && (tag & 7) == kLength) {
-        if (!r.ReadVarint(&v) || v > r.remaining() - end) {
+        // The length's varint may itself run past the entry (then remaining() < end).
+        if (!r.ReadVarint(&v) || r.remaining() < end || v > r.remaining() - end) {
           return Malformed("field overruns its table entry");
         }
         if (field == 1) {
@@ -311,7 +341,7 @@ absl::Status DecodePullResponse(absl::Span<const absl::string_view> pieces, uint
           r.ReadPieces(v, &t.values);
           t.values_bytes = v;
         }
-      } else if (!r.SkipValue(tag & 7)) {
+      } else if (!r.SkipValue(tag)) {
         return Malformed(absl::StrCat("bad field with tag ", tag, " in table entry"));
       }
     }

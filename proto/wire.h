@@ -87,8 +87,11 @@ class Reader {
     return CopySlow(dst, n);
   }
   bool Skip(size_t n);
-  // Skips a field's value of the given wire type (a tag's low 3 bits).
-  bool SkipValue(uint32_t wire_type);
+  // Skips the value of the field whose tag was just read, as protobuf skips an unknown
+  // field: a varint, fixed32/64, length-delimited bytes, or a (deprecated) group up to its
+  // matching end tag, nested at most 100 deep as protobuf's default recursion limit.
+  // False for a malformed value or a stray end-group tag.
+  bool SkipValue(uint64_t tag);
 
  private:
   bool CopySlow(char* dst, size_t n);

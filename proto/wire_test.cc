@@ -4,6 +4,7 @@
 
 #include <random>
 
+#include "absl/strings/escaping.h"
 #include "google/protobuf/util/message_differencer.h"
 
 namespace ps::wire {
@@ -145,6 +146,50 @@ TEST(WireTest, DecodeSkipsUnknownFields) {
   ASSERT_TRUE(parsed.ParseFromString(bytes));
 }
 
+// Found by tests/fuzz/fuzz_wire.cc (corpus/wire/regression-empty_group): unknown fields of
+// the deprecated group wire type (3 start, 4 end), which protobuf skips, were refused.
+// Each case decodes exactly when stock protobuf parses it.
+TEST(WireTest, DecodeSkipsUnknownGroupsAsProtobufDoes) {
+  const std::string base = SamplePullResponse().SerializeAsString();
+  struct Case {
+    std::string suffix;
+    bool valid;
+  };
+  const Case cases[] = {
+      {"\x63\x64", true},                   // empty group 12
+      {"\x63\x78\x05\x65zzzz\x64", true},   // group 12 holding a varint and a fixed32
+      {"\x63\x5b\x5c\x6a\x01q\x64", true},  // group 11 nested in 12, then bytes
+      {"\x12\x05\x63\x64\x0a\x01t", true},  // an empty group inside a table entry
+      {"\x63\x5c", false},                  // ends group 11 inside group 12
+      {"\x64", false},                      // an end without a start
+      {"\x63\x78\x05", false},              // a group that never ends
+      {"\x63\x7e\x64", false},              // wire type 6 inside a group
+  };
+  for (const Case& c : cases) {
+    const std::string bytes = base + c.suffix;
+    PullResponse parsed;
+    ASSERT_EQ(parsed.ParseFromString(bytes), c.valid) << absl::CHexEscape(c.suffix);
+    uint64_t epoch;
+    std::vector<TableValuesView> tables;
+    std::vector<absl::string_view> one = {bytes};
+    const absl::Status s = DecodePullResponse(one, &epoch, &tables);
+    EXPECT_EQ(s.ok(), c.valid) << absl::CHexEscape(c.suffix) << ": " << s;
+    if (c.valid) {
+      EXPECT_EQ(tables.size(), static_cast<size_t>(parsed.tables_size()));
+    }
+  }
+  // Nesting deeper than protobuf's recursion limit is refused by both.
+  std::string deep = base;
+  for (int i = 0; i < 101; ++i) deep += '\x63';
+  for (int i = 0; i < 101; ++i) deep += '\x64';
+  PullResponse parsed;
+  EXPECT_FALSE(parsed.ParseFromString(deep));
+  uint64_t epoch;
+  std::vector<TableValuesView> tables;
+  std::vector<absl::string_view> one = {deep};
+  EXPECT_FALSE(DecodePullResponse(one, &epoch, &tables).ok());
+}
+
 TEST(WireTest, DecodeRefusesTruncatedOrOverrunningInput) {
   const std::string bytes = SamplePullResponse().SerializeAsString();
   uint64_t epoch;
@@ -162,6 +207,21 @@ TEST(WireTest, DecodeRefusesTruncatedOrOverrunningInput) {
       10);
   std::vector<absl::string_view> pieces = {overrun};
   EXPECT_FALSE(DecodePullResponse(pieces, &epoch, &tables).ok());
+}
+
+// Found by tests/fuzz/fuzz_wire.cc (corpus/wire/regression-length_past_entry): a table
+// entry of 2 bytes whose name length is a varint running past the entry's end. The
+// length was then checked against (bytes left - entry end), which wrapped: the decoder
+// sized the name from the varint, a 10 GB allocation from a 53-byte answer.
+TEST(WireTest, DecodeRefusesALengthThatRunsPastItsEntry) {
+  const std::string bytes =
+      std::string("\x12\x02\x0a\xff\xff\xff\xe5", 7) + std::string(42, '\x28') + "\xff\xff";
+  PullResponse parsed;
+  ASSERT_FALSE(parsed.ParseFromString(bytes));
+  uint64_t epoch;
+  std::vector<TableValuesView> tables;
+  std::vector<absl::string_view> one = {bytes};
+  EXPECT_EQ(DecodePullResponse(one, &epoch, &tables).code(), absl::StatusCode::kInvalidArgument);
 }
 
 TEST(WireTest, ReaderCopiesAcrossPieces) {

@@ -85,7 +85,14 @@ class MasterAgentImpl final : public MasterAgent {
     ctx->set_deadline(absl::ToChronoTime(absl::Now() + options_.rpc_timeout));
   }
 
+  // The write lease of a replicated primary runs from the heartbeat's send time: the
+  // master's lease runs from its receipt, so this pod's ends first.
+  void RenewLease(absl::Time sent, const PodAssignment& a) {
+    core_->RenewWriteLease(sent + absl::Milliseconds(a.lease_ms()));
+  }
+
   absl::Status Register() {
+    const absl::Time sent = absl::Now();
     RegisterPodRequest req;
     req.set_pod_id(options_.pod_id);
     req.set_address(options_.address);
@@ -98,10 +105,12 @@ class MasterAgentImpl final : public MasterAgent {
     registered_ = true;
     LOG(INFO) << "pod " << options_.pod_id << " registered with master " << options_.master
               << " at " << options_.address;
+    RenewLease(sent, resp.assignment());
     return Apply(resp.assignment());
   }
 
   absl::Status Heartbeat() {
+    const absl::Time sent = absl::Now();
     PodHeartbeatRequest req;
     req.set_pod_id(options_.pod_id);
     req.set_address(options_.address);
@@ -110,6 +119,7 @@ class MasterAgentImpl final : public MasterAgent {
     SetDeadline(&ctx);
     absl::Status s = FromGrpcStatus(stub_->PodHeartbeat(&ctx, req, &resp));
     if (!s.ok()) return s;
+    RenewLease(sent, resp.assignment());
     return Apply(resp.assignment());
   }
 
@@ -122,6 +132,7 @@ class MasterAgentImpl final : public MasterAgent {
     *assignment.mutable_owned() = a.owned_vshards();
     *assignment.mutable_moving_in() = a.moving_in();
     *assignment.mutable_moving_out() = a.moving_out();
+    if (a.has_replication()) *assignment.mutable_replication() = a.replication();
     ApplyAssignmentResponse applied;
     // Ignored when older than what the master already sent the pod directly.
     if (absl::Status s = core_->ApplyAssignment(assignment, &applied); !s.ok()) return s;

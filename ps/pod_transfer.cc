@@ -483,6 +483,7 @@ void PsCore::ImportRows(const ImportRowsRequest& req, ImportRowsResponse* resp, 
   if (absl::Status s = PrepareImport(req, *own, &in, resp); !s.ok()) return done(s);
   Change change;
   AddTouches(in, &change);
+  change.ship = true;  // the followers install the same rows
   auto apply = [&](LogRecordBuilder* record) -> absl::Status {
     uint64_t installed = 0, skipped = 0;
     RETURN_IF_ERROR(ApplyInstalls(in, record, &installed, &skipped));

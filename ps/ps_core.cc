@@ -105,11 +105,17 @@ PsCore::PsCore(PsCoreOptions options, ShardOwnership ownership)
       started_(absl::Now()),
       store_(options.table),
       dedup_(options.dedup),
-      ownership_(std::make_shared<const ShardOwnership>(std::move(ownership))) {}
+      ownership_(std::make_shared<const ShardOwnership>(std::move(ownership))),
+      replicator_(options.replica_sender == nullptr
+                      ? nullptr
+                      : std::make_unique<Replicator>(options.replica_sender, options.replicator)) {}
 
-// The storage first: its log writer may still complete queued changes, whose callbacks
-// use this core's members.
-PsCore::~PsCore() { storage_.reset(); }
+// The replicator and the storage first: they may still complete queued changes, whose
+// callbacks use this core's members.
+PsCore::~PsCore() {
+  replicator_.reset();
+  storage_.reset();
+}
 
 absl::StatusOr<std::unique_ptr<PsCore>> PsCore::Open(PsCoreOptions options,
                                                      ShardOwnership ownership) {
@@ -373,6 +379,7 @@ void PsCore::PushAsync(const PushRequest& req, PushResponse* resp, Done done) {
   Change change;
   change.key = &req.key();
   change.resp = resp;
+  change.ship = true;
   for (const PreparedPush& p : prepared) {
     change.rows.emplace_back(p.rows.table, p.rows.ids);
     change.record_bytes += LogRecordBuilder::TableBytes(p.rows.table->spec().name(),
@@ -415,6 +422,9 @@ void PsCore::ApplyChange(const Change& change, ApplyFn apply, Done done) {
       return done(fenced);
     }
   }
+  if (change.ship) {
+    if (absl::Status s = CheckWriteLease(); !s.ok()) return done(s);
+  }
   if (change.key != nullptr) {
     absl::StatusOr<PushDedup::Claim> claim = dedup_.Begin(*change.key);
     if (!claim.ok()) return done(claim.status());
@@ -427,6 +437,15 @@ void PsCore::ApplyChange(const Change& change, ApplyFn apply, Done done) {
     if (out != nullptr) RecordTouched(out, change);
     return absl::OkStatus();
   };
+  if (change.ship && replicator_ != nullptr && replicator_->active()) {
+    if (change.key == nullptr) return ApplyShipped(change, apply_and_track, std::move(done));
+    // As below: the key is marked applied once this pod and the ack set hold the change.
+    return ApplyShipped(change, apply_and_track,
+                        [this, key = *change.key, done = std::move(done)](absl::Status s) {
+                          dedup_.Finish(key, /*applied=*/s.ok());
+                          done(s);
+                        });
+  }
   if (storage_ == nullptr) {
     absl::Status s = apply_and_track(nullptr);
     if (change.key != nullptr) dedup_.Finish(*change.key, /*applied=*/s.ok());
@@ -555,6 +574,7 @@ void PsCore::PushDenseAsync(const DensePushRequest& req, PushResponse* resp, Don
   Change change;
   change.key = &req.key();
   change.resp = resp;
+  change.ship = true;
   for (const PreparedDense& p : prepared) {
     change.dense.push_back(p.tensor->spec().name());
     change.record_bytes += 32 + p.grads.size() * sizeof(float);

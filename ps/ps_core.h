@@ -23,6 +23,7 @@
 #include "common/routing/shard_ownership.h"
 #include "embedding/model_store.h"
 #include "proto/ps.pb.h"
+#include "ps/replicator.h"
 #include "ps/storage/log_record.h"
 #include "ps/storage/pod_storage.h"
 #include "ps/storage/push_dedup.h"
@@ -46,6 +47,10 @@ struct PsCoreOptions {
   TableOptions table;
   // storage.db.dir empty: state in memory only (lost when the process ends).
   PodStorageOptions storage;
+  // How a primary reaches its followers (replication, ps_core_replicate.cc). Null: the pod
+  // cannot be a primary with followers (an assignment naming followers is refused).
+  std::shared_ptr<ReplicaSender> replica_sender;
+  ReplicatorOptions replicator;
 };
 
 // Where a pull's rows go (PsCore::Pull with a sink), so a transport can place them in its
@@ -153,6 +158,30 @@ class PsCore {
   absl::Status FinishImport();
   std::shared_ptr<const ShardOwnership> ownership() const;
 
+  // Replication (ps_core_replicate.cc; protocol in proto/ps.proto). A follower's side:
+  // checks that `req.primary` is this pod's primary of every vshard the records touch, at
+  // an epoch no older than the one this pod learned that at (else FAILED_PRECONDITION: a
+  // deposed primary), then applies the records in order through ApplyChange (each logged
+  // here with its push key, rows replayed at the primary's steps, so rows are
+  // bit-identical), stopping at the first that fails (ABORTED: retry the batch). `done`
+  // runs once every applied record is durable. Thread-safe; batches are applied one at a
+  // time.
+  void ReplicateRecords(const ReplicateRecordsRequest& req, ReplicateRecordsResponse* resp,
+                        Done done);
+  // A primary with followers accepts changes only until `deadline` (its master lease, set
+  // by the master agent after each heartbeat: the heartbeat's send time + the lease), so a
+  // primary cut off from the master stops before the master promotes a follower.
+  // Thread-safe.
+  void RenewWriteLease(absl::Time deadline);
+  struct ReplicationStats {
+    uint32_t factor = 1;
+    uint32_t following = 0;  // vshards this pod follows
+    std::vector<Replicator::FollowerStats> followers;
+    uint64_t records_received = 0, records_applied = 0, refused_batches = 0;
+    uint64_t lease_refusals = 0;
+  };
+  ReplicationStats replication_stats() const;
+
   ModelStore& store() { return store_; }
   // Null for an in-memory pod.
   PodStorage* storage() { return storage_.get(); }
@@ -204,6 +233,9 @@ class PsCore {
     // Imports carry none: installs are idempotent by their steps.
     const PushKey* key = nullptr;
     PushResponse* resp = nullptr;
+    // A change a client asked this pod for as the vshards' primary: shipped to the
+    // followers (replication). False for what a follower applies from its primary.
+    bool ship = false;
   };
   // Applies the change in memory and adds its entries to `record` (null on an in-memory
   // pod), or fails having applied nothing.
@@ -216,6 +248,25 @@ class PsCore {
   // again, and calls `done` once durable, as PushAsync describes.
   void ApplyChange(const Change& change, ApplyFn apply, Done done)
       ABSL_SHARED_LOCKS_REQUIRED(migrate_mu_);
+  // ApplyChange's apply and durable apply for a change shipped to followers: under
+  // ship_mu_, so records reach every follower in the order they were applied here (each
+  // row's updates in step order), and `done` once this pod and the ack set hold it.
+  void ApplyShipped(const Change& change, ApplyFn apply, Done done)
+      ABSL_SHARED_LOCKS_REQUIRED(migrate_mu_);
+  // UNAVAILABLE when this pod is a replicated primary whose master lease ran out.
+  absl::Status CheckWriteLease() ABSL_SHARED_LOCKS_REQUIRED(migrate_mu_);
+  // Installs the replication part of an assignment (under migrate_mu_ exclusively);
+  // returns the followers the replicator must use, and whether pushes awaiting followers
+  // must fail (this pod lost vshards it was the primary of).
+  struct RoleChange {
+    bool changed = false;
+    bool deposed = false;
+    std::vector<ReplicaPeer> followers;
+  };
+  RoleChange ApplyRole(const Assignment& req, const ShardOwnership& before,
+                       const ShardOwnership& after) ABSL_EXCLUSIVE_LOCKS_REQUIRED(migrate_mu_);
+  // Whether vshard v's records are accepted from primary `pod`.
+  bool Follows(uint32_t v, absl::string_view pod) const ABSL_SHARED_LOCKS_REQUIRED(migrate_mu_);
 
   // Whole rows and dense tensors to install (ImportRows, ImportChunk: their messages have
   // the same fields; ps/pod_transfer.cc). The spans point into the request or the scratch
@@ -304,10 +355,27 @@ class PsCore {
   mutable absl::Mutex mu_;
   std::shared_ptr<const ShardOwnership> ownership_ ABSL_GUARDED_BY(mu_);
 
+  // Replication. The role comes with assignments (under migrate_mu_).
+  struct Role {
+    std::string pod_id;
+    uint32_t factor = 1;
+    bool ack_leader = false;
+    std::vector<std::string> primary_of;  // per vshard: the primary this pod follows, or ""
+    uint64_t role_epoch = 0;              // epoch at which primary_of last changed
+    std::vector<ReplicaPeer> followers;
+  };
+  Role role_ ABSL_GUARDED_BY(migrate_mu_);
+  std::unique_ptr<Replicator> replicator_;  // null without options_.replica_sender
+  // Held from apply to ship by a primary with followers (see ApplyShipped).
+  absl::Mutex ship_mu_ ABSL_ACQUIRED_AFTER(migrate_mu_);
+  absl::Mutex follow_mu_;                   // one replicated batch at a time
+  std::atomic<int64_t> write_lease_ns_{0};  // absl::ToUnixNanos of the lease's end
+
   struct Counters {
     std::atomic<uint64_t> pull_requests{0}, push_requests{0}, pulled_rows{0}, pushed_rows{0},
         duplicate_pushes{0}, rejected_nonfinite{0}, rejected_wrong_shard{0},
-        rejected_gradient_too_large{0}, rejected_answer_too_large{0}, invalid_import_rows{0};
+        rejected_gradient_too_large{0}, rejected_answer_too_large{0}, invalid_import_rows{0},
+        replicated_received{0}, replicated_applied{0}, replicated_refused{0}, lease_refusals{0};
   } counters_;
 };
 

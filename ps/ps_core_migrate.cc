@@ -122,8 +122,13 @@ absl::Status PsCore::ApplyAssignment(const Assignment& req, ApplyAssignmentRespo
   ASSIGN_OR_RETURN(ShardOwnership next, ShardOwnership::Create(n, req.epoch(), owned));
   const std::vector<bool> moving_in = BitsOf(req.moving_in(), n);
   const std::vector<bool> moving_out = BitsOf(req.moving_out(), n);
+  if (req.replication().followers_size() > 0 && replicator_ == nullptr) {
+    return absl::FailedPreconditionError(
+        "the assignment names followers, but this pod was built without a replica sender");
+  }
   std::vector<uint32_t> drop;
   std::shared_ptr<OutgoingMove> ended;
+  RoleChange role;
   {
     absl::WriterMutexLock fence(&migrate_mu_);
     current = ownership();
@@ -159,6 +164,7 @@ absl::Status PsCore::ApplyAssignment(const Assignment& req, ApplyAssignmentRespo
         outgoing_ = std::move(placeholder);
       }
     }
+    role = ApplyRole(req, *current, next);
     if (current->epoch() != next.epoch() || current->Bitmap() != next.Bitmap()) {
       LOG(INFO) << "shard map epoch " << next.epoch() << ": owning " << next.owned_count() << " of "
                 << n << " vshards";
@@ -172,8 +178,8 @@ absl::Status PsCore::ApplyAssignment(const Assignment& req, ApplyAssignmentRespo
     incoming_ = moving_in;
     auto own = ownership();
     for (uint32_t v = 0; v < n; ++v) {
-      if (own->Owns(v) || moving_in[v]) {
-        if (own->Owns(v)) held_[v] = true;
+      if (own->Owns(v) || moving_in[v] || !role_.primary_of[v].empty()) {
+        if (own->Owns(v) || !role_.primary_of[v].empty()) held_[v] = true;
         continue;
       }
       if (held_[v]) drop.push_back(v);
@@ -197,6 +203,15 @@ absl::Status PsCore::ApplyAssignment(const Assignment& req, ApplyAssignmentRespo
                  << " leaves this pod no vshard; erasing the rows of the " << drop.size()
                  << " vshards it held (" << VShardList(drop)
                  << ") from memory and disk. Expected only when the pod was drained.";
+  }
+  if (replicator_ != nullptr) {
+    // A deposed primary's changes still waiting for followers fail: the new primary may
+    // not hold them (their clients retry there with the same keys).
+    if (role.deposed) {
+      replicator_->Abandon(absl::UnavailableError(
+          absl::StrCat("this pod is no longer the primary at epoch ", req.epoch(), "; retry")));
+    }
+    replicator_->SetFollowers(req.replication().pod_id(), req.epoch(), role.followers);
   }
   if (!drop.empty()) RETURN_IF_ERROR(DropVShards(drop));
   resp->set_epoch(ownership()->epoch());

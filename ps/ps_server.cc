@@ -163,6 +163,10 @@ absl::StatusOr<std::unique_ptr<PsServer>> PsServer::Start(const PsServerOptions&
   ASSIGN_OR_RETURN(migrate.channels, ChannelMaker::Create(options.peer_security));
   PsCoreOptions core_options = options.core;
   core_options.max_message_bytes = static_cast<size_t>(options.max_message_bytes);  // one limit
+  if (core_options.replica_sender == nullptr) {
+    // A batch of records is applied and logged by the follower before it answers.
+    core_options.replica_sender = NewGrpcReplicaSender(migrate.channels, absl::Seconds(5));
+  }
   auto core = PsCore::Open(core_options, std::move(ownership));
   if (!core.ok()) return core.status();
   auto server = std::make_unique<PsServerImpl>(options, *std::move(core), std::move(migrate));

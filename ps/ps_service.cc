@@ -130,6 +130,17 @@ grpc::ServerUnaryReactor* PsService::PushDense(grpc::CallbackServerContext* ctx,
       std::numeric_limits<size_t>::max());
 }
 
+grpc::ServerUnaryReactor* PsService::ReplicateRecords(grpc::CallbackServerContext* ctx,
+                                                      const ReplicateRecordsRequest* req,
+                                                      ReplicateRecordsResponse* resp) {
+  PsCore* core = core_;
+  // Always on the pool: a batch waits for this pod's log.
+  return Submit(
+      ctx, PS_METHOD(ReplicateRecords),
+      [core, req, resp](PsCore::Done done) { core->ReplicateRecords(*req, resp, std::move(done)); },
+      std::numeric_limits<size_t>::max());
+}
+
 #define PS_RPC(Name, Req, Resp)                                                               \
   grpc::ServerUnaryReactor* PsService::Name(grpc::CallbackServerContext* ctx, const Req* req, \
                                             Resp* resp) {                                     \

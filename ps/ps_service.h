@@ -76,6 +76,10 @@ class PsService final
   grpc::ServerUnaryReactor* MigrateExport(grpc::CallbackServerContext* ctx,
                                           const MigrateExportRequest* req,
                                           MigrateExportResponse* resp) override;
+  // A follower's side of replication (PsCore::ReplicateRecords), on the pool.
+  grpc::ServerUnaryReactor* ReplicateRecords(grpc::CallbackServerContext* ctx,
+                                             const ReplicateRecordsRequest* req,
+                                             ReplicateRecordsResponse* resp) override;
   // Runs on its own thread (a move takes seconds): never holds a request worker.
   grpc::ServerUnaryReactor* MigrateImport(grpc::CallbackServerContext* ctx,
                                           const MigrateImportRequest* req,

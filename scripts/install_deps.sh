@@ -13,12 +13,16 @@ PACKAGES=(
   librocksdb-dev rocksdb-tools libabsl-dev libeigen3-dev libgflags-dev libgoogle-glog-dev
   # tests and benchmarks
   libgtest-dev libgmock-dev libbenchmark-dev
+  # the libFuzzer harnesses (tests/fuzz, scripts/fuzz.sh): a clang build of them
+  clang-14 libfuzzer-14-dev
   # the Redis peer for benchmarks/compare.sh
   libhiredis-dev redis-server
   # process tools used by the launcher and the integration tests
   procps
   # the Python worker SDK (client/python) and its tests; torch for the PyTorch module
   python3 python3-grpcio python3-numpy python3-protobuf python3-pytest python3-torch
+  # the SDK's C++ extension (elastic_ps._core, the C++ client bound with pybind11)
+  pybind11-dev python3-pybind11 python3-dev
   # observability and deployment tests: a real Prometheus scraping a local cluster,
   # certificates for the TLS tests, YAML for the Kubernetes manifest test
   prometheus openssl python3-yaml

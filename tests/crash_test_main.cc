@@ -19,11 +19,13 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <map>
 #include <random>
 #include <thread>
 
+#include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/synchronization/mutex.h"
@@ -162,6 +164,45 @@ void PushUntilAcked(ps::ParameterServer::Stub& stub, const ps::PushRequest& req,
   }
 }
 
+// Ids per page of the final read: 16k rows of kDim floats is 256 KB, far below gRPC's
+// default 4 MB limit on a received message, however long the run was.
+constexpr size_t kPullPage = 16384;
+
+// Reads the rows of `ids` (read-only, so nothing is created) into *values, kDim floats per
+// id, one page of ids per call; each page rides out the restart's first moments.
+absl::Status PullAll(ps::ParameterServer::Stub& stub, const std::vector<int64_t>& ids,
+                     std::vector<float>* values) {
+  values->assign(ids.size() * kDim, 0.0f);
+  for (size_t begin = 0; begin < ids.size(); begin += kPullPage) {
+    const size_t n = std::min(kPullPage, ids.size() - begin);
+    ps::PullRequest pull;
+    ps::TableIds* t = pull.add_tables();
+    t->set_table("crash");
+    t->set_ids(PackIds(std::vector<int64_t>(ids.begin() + begin, ids.begin() + begin + n)));
+    pull.set_read_only(true);
+    ps::PullResponse resp;
+    grpc::Status s;
+    for (int attempt = 0; attempt < 50; ++attempt) {
+      grpc::ClientContext ctx;
+      ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
+      s = stub.Pull(&ctx, pull, &resp);
+      if (s.error_code() != grpc::StatusCode::UNAVAILABLE) break;
+      absl::SleepFor(absl::Milliseconds(100));
+    }
+    if (!s.ok()) {
+      return absl::Status(static_cast<absl::StatusCode>(s.error_code()),
+                          absl::StrCat("ids ", begin, "..", begin + n, ": ", s.error_message()));
+    }
+    if (resp.tables_size() != 1 || resp.tables(0).values().size() != n * kDim * sizeof(float)) {
+      return absl::InternalError(
+          absl::StrCat("ids ", begin, "..", begin + n, ": the answer has the wrong shape"));
+    }
+    std::memcpy(values->data() + begin * kDim, resp.tables(0).values().data(),
+                n * kDim * sizeof(float));
+  }
+  return absl::OkStatus();
+}
+
 int Main() {
   std::string server_binary = FLAGS_server;
   if (server_binary.empty()) {
@@ -266,33 +307,21 @@ int Main() {
   ok = kill_and_restart();
   if (!ok) return 1;
 
-  // Read every marker and shared row back.
+  // Read every marker and shared row back, in pages (a long run acknowledges more pushes
+  // than one answer may carry).
   std::vector<int64_t> ids;
   for (const Acked& a : acked) ids.push_back(a.marker);
   for (int i = 0; i < kShared; ++i) ids.push_back(i);
-  ps::PullRequest pull;
-  ps::TableIds* t = pull.add_tables();
-  t->set_table("crash");
-  t->set_ids(PackIds(ids));
-  pull.set_read_only(true);
-  ps::PullResponse values;
+  std::vector<float> values;
   {
     auto stub = Connect(port);
-    grpc::Status s;
-    for (int attempt = 0; attempt < 50; ++attempt) {  // rides out the restart's first moments
-      grpc::ClientContext ctx;
-      ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
-      s = stub->Pull(&ctx, pull, &values);
-      if (s.error_code() != grpc::StatusCode::UNAVAILABLE) break;
-      absl::SleepFor(absl::Milliseconds(100));
-    }
-    if (!s.ok() || values.tables_size() != 1) {
-      LOG(ERROR) << "final pull failed: " << s.error_message() << "\nserver log:\n"
+    if (absl::Status s = PullAll(*stub, ids, &values); !s.ok()) {
+      LOG(ERROR) << "final pull failed: " << s << "\nserver log:\n"
                  << ps::integration::FileTail(dir->path() + "/server.log");
       return 1;
     }
   }
-  const float* v = reinterpret_cast<const float*>(values.tables(0).values().data());
+  const float* v = values.data();
   uint64_t lost = 0, duplicated = 0, torn = 0;
   double max_loss_ms = 0;
   std::map<int64_t, int64_t> expected_shared;

@@ -8,6 +8,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -195,6 +196,20 @@ absl::StatusOr<int> WaitForPortFile(const std::string& path, ChildProcess& child
     // Short: the restart test races the client's retries against this wait.
     std::this_thread::sleep_for(std::chrono::milliseconds(2));
   }
+}
+
+absl::StatusOr<int> StartServerProcess(std::vector<std::string> argv, int port,
+                                       const std::string& port_file, const std::string& log_path,
+                                       absl::Duration timeout,
+                                       std::unique_ptr<ChildProcess>* child) {
+  std::remove(port_file.c_str());
+  argv.push_back("--host=127.0.0.1");
+  argv.push_back(absl::StrCat("--port=", port));
+  argv.push_back("--port_file=" + port_file);
+  auto started = ChildProcess::Start(argv, log_path);
+  if (!started.ok()) return started.status();
+  *child = *std::move(started);
+  return WaitForPortFile(port_file, **child, timeout);
 }
 
 TempDir::TempDir(const std::string& prefix) {

@@ -63,6 +63,15 @@ class ChildProcess {
 absl::StatusOr<int> WaitForPortFile(const std::string& path, ChildProcess& child,
                                     absl::Duration timeout);
 
+// Starts a server binary on loopback: `argv` plus --host=127.0.0.1 --port=`port` (0: the
+// kernel picks one) --port_file=`port_file` (removed first), output appended to `log_path`;
+// waits up to `timeout` for the port (WaitForPortFile) and returns it. The process is in
+// *child from the start (also when the wait fails, so that the caller stops it).
+absl::StatusOr<int> StartServerProcess(std::vector<std::string> argv, int port,
+                                       const std::string& port_file, const std::string& log_path,
+                                       absl::Duration timeout,
+                                       std::unique_ptr<ChildProcess>* child);
+
 // The last `max_bytes` of a file ("" if unreadable).
 std::string FileTail(const std::string& path, size_t max_bytes = 4000);
 

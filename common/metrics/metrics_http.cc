@@ -14,10 +14,8 @@
 #include <thread>
 #include <vector>
 
-#include "absl/strings/ascii.h"
-#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_split.h"
+#include "common/metrics/http_request.h"
 
 namespace ps {
 namespace {
@@ -231,33 +229,26 @@ class MetricsHttpServerImpl final : public MetricsHttpServer {
   }
 
   void Handle(Connection* c, const std::string& head) {
-    std::vector<std::string> lines = absl::StrSplit(head, "\r\n");
-    std::vector<std::string> request = absl::StrSplit(lines[0], ' ', absl::SkipEmpty());
-    bool close = false;
-    for (size_t i = 1; i < lines.size(); ++i) {
-      std::string l = absl::AsciiStrToLower(lines[i]);
-      if (absl::StartsWith(l, "connection:") && absl::StrContains(l, "close")) close = true;
-    }
-    if (request.size() != 3 || !absl::StartsWith(request[2], "HTTP/1.")) {
-      Respond(c, 400, "Bad Request", "text/plain", "bad request\n", true);
+    const HttpRequest req = ParseHttpRequest(head);
+    if (req.error == 400) {
+      Respond(c, 400, "Bad Request", "text/plain", "bad request\n", req.close);
       return;
     }
-    if (request[2] == "HTTP/1.0") close = true;
-    if (request[0] != "GET" && request[0] != "HEAD") {
-      Respond(c, 405, "Method Not Allowed", "text/plain", "GET only\n", close);
+    if (req.error == 405) {
+      Respond(c, 405, "Method Not Allowed", "text/plain", "GET only\n", req.close);
       return;
     }
-    const std::string path = request[1].substr(0, request[1].find('?'));
-    const bool head_only = request[0] == "HEAD";
-    if (path == "/metrics") {
+    if (req.path == "/metrics") {
       std::string body = handlers_.metrics ? handlers_.metrics() : std::string();
-      Respond(c, 200, "OK", "text/plain; version=0.0.4; charset=utf-8", body, close, head_only);
-    } else if (path == "/healthz") {
+      Respond(c, 200, "OK", "text/plain; version=0.0.4; charset=utf-8", body, req.close,
+              req.head_only);
+    } else if (req.path == "/healthz") {
       const bool ok = !handlers_.healthy || handlers_.healthy();
       Respond(c, ok ? 200 : 503, ok ? "OK" : "Service Unavailable", "text/plain",
-              ok ? "ok\n" : "not ready\n", close, head_only);
+              ok ? "ok\n" : "not ready\n", req.close, req.head_only);
     } else {
-      Respond(c, 404, "Not Found", "text/plain", "try /metrics or /healthz\n", close, head_only);
+      Respond(c, 404, "Not Found", "text/plain", "try /metrics or /healthz\n", req.close,
+              req.head_only);
     }
   }
 

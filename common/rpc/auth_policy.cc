@@ -26,6 +26,9 @@ constexpr Entry kTable[] = {
     {"/ps.ParameterServer/MigrateBegin", Role::kAdmin},
     {"/ps.ParameterServer/MigrateExport", Role::kAdmin},
     {"/ps.ParameterServer/MigrateImport", Role::kAdmin},
+    // Replication: a primary ships its log records to its followers (as the admin role,
+    // like a move's export calls).
+    {"/ps.ParameterServer/ReplicateRecords", Role::kAdmin},
     {"/ps.PodTransfer/Export", Role::kAdmin},
     {"/ps.PodTransfer/ImportRows", Role::kAdmin},
     // The master: what workers and clients need.

@@ -61,7 +61,8 @@ absl::Status PodStorage::AddDense(const DenseSpec& spec) { return db_->PutDense(
 
 void PodStorage::ApplyLogged(const PushKey& key, size_t record_bytes,
                              absl::FunctionRef<absl::Status(LogRecordBuilder* record)> apply,
-                             DurableLog::Done done) {
+                             DurableLog::Done done,
+                             const std::function<void(const std::string& record)>& on_record) {
   if (absl::Status s = log_->health(); !s.ok()) return done(s);
   // While materialization lags far behind, wait for it, outside the lock it needs.
   log_->WaitForRoom();
@@ -72,7 +73,9 @@ void PodStorage::ApplyLogged(const PushKey& key, size_t record_bytes,
   LogRecordBuilder record(key, record_bytes);
   if (absl::Status s = apply(&record); !s.ok()) return done(s);
   if (!record.has_entries()) return done(absl::OkStatus());
-  log_->Append(record.Finish(), std::move(done));
+  std::string bytes = record.Finish();
+  if (on_record) on_record(bytes);
+  log_->Append(std::move(bytes), std::move(done));
 }
 
 uint64_t PodStorage::BarrierLsn() {

@@ -125,9 +125,13 @@ class PodStorage {
   // The apply lock is what makes materialization exact: a round takes it exclusively for
   // an instant to read the log's next sequence number, so every update it then reads from
   // memory has its record below that number.
+  //
+  // `on_record`, when set, gets the encoded record just before it is appended, on this
+  // thread and under the apply lock (a replicated primary ships it to its followers).
   void ApplyLogged(const PushKey& key, size_t record_bytes,
                    absl::FunctionRef<absl::Status(LogRecordBuilder* record)> apply,
-                   DurableLog::Done done);
+                   DurableLog::Done done,
+                   const std::function<void(const std::string& record)>& on_record = nullptr);
   // Blocks until every change applied so far has its log record written (the source of a
   // move before its last copy); returns the log's write error, if any. Thread-safe.
   absl::Status WaitApplied();

@@ -1,6 +1,8 @@
 #include "ps/storage/storage_db.h"
 
 #include <dirent.h>
+#include <fcntl.h>
+#include <glog/logging.h>
 #include <rocksdb/db.h>
 #include <rocksdb/env.h>
 #include <rocksdb/file_system.h>
@@ -11,12 +13,16 @@
 #include <rocksdb/utilities/checkpoint.h>
 #include <rocksdb/write_batch.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
+#include <algorithm>
 #include <cstring>
 #include <filesystem>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "common/base/status_macros.h"
 
 namespace ps {
@@ -96,6 +102,64 @@ class FaultFileSystem final : public rocksdb::FileSystemWrapper {
 
  private:
   std::function<bool()> fail_;
+};
+
+// The file system every pod database goes through: while an ingestion runs (IngestRows),
+// the files it links into the database are never deleted. RocksDB deletes them when an
+// ingestion fails, even when the failure is the sync of the MANIFEST record that adds
+// them, which may already be in the file: the database would then name a file that is
+// gone and never open again (facebook/rocksdb#5379 fixed this for flushes, not for
+// ingestion). A file kept this way is either named by the MANIFEST (the rows were
+// ingested after all) or an orphan that RocksDB deletes itself (at the next open, or when
+// it next purges obsolete files). Thread-safe.
+class IngestGuardFileSystem final : public rocksdb::FileSystemWrapper {
+ public:
+  explicit IngestGuardFileSystem(std::shared_ptr<rocksdb::FileSystem> base)
+      : FileSystemWrapper(std::move(base)) {}
+  const char* Name() const override { return "PsIngestGuardFileSystem"; }
+
+  // Between Begin and End, files linked from `source_dir` are kept.
+  void BeginIngest(const std::string& source_dir) {
+    absl::MutexLock lock(&mu_);
+    source_dir_ = source_dir + "/";
+    linked_.clear();
+  }
+  // Returns how many deletions it refused.
+  size_t EndIngest() {
+    absl::MutexLock lock(&mu_);
+    source_dir_.clear();
+    linked_.clear();
+    const size_t kept = kept_;
+    kept_ = 0;
+    return kept;
+  }
+
+  rocksdb::IOStatus LinkFile(const std::string& src, const std::string& target,
+                             const rocksdb::IOOptions& o, rocksdb::IODebugContext* d) override {
+    rocksdb::IOStatus s = FileSystemWrapper::LinkFile(src, target, o, d);
+    absl::MutexLock lock(&mu_);
+    if (s.ok() && !source_dir_.empty() && absl::StartsWith(src, source_dir_)) {
+      linked_.push_back(target);
+    }
+    return s;
+  }
+  rocksdb::IOStatus DeleteFile(const std::string& f, const rocksdb::IOOptions& o,
+                               rocksdb::IODebugContext* d) override {
+    {
+      absl::MutexLock lock(&mu_);
+      if (std::find(linked_.begin(), linked_.end(), f) != linked_.end()) {
+        ++kept_;
+        return rocksdb::IOStatus::OK();
+      }
+    }
+    return FileSystemWrapper::DeleteFile(f, o, d);
+  }
+
+ private:
+  absl::Mutex mu_;
+  std::string source_dir_ ABSL_GUARDED_BY(mu_);  // empty: no ingestion runs
+  std::vector<std::string> linked_ ABSL_GUARDED_BY(mu_);
+  size_t kept_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 void PutBE32(std::string* out, uint32_t v) {
@@ -191,7 +255,8 @@ void RowBatch::Clear() {
 
 struct StorageDb::Rep {
   std::string dir;
-  std::unique_ptr<rocksdb::Env> env;  // fault injection only; outlives db
+  std::shared_ptr<IngestGuardFileSystem> fs;  // every file of the database goes through it
+  std::unique_ptr<rocksdb::Env> env;          // over fs; outlives db
   std::unique_ptr<rocksdb::DB> db;
   std::vector<rocksdb::ColumnFamilyHandle*> handles;  // default, meta, rows, log
   rocksdb::ColumnFamilyHandle* meta = nullptr;
@@ -215,20 +280,62 @@ struct StorageDb::Rep {
 
 namespace {
 
-// Open's first step: true if `dir` starts a new pod (it was missing or empty, and now
-// exists), false if it holds a RocksDB database. FAILED_PRECONDITION for a directory that
-// holds something else, or that cannot be created.
+// Present while a new pod's database is being created: written (and synced) before
+// RocksDB writes anything in the directory, removed once the format marker is durable. A
+// directory that carries it holds only what a cut-short first start wrote (nothing was
+// ever acknowledged from it), so the next start begins again.
+constexpr char kCreatingMarker[] = "CREATING-ps-server";
+
+// Fsyncs the directory itself, so that a file created or removed in it stays so.
+absl::Status SyncDir(const std::string& dir) {
+  const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) {
+    return absl::UnavailableError(absl::StrCat("cannot open ", dir, ": ", std::strerror(errno)));
+  }
+  const int rc = ::fsync(fd);
+  const int err = errno;
+  ::close(fd);
+  if (rc != 0) {
+    return absl::UnavailableError(absl::StrCat("cannot fsync ", dir, ": ", std::strerror(err)));
+  }
+  return absl::OkStatus();
+}
+
+// Removes everything inside `dir` (not `dir` itself: it may be a volume's mount point).
+absl::Status EmptyDir(const std::string& dir) {
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator(dir, ec)) {
+    std::filesystem::remove_all(e.path(), ec);
+    if (ec) break;
+  }
+  if (ec) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("cannot empty ", dir, " (a first start cut short): ", ec.message()));
+  }
+  return absl::OkStatus();
+}
+
+// Open's first step: true if `dir` starts a new pod (it was missing or empty, or held
+// what a cut-short first start left, and now exists, empty but for the creating marker),
+// false if it holds a RocksDB database. FAILED_PRECONDITION for a directory that holds
+// something else, or that cannot be created.
 absl::StatusOr<bool> PrepareDir(const std::string& dir) {
+  const std::string marker = absl::StrCat(dir, "/", kCreatingMarker);
+  struct stat st;
   if (!DirIsMissingOrEmpty(dir)) {
-    struct stat st;
-    if (stat((dir + "/CURRENT").c_str(), &st) != 0) {
+    if (stat(marker.c_str(), &st) == 0) {
+      LOG(WARNING) << "data dir " << dir << " holds a first start that did not finish ("
+                   << kCreatingMarker << " is there): starting it again";
+      RETURN_IF_ERROR(EmptyDir(dir));
+    } else if (stat((dir + "/CURRENT").c_str(), &st) != 0) {
       return absl::FailedPreconditionError(absl::StrCat(
           "data dir ", dir,
           " is not empty but holds no RocksDB database (no CURRENT file): refusing to start "
           "over it. Point --data_dir at the pod's volume, or at an empty directory for a new "
           "pod"));
+    } else {
+      return false;
     }
-    return false;
   }
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);
@@ -236,7 +343,25 @@ absl::StatusOr<bool> PrepareDir(const std::string& dir) {
     return absl::FailedPreconditionError(
         absl::StrCat("cannot create data dir ", dir, ": ", ec.message()));
   }
+  const int fd = ::open(marker.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC, 0640);
+  if (fd < 0) {
+    return absl::UnavailableError(
+        absl::StrCat("cannot create ", marker, ": ", std::strerror(errno)));
+  }
+  ::close(fd);
+  RETURN_IF_ERROR(SyncDir(dir));
   return true;
+}
+
+// Open's last step for a new pod: the database is whole (its format marker is durable), so
+// the creating marker goes.
+absl::Status FinishCreation(const std::string& dir) {
+  const std::string marker = absl::StrCat(dir, "/", kCreatingMarker);
+  if (::unlink(marker.c_str()) != 0) {
+    return absl::UnavailableError(
+        absl::StrCat("cannot remove ", marker, ": ", std::strerror(errno)));
+  }
+  return SyncDir(dir);
 }
 
 // The database's options: a new pod's database is created (and must not exist yet); an
@@ -301,11 +426,13 @@ absl::Status StorageDb::Rep::OpenDatabase(const StorageDbOptions& options, bool 
       {"meta", meta_options},
       {"rows", rows_options},
       {"log", LogOptions(options)}};
+  std::shared_ptr<rocksdb::FileSystem> base = rocksdb::FileSystem::Default();
   if (options.inject_write_error) {
-    env = rocksdb::NewCompositeEnv(std::make_shared<FaultFileSystem>(rocksdb::FileSystem::Default(),
-                                                                     options.inject_write_error));
-    db_options.env = env.get();
+    base = std::make_shared<FaultFileSystem>(std::move(base), options.inject_write_error);
   }
+  fs = std::make_shared<IngestGuardFileSystem>(std::move(base));
+  env = rocksdb::NewCompositeEnv(fs);
+  db_options.env = env.get();
   rocksdb::DB* opened = nullptr;
   const rocksdb::Status s = rocksdb::DB::Open(db_options, dir, families, &handles, &opened);
   if (!s.ok()) return FromRocks(s, absl::StrCat("cannot open the pod database in ", dir));
@@ -369,6 +496,7 @@ absl::StatusOr<std::unique_ptr<StorageDb>> StorageDb::Open(const StorageDbOption
   RETURN_IF_ERROR(rep->ClearIngestDir());
   RETURN_IF_ERROR(rep->OpenLogFiles(options));
   RETURN_IF_ERROR(rep->CheckFormat(fresh));
+  if (fresh) RETURN_IF_ERROR(FinishCreation(options.dir));
   return std::unique_ptr<StorageDb>(new StorageDb(std::move(rep)));
 }
 
@@ -530,8 +658,13 @@ absl::Status StorageDb::IngestRows(RowFile* rows) {
     rocksdb::IngestExternalFileOptions ingest;
     ingest.move_files = true;
     ingest.allow_blocking_flush = true;
+    rep_->fs->BeginIngest(rep_->ingest_dir);
     status = FromRocks(rep_->db->IngestExternalFile(rep_->rows, {path}, ingest),
                        absl::StrCat("cannot ingest rows from ", path));
+    if (const size_t kept = rep_->fs->EndIngest(); kept > 0) {
+      LOG(WARNING) << "ingestion of " << path << " failed (" << status << "); kept the " << kept
+                   << " file(s) it had linked into the database, which its MANIFEST may name";
+    }
   }
   if (!status.ok()) {
     std::error_code ec;

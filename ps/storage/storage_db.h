@@ -112,7 +112,10 @@ class StorageDb {
   // Opens the database in options.dir, creating it if the directory is missing or empty.
   // A directory that holds something that is not a pod's database (or a damaged one)
   // is refused with FAILED_PRECONDITION / DATA_LOSS naming what is wrong: never a silent
-  // fresh start over existing files.
+  // fresh start over existing files. A creation carries the marker file
+  // <dir>/CREATING-ps-server from before RocksDB writes anything until the format marker
+  // is durable; a directory that has it (a first start cut short by a full disk or a kill)
+  // is emptied and created again.
   static absl::StatusOr<std::unique_ptr<StorageDb>> Open(const StorageDbOptions& options);
   ~StorageDb();
 
@@ -154,7 +157,9 @@ class StorageDb {
   // Writes the rows as one sorted table file and ingests it into the rows column family:
   // durable when this returns (the file and the manifest are synced), newer than every row
   // written before. A row added twice keeps its last value. Clears `rows`. One caller at a
-  // time.
+  // time. On failure the rows are stored whole or not at all, and the database still opens
+  // (the files an ingestion linked in are never deleted while it runs: the MANIFEST may
+  // name them even though its sync failed).
   absl::Status IngestRows(RowFile* rows);
   // Calls fn for every stored table row (unless !table_rows: a lazy start skips them) and
   // fn_dense for every dense tensor.

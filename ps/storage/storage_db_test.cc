@@ -332,13 +332,12 @@ TEST_F(StorageDbTest, ForeignRocksDbIsRefusedAndKeepsItsData) {
   EXPECT_EQ(raw.at("default").at("their-key"), "their-value");
 }
 
-// KNOWN GAP, disabled so the suite passes: a first Open cut short (a full disk from its
-// k-th file write on, as here, or the pod killed) after it wrote anything leaves a
-// directory that every later Open refuses: "no CURRENT file" if RocksDB had not finished
-// creating the database, "not a ps-server pod's (NotFound: )" if the format marker was
-// not written yet. The pod then cannot start on its volume until an operator empties it,
-// though nothing was ever stored there.
-TEST_F(StorageDbTest, DISABLED_FirstOpenCutShortCanBeRetried) {
+// A first Open cut short (a full disk from its k-th file write on, as here, or the pod
+// killed) after it wrote anything used to leave a directory that every later Open refused
+// ("no CURRENT file", or "not a ps-server pod's (NotFound: )" before the format marker):
+// the pod could not start on its volume until an operator emptied it, though nothing was
+// ever stored there. The creating marker makes the next Open start again.
+TEST_F(StorageDbTest, FirstOpenCutShortCanBeRetried) {
   bool opened = false;
   for (int k = 0; k < 64 && !opened; ++k) {
     SCOPED_TRACE(absl::StrCat("the disk fills at file write ", k));
@@ -350,6 +349,27 @@ TEST_F(StorageDbTest, DISABLED_FirstOpenCutShortCanBeRetried) {
     EXPECT_NE(OpenDb(), nullptr);
   }
   EXPECT_TRUE(opened);
+}
+
+// A kill between the creating marker and the format marker leaves the marker beside
+// whatever RocksDB wrote: the next Open starts again. A finished creation leaves no marker,
+// and a directory without it is never emptied.
+TEST_F(StorageDbTest, CreatingMarkerMeansTheFirstStartDidNotFinish) {
+  std::filesystem::create_directories(dir_);
+  std::ofstream(dir_ + "/CREATING-ps-server").put('\0');
+  std::ofstream(dir_ + "/CURRENT") << "MANIFEST-000099\n";  // RocksDB's, cut short
+  std::filesystem::create_directories(dir_ + "/pushlog");
+  {
+    auto db = OpenDb();
+    ASSERT_NE(db, nullptr);
+    ASSERT_TRUE(db->PutTable(1, Table("t", kDim)).ok());
+  }
+  EXPECT_FALSE(std::filesystem::exists(dir_ + "/CREATING-ps-server"));
+  auto db = OpenDb();
+  ASSERT_NE(db, nullptr);
+  auto catalog = db->LoadCatalog();
+  ASSERT_TRUE(catalog.ok()) << catalog.status();
+  EXPECT_EQ(catalog->tables.size(), 1u);  // the second Open kept what the first stored
 }
 
 TEST_F(StorageDbTest, DamagedManifestIsDataLoss) {
@@ -935,17 +955,15 @@ TEST_F(StorageDbFaultSweepTest, WriteRowsThenFlush) {
       RowsHeld);
 }
 
-// KNOWN GAP, disabled so the suite passes (storage_db.h promises IngestRows is durable when
-// it returns, and this test shows a failed one can leave the database unopenable): when
-// the sync of the MANIFEST record that adds the ingested table file fails,
+// When the sync of the MANIFEST record that adds the ingested table file fails,
 // IngestExternalFile reports the error and deletes the file it linked into the database,
-// but the record is already in the MANIFEST (in the page cache): the next Open fails with
-// DATA_LOSS ("...000014.ldb: No such file or directory in file .../MANIFEST-000005").
+// but the record may already be in the MANIFEST (in the page cache): the next Open failed
+// with DATA_LOSS ("...000014.ldb: No such file or directory in file .../MANIFEST-000005").
 // RocksDB (7.8 and upstream: ExternalSstFileIngestionJob::Cleanup deletes the internal
 // files on any failure) stops file deletions after a failed MANIFEST write for flushes and
-// compactions (facebook/rocksdb#5379), not for ingestion. Real disks fail an fsync with
-// ENOSPC or EIO too; a pod whose materializer hits this no longer restarts.
-TEST_F(StorageDbFaultSweepTest, DISABLED_IngestRows) {
+// compactions (facebook/rocksdb#5379), not for ingestion, so StorageDb keeps the files an
+// ingestion linked in (its file system refuses their deletion while the ingestion runs).
+TEST_F(StorageDbFaultSweepTest, IngestRows) {
   Sweep(
       [](StorageDb& db) {
         RowFile file;

@@ -5,22 +5,9 @@ Found, in order: on sys.path as is (PYTHONPATH=client/python:build/python), in
 $PS_BUILD_DIR/python, in <repo>/build/python next to this source tree.
 """
 
-import os
 import sys
-from pathlib import Path
 
-
-def _candidates():
-    build = os.environ.get("PS_BUILD_DIR")
-    repo = Path(__file__).resolve().parents[3]
-    out = []
-    if build:
-        b = Path(build)
-        if not b.is_absolute():
-            b = repo / b
-        out.append(b / "python")
-    out.append(repo / "build" / "python")
-    return out
+from ._paths import build_python_dirs
 
 
 def _load():
@@ -30,7 +17,7 @@ def _load():
         return ps_pb2, ps_pb2_grpc, master_pb2, master_pb2_grpc
     except ImportError as first:
         error = first
-    for path in _candidates():
+    for path in build_python_dirs():
         if not (path / "proto" / "ps_pb2.py").is_file():
             continue
         # A namespace package `proto` (the source tree's proto/ dir) may be cached.

@@ -11,6 +11,10 @@ The same settings as the C++ ChannelSecurity (common/rpc/transport_security.h):
 PS_TLS_CA, PS_TLS_CERT, PS_TLS_KEY, PS_TLS_SERVER_NAME and PS_AUTH_TOKEN_FILE (a file whose
 content, surrounding whitespace trimmed, is the token). PsClient and Worker use it when no
 `security` is passed, so a worker configured by its environment needs no code change.
+
+The channels are the C++ client library's (common/rpc/transport_security.h ChannelMaker),
+made from these settings: a certificate file that cannot be read fails the connection
+(PsError NOT_FOUND naming the file), never a plain-text fallback.
 """
 
 import dataclasses
@@ -49,56 +53,25 @@ class Security:
         return bool(self.ca_file)
 
 
+    def to_core(self):
+        """The C++ ChannelSecurity (common/rpc/transport_security.h) of these settings."""
+        from ._native import core
+
+        c = core.ChannelSecurity()
+        c.ca_file, c.cert_file, c.key_file = self.ca_file, self.cert_file, self.key_file
+        c.server_name, c.auth_token = self.server_name, self.auth_token
+        return c
+
+
 def read_token_file(path):
-    """The token in `path`, surrounding whitespace trimmed; ValueError when it is empty."""
-    with open(path, "rb") as f:
-        token = f.read().decode("utf-8").strip()
-    if not token:
-        raise ValueError(f"the token file {path} is empty")
-    return token
+    """The token in `path`, surrounding whitespace trimmed (the C++ ReadAuthTokenFile):
+    OSError when it cannot be read, ValueError when it is empty or holds spaces."""
+    from ._native import core
+    from .errors import PsError
 
-
-def _read(path):
-    with open(path, "rb") as f:
-        return f.read()
-
-
-class _TokenInterceptor(grpc.UnaryUnaryClientInterceptor):
-    """Adds `authorization: Bearer <token>` to every unary call."""
-
-    def __init__(self, token):
-        self._header = ("authorization", f"Bearer {token}")
-
-    def intercept_unary_unary(self, continuation, details, request):
-        metadata = list(details.metadata or []) + [self._header]
-        details = _CallDetails(details.method, details.timeout, metadata, details.credentials,
-                               getattr(details, "wait_for_ready", None),
-                               getattr(details, "compression", None))
-        return continuation(details, request)
-
-
-class _CallDetails(
-        dataclasses.make_dataclass("_Fields", ["method", "timeout", "metadata", "credentials",
-                                               "wait_for_ready", "compression"]),
-        grpc.ClientCallDetails):
-    pass
-
-
-def make_channel(address, options, security=None):
-    """A channel to `address` with `options`, over TLS and carrying the token when
-    `security` says so. Reads the certificate files now (OSError when unreadable)."""
-    security = security or Security()
-    options = list(options)
-    if security.tls:
-        creds = grpc.ssl_channel_credentials(
-            root_certificates=_read(security.ca_file),
-            private_key=_read(security.key_file) if security.key_file else None,
-            certificate_chain=_read(security.cert_file) if security.cert_file else None)
-        if security.server_name:
-            options.append(("grpc.ssl_target_name_override", security.server_name))
-        channel = grpc.secure_channel(address, creds, options=options)
-    else:
-        channel = grpc.insecure_channel(address, options=options)
-    if security.auth_token:
-        channel = grpc.intercept_channel(channel, _TokenInterceptor(security.auth_token))
-    return channel
+    try:
+        return core.read_auth_token_file(str(path))
+    except PsError as e:
+        if e.code == grpc.StatusCode.INVALID_ARGUMENT:
+            raise ValueError(e.message) from None
+        raise OSError(e.message) from None

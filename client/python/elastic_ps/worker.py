@@ -10,24 +10,30 @@ heartbeats, the task loop, reports, graceful leave on SIGTERM).
             t.records = n
     w.leave()
 
-A worker's lease is renewed by a daemon thread every lease_ms/3. A lost lease (the process
-stalled, or the master expired it) means the master re-queued the worker's tasks: the
-worker registers again under the same id (a new incarnation, which also becomes the
-PushKey incarnation of its client) and logs it; results of tasks held before are refused
-by the master (report raises TaskLostError) and must be discarded.
+The protocol is the C++ WorkerSession's (client/worker_session.h, bound as
+elastic_ps._core.WorkerSession): a C++ thread renews the lease every lease_ms/3; a lost
+lease (the process stalled, or the master expired it) means the master re-queued the
+worker's tasks: the session registers again under the same id (a new incarnation, which
+also becomes the PushKey incarnation of its client) and logs it; results of tasks held
+before are refused by the master (report raises TaskLostError) and must be discarded.
+Master calls retry under the C++ client's one retry policy (common/rpc/retry_policy.h).
+This module turns the session's answers into Task objects, master_pb2 messages and
+exceptions, and runs the task loop (in Python, so that a SIGTERM handler runs between two
+polls).
 """
 
 import contextlib
 import logging
 import signal
 import threading
-import time
 
 import grpc
 
+from ._native import core
 from ._stubs import master_pb2
-from .client import PsClient, PsError, _RETRYABLE, _error_from_rpc
-from .security import Security, make_channel
+from .client import PsClient, core_options
+from .errors import PsError
+from .security import Security
 
 log = logging.getLogger("elastic_ps.worker")
 
@@ -55,6 +61,15 @@ class Task:
         self.attempt = int(proto.attempt)
         self.incarnation = incarnation  # of the worker that received it
 
+    @staticmethod
+    def _of(t):
+        """A Task from the session's answer (a dict of WorkerTask's fields)."""
+        proto = master_pb2.Task(job=t["job"], task_id=t["task_id"], file=t["file"],
+                                first_record=t["first_record"], end_record=t["end_record"],
+                                kind=master_pb2.Task.EVAL if t["eval"] else master_pb2.Task.TRAIN,
+                                epoch=t["epoch"], attempt=t["attempt"])
+        return Task(proto, int(t["incarnation"]))
+
     @property
     def records(self):
         return self.end_record - self.first_record
@@ -77,18 +92,23 @@ class _Scope:
 
 
 class Worker:
-    """A worker of `job` registered with the master at `master` (host:port)."""
+    """A worker of `job` registered with the master at `master` (host:port).
+
+    worker_id 0: the master assigns a new id; another: a new incarnation of that id (a
+    restarted worker). deadline_s / max_attempts: per master call (and the client's unless
+    client_options says otherwise). client_options: PsClient's keyword arguments for
+    `client`. security: TLS and token (default: Security.from_env()). Thread-safe."""
 
     def __init__(self, master, job, *, heartbeat=True, worker_id=0, poll_interval_s=0.2,
                  deadline_s=10.0, max_attempts=10, client_options=None, security=None):
         self.master = master
         self.job = job
         self._poll = float(poll_interval_s)
+        if not self._poll > 0:
+            raise ValueError(f"poll_interval_s must be > 0, got {poll_interval_s}")
         self._lock = threading.Lock()
-        self._reregister_lock = threading.Lock()
         self._exit_after_stop = False
-        self._stop = threading.Event()  # heartbeat thread
-        self._stopping = threading.Event()  # SIGTERM: finish the current task, then leave
+        self._wake = threading.Event()  # stop(): end a poll wait at once
         self._left = False
         self._client = None
         self._client_options = dict(client_options or {})
@@ -97,107 +117,78 @@ class Worker:
         # TLS and token of every call (elastic_ps.security); default: the environment's.
         security = security if security is not None else Security.from_env()
         self._client_options.setdefault("security", security)
-        # Master calls of the membership and task loop (the client has its own channel).
-        self._rpc = _MasterRpc(master, deadline_s, max_attempts, security)
-        self.worker_id = 0
-        self.incarnation = 0
-        self.lease_ms = 0
-        self.reregistrations = 0
-        self._register(worker_id)
-        self._hb_thread = None
-        if heartbeat:
-            self._hb_thread = threading.Thread(target=self._heartbeat_loop,
-                                               name="elastic_ps-heartbeat", daemon=True)
-            self._hb_thread.start()
-
-    # ---- membership ----
-
-    def _register(self, worker_id):
-        resp = self._rpc.call("RegisterWorker", master_pb2.RegisterWorkerRequest(worker_id=worker_id))
-        with self._lock:
-            self.worker_id = int(resp.worker_id)
-            self.incarnation = int(resp.incarnation)
-            self.lease_ms = int(resp.lease_ms)
-            client = self._client
-        if client is not None:
-            client.set_identity(self.worker_id, self.incarnation)
+        o = core.WorkerOptions()
+        o.master = master
+        o.job = job
+        o.worker_id = int(worker_id)
+        o.heartbeat = bool(heartbeat)
+        o.poll_interval_ms = max(1, int(self._poll * 1000))
+        session_args = {k: v for k, v in self._client_options.items() if k != "max_workers"}
+        o.client = core_options(master, **session_args)
+        self._session = core.WorkerSession(o)  # registers; raises PsError
         log.info("worker %d registered (incarnation %d, lease %d ms)", self.worker_id,
                  self.incarnation, self.lease_ms)
 
-    def _reregister(self, why, seen_incarnation):
-        with self._reregister_lock:
-            with self._lock:
-                old = self.incarnation
-            if old != seen_incarnation or self._left:
-                return  # another thread re-registered already (or we left)
-            self._reregister_locked(why, old)
+    # ---- membership (the session's) ----
 
-    def _reregister_locked(self, why, old):
-        log.warning("worker %d incarnation %d lost its lease (%s); registering again: tasks "
-                    "it held were re-queued", self.worker_id, old, why)
-        self._register(self.worker_id)
-        self.reregistrations += 1
+    @property
+    def worker_id(self):
+        return self._session.worker_id
 
-    def _heartbeat_loop(self):
-        while not self._stop.wait(max(0.01, self.lease_ms / 3000.0)):
-            with self._lock:
-                req = master_pb2.WorkerHeartbeatRequest(worker_id=self.worker_id,
-                                                        incarnation=self.incarnation)
-            try:
-                self._rpc.call("WorkerHeartbeat", req, attempts=1)
-            except PsError as e:
-                if self._stop.is_set():
-                    return
-                lost = (e.code == grpc.StatusCode.FAILED_PRECONDITION and
-                        "superseded" not in e.message) or e.code == grpc.StatusCode.NOT_FOUND
-                if lost:
-                    try:
-                        self._reregister(e.message, req.incarnation)
-                    except PsError as again:
-                        log.warning("re-registration failed: %s", again)
-                else:
-                    log.warning("heartbeat of worker %d failed: %s", self.worker_id, e)
+    @property
+    def incarnation(self):
+        """Changes when the session registers again after a lost lease."""
+        return self._session.incarnation
+
+    @property
+    def lease_ms(self):
+        return self._session.lease_ms
+
+    @property
+    def reregistrations(self):
+        """Registrations after the first (lost leases)."""
+        return self._session.reregistrations
 
     @property
     def client(self):
-        """A PsClient through the same master whose pushes carry this worker's identity."""
+        """A PsClient through the same master whose pushes carry this worker's identity
+        (kept current by the session when it registers again)."""
         with self._lock:
             if self._client is not None:
                 return self._client
-            worker_id, incarnation = self.worker_id, self.incarnation
-        client = PsClient(master=self.master, worker_id=worker_id, incarnation=incarnation,
+        client = PsClient(master=self.master, worker_id=self.worker_id,
+                          incarnation=self.incarnation,
                           **self._client_options)  # connecting may take a while: unlocked
         with self._lock:
-            if self._client is None:
+            if self._client is None and not self._left:
+                try:
+                    self._session.attach_client(client._core)  # the identity, from now on
+                except PsError:
+                    client.close()
+                    raise
                 self._client = client
-                client.set_identity(self.worker_id, self.incarnation)  # if re-registered
                 return client
             other = self._client
         client.close()
+        if other is None:
+            raise PsError(grpc.StatusCode.FAILED_PRECONDITION, "the worker left the job")
         return other
 
     def leave(self):
         """Leaves the job for good: stops heartbeating, tells the master (tasks still held
-        go back to the queue) and closes the client. Idempotent."""
+        go back to the queue) and closes the client. Idempotent: later calls return 0."""
         with self._lock:
             if self._left:
                 return 0
             self._left = True
-        self._stop.set()
+            client, self._client = self._client, None
         requeued = 0
         try:
-            resp = self._rpc.call("LeaveWorker", master_pb2.LeaveWorkerRequest(
-                worker_id=self.worker_id, incarnation=self.incarnation))
-            requeued = resp.requeued_tasks
+            requeued = self._session.leave()
         except PsError as e:
             log.warning("LeaveWorker of worker %d: %s", self.worker_id, e)
-        if self._hb_thread is not None and self._hb_thread is not threading.current_thread():
-            self._hb_thread.join(timeout=5)
-        with self._lock:
-            client, self._client = self._client, None
         if client is not None:
             client.close()
-        self._rpc.close()
         log.info("worker %d left (%d tasks re-queued)", self.worker_id, requeued)
         return requeued
 
@@ -215,40 +206,26 @@ class Worker:
     def create_job(self, files, epochs=1, records_per_task=1000, eval_files=()):
         """Creates this worker's job (idempotent for an identical definition; ALREADY_EXISTS
         for another). files / eval_files: [(path, records), ...]. Returns the task count."""
-        req = master_pb2.CreateJobRequest(name=self.job, epochs=int(epochs),
-                                          records_per_task=int(records_per_task))
-        for path, records in files:
-            req.files.add(path=str(path), records=int(records))
-        for path, records in eval_files:
-            req.eval_files.add(path=str(path), records=int(records))
-        return int(self._rpc.call("CreateJob", req).num_tasks)
+        return int(self._session.create_job([(str(p), int(r)) for p, r in files], int(epochs),
+                                            int(records_per_task),
+                                            [(str(p), int(r)) for p, r in eval_files]))
 
     def get_task(self):
-        """One GetTask: a Task, "wait" or "done"."""
-        with self._lock:
-            req = master_pb2.GetTaskRequest(worker_id=self.worker_id,
-                                            incarnation=self.incarnation, job=self.job)
-        try:
-            resp = self._rpc.call("GetTask", req)
-        except PsError as e:
-            if e.code == grpc.StatusCode.FAILED_PRECONDITION and "superseded" not in e.message:
-                self._reregister(e.message, req.incarnation)
-                return "wait"
-            raise
-        if resp.result == master_pb2.GetTaskResponse.TASK:
-            return Task(resp.task, req.incarnation)
-        return "done" if resp.result == master_pb2.GetTaskResponse.DONE else "wait"
+        """One GetTask: a Task, "wait" or "done". After a lost lease the session registers
+        again and this answers "wait"."""
+        state, task = self._session.get_task()
+        return Task._of(task) if state == "task" else state
 
     def tasks(self):
         """Yields this job's tasks until the job is done (or SIGTERM was received, once the
         current task is reported: see install_sigterm_handler); waits while the master says
         WAIT. Each task must be reported (report / task_scope) before the next is asked."""
-        while not self._stopping.is_set():
+        while not self.stopping:
             t = self.get_task()
             if t == "done":
                 return
             if t == "wait":
-                self._stopping.wait(self._poll)
+                self._wake.wait(self._poll)
                 continue
             yield t
         log.info("worker %d stops taking tasks (SIGTERM); leaving", self.worker_id)
@@ -260,22 +237,13 @@ class Worker:
         """Reports a task finished (ok) or failed (error text). Retried with the same
         arguments; a retry of an accepted report is fine. Returns True when the job is done.
         Raises TaskLostError when the master gave the task to someone else meanwhile."""
-        records = task.records if records is None else int(records)
-        req = master_pb2.ReportTaskRequest(
-            worker_id=self.worker_id, incarnation=task.incarnation, job=task.job,
-            task_id=task.task_id, ok=bool(ok), records=records if ok else 0,
-            error="" if ok else str(error)[:4000])
-        for table, n in (table_pushes or {}).items():
-            req.table_pushes[table] = int(n)
-        try:
-            resp, attempts = self._rpc.call("ReportTask", req, with_attempts=True)
-        except PsError as e:
-            if e.code == grpc.StatusCode.FAILED_PRECONDITION:
-                if not ok and getattr(e, "attempts", 1) > 1:
-                    return False  # an earlier attempt was applied (the task was re-queued)
-                raise TaskLostError(e.code, e.message) from None
-            raise
-        return bool(resp.job_done)
+        job_done, _, lost, reason = self._session.report_task(
+            task.job, task.task_id, task.first_record, task.end_record, task.incarnation,
+            bool(ok), -1 if records is None else int(records), "" if ok else str(error),
+            {str(t): int(n) for t, n in (table_pushes or {}).items()})
+        if lost:
+            raise TaskLostError(grpc.StatusCode.FAILED_PRECONDITION, reason)
+        return bool(job_done)
 
     @contextlib.contextmanager
     def task_scope(self, task):
@@ -302,22 +270,23 @@ class Worker:
         def handler(signum, frame):
             log.warning("worker %d: signal %d, finishing the current task then leaving",
                         self.worker_id, signum)
-            self._stopping.set()
+            self.stop()
         signal.signal(signal.SIGTERM, handler)
         self._exit_after_stop = exit_after
 
     @property
     def stopping(self):
         """True once SIGTERM was received (or stop() called)."""
-        return self._stopping.is_set()
+        return self._session.stopping
 
     def stop(self):
         """Asks tasks() to end after the current task (what SIGTERM does)."""
-        self._stopping.set()
+        self._session.request_stop()
+        self._wake.set()
 
     def status(self):
         """The master's StatusResponse (pods, workers, jobs, progress)."""
-        return self._rpc.call("Status", master_pb2.StatusRequest())
+        return master_pb2.StatusResponse.FromString(self._session.status())
 
     def job_info(self):
         """This job's JobInfo from the master's status, or None."""
@@ -326,39 +295,6 @@ class Worker:
                 return j
         return None
 
-
-class _MasterRpc:
-    """Master calls with deadlines and retries on UNAVAILABLE / ABORTED / DEADLINE_EXCEEDED
-    (every master call a worker makes is idempotent or de-duplicated by the master)."""
-
-    def __init__(self, address, deadline_s, max_attempts, security=None):
-        from ._stubs import master_pb2_grpc
-
-        self.address = address
-        self._deadline = deadline_s
-        self._attempts = max_attempts
-        self._channel = make_channel(address, [
-            ("grpc.initial_reconnect_backoff_ms", 50), ("grpc.min_reconnect_backoff_ms", 50),
-            ("grpc.max_reconnect_backoff_ms", 2000), ("grpc.enable_retries", 0)], security)
-        self._stub = master_pb2_grpc.MasterStub(self._channel)
-
-    def call(self, method, request, attempts=None, with_attempts=False):
-        limit = attempts or self._attempts
-        attempt = 0
-        backoff = 0.05
-        while True:
-            attempt += 1
-            try:
-                resp = getattr(self._stub, method)(request, timeout=self._deadline)
-                return (resp, attempt) if with_attempts else resp
-            except grpc.RpcError as e:
-                if e.code() in _RETRYABLE and attempt < limit:
-                    time.sleep(backoff)
-                    backoff = min(backoff * 2, 2.0)
-                    continue
-                err = _error_from_rpc(e, f"master {self.address} {method}")
-                err.attempts = attempt
-                raise err from None
-
-    def close(self):
-        self._channel.close()
+    def _pause_heartbeats_for_test(self, seconds):
+        """Tests: no heartbeat for `seconds` from now (a stalled process)."""
+        self._session.pause_heartbeats_for_test(max(1, int(seconds * 1000)))

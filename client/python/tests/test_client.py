@@ -10,7 +10,6 @@ import pytest
 from conftest import NUM_VSHARDS, Proc, binary
 from elastic_ps import PsClient, PsError, TableConflictError, routing
 from elastic_ps._stubs import ps_pb2
-from elastic_ps.client import ShardMap
 
 pytestmark = pytest.mark.integration
 
@@ -74,6 +73,22 @@ def test_pull_is_stable_and_sgd_push_is_exact(client):
     # learning_rate override
     client.push("sgd", [-3], np.ones((1, 8)), learning_rate=0.5)
     assert np.array_equal(client.pull("sgd", [-3])[0], after[3] - 0.5)
+
+
+def test_duplicate_gradients_are_summed_in_order(client):
+    # Singles, short runs and long runs (a hot id), shuffled: each id's update is the sum of
+    # its gradients (was a unit test of the Python de-duplication, now the C++ client's).
+    client.create_table("dupsum", 5, optimizer="sgd", learning_rate=1.0, initializer="zeros")
+    rng = np.random.default_rng(5)
+    ids = np.concatenate([rng.integers(0, 10**6, 3000), rng.integers(0, 50, 2000),
+                          np.full(300, 7), np.full(40, -1)])
+    rng.shuffle(ids)
+    grads = rng.standard_normal((ids.shape[0], 5)).astype(np.float32)
+    client.push("dupsum", ids, grads)
+    uniq, inverse = np.unique(ids, return_inverse=True)
+    expected = np.zeros((uniq.shape[0], 5), np.float32)
+    np.add.at(expected, inverse, grads)
+    np.testing.assert_allclose(client.pull("dupsum", uniq), -expected, rtol=1e-5, atol=1e-5)
 
 
 def test_read_only_pull_does_not_create_rows(client):
@@ -180,17 +195,49 @@ def test_bad_input(client):
     assert e.value.code == grpc.StatusCode.INVALID_ARGUMENT
 
 
-def test_stale_map_is_refreshed_and_rerouted_exactly_once(shared_cluster):
-    with PsClient(master=shared_cluster.master.address) as c:
+def _master_stub(cluster):
+    from elastic_ps._stubs import master_pb2_grpc
+
+    return master_pb2_grpc.MasterStub(grpc.insecure_channel(cluster.master.address))
+
+
+def _wait_live(master, pod_id, timeout_s=60):
+    """Waits until the master lists `pod_id` LIVE (it registers after opening its port)."""
+    from elastic_ps._stubs import master_pb2
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        st = master.Status(master_pb2.StatusRequest(), timeout=5)
+        if any(p.pod_id == pod_id and p.state == master_pb2.PodInfo.LIVE for p in st.pods):
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"{pod_id} did not register in {timeout_s} s")
+
+
+def test_stale_map_is_refreshed_and_rerouted_exactly_once(cluster):
+    # The map changes under the client for real (live moves): the pods that gave vshards
+    # away refuse the client's ids, the client refreshes its map and re-routes them.
+    from elastic_ps._stubs import master_pb2
+
+    master = _master_stub(cluster)
+    with PsClient(master=cluster.master.address) as c:
         c.create_table("stale", 4, optimizer="sgd", learning_rate=1.0, initializer="zeros")
         ids = np.arange(1000)
-        good = c.shard_map
-        # A stale map that sends every id to the wrong pod.
-        c._map = ShardMap(0, 1 - good.owner, good.addresses, good.pod_ids)
+        first = c.shard_map
+        assert set(first.owner.tolist()) == {0, 1}
+        # ps-1's vshards move to ps-0; the client still routes half the ids to ps-1.
+        master.Drain(master_pb2.DrainRequest(pod_id="ps-1"), timeout=120)
         c.push("stale", ids, np.ones((1000, 4)))
-        assert c.shard_map.epoch == good.epoch  # refreshed
-        c._map = ShardMap(0, 1 - good.owner, good.addresses, good.pod_ids)
+        drained = c.shard_map
+        assert drained.epoch > first.epoch  # refreshed
+        assert set(drained.owner.tolist()) == {0}
+        # A new pod ps-2 takes half of them; the client still routes every id to ps-0.
+        cluster.pods.append(cluster.start_pod(2))
+        _wait_live(master, "ps-2")
+        master.Rebalance(master_pb2.RebalanceRequest(), timeout=120)
         assert np.all(c.pull("stale", ids) == -1)  # applied exactly once
+        assert c.shard_map.epoch > drained.epoch
+        assert len(set(c.shard_map.owner.tolist())) == 2
         stats = c.stats()
         assert sum(s["rejected_wrong_shard"] for s in stats.values()) >= 2
 

@@ -83,3 +83,18 @@ def test_security_from_environment(tmp_path):
     assert not Security.from_env({}).tls
     with pytest.raises(ValueError):
         Security(cert_file="/c.crt")  # a certificate without its key
+
+
+def test_vanished_tls_files_refuse_to_connect(secured_pod, tmp_path):
+    # The C++ client reads the files when it connects: a missing CA or key is an error
+    # naming the file, never a plain-text channel without the token.
+    pod, certs = secured_pod
+    for missing in ("ca.crt", "client.key"):
+        copy = tmp_path / missing.split(".")[0]
+        copy.mkdir()
+        for f in ("ca.crt", "client.crt", "client.key"):
+            (copy / f).write_bytes((certs / f).read_bytes())
+        (copy / missing).unlink()
+        with pytest.raises(PsError) as err:
+            _client(pod, _security(copy))
+        assert err.value.code == grpc.StatusCode.NOT_FOUND and missing in err.value.message

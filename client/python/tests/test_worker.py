@@ -183,8 +183,9 @@ def test_heartbeat_thread_reregisters_after_a_stall(cluster):
     with Worker(cluster.master.address, "stall") as w:
         w.create_job(files=[("f", 10)], epochs=1, records_per_task=10)
         task = w.get_task()
-        with w._lock:  # the heartbeat thread cannot build its request: a stalled process
-            time.sleep(cluster.lease_ms / 1000 * 2.5)
+        stall_s = cluster.lease_ms / 1000 * 2.5
+        w._pause_heartbeats_for_test(stall_s)  # no heartbeat goes out: a stalled process
+        time.sleep(stall_s)
         deadline = time.monotonic() + 5
         while w.incarnation == 1 and time.monotonic() < deadline:
             time.sleep(0.05)

@@ -1,0 +1,110 @@
+// Membership: replication. The role each pod is told (its followers, the vshards it
+// follows) and failover when a pod's lease runs out. The design is in
+// docs/architecture.md, "Replication".
+#include <glog/logging.h>
+
+#include <algorithm>
+#include <map>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "common/base/status_macros.h"
+#include "master/keys.h"
+#include "master/membership.h"
+
+namespace ps {
+
+void Membership::FillReplication(const std::string& pod_id, ReplicationRole* out) const {
+  out->set_pod_id(pod_id);
+  out->set_factor(config_.replication());
+  out->set_ack_leader(options_.replication_ack_leader);
+  out->set_lease_ms(absl::ToInt64Milliseconds(options_.lease));
+  std::set<std::string> followers;
+  std::map<std::string, std::vector<uint32_t>> following;  // primary -> vshards
+  for (int v = 0; v < map_.followers_size(); ++v) {
+    const auto& set = map_.followers(v).pods();
+    if (map_.owner(v) == pod_id) followers.insert(set.begin(), set.end());
+    if (std::find(set.begin(), set.end(), pod_id) != set.end()) {
+      following[map_.owner(v)].push_back(v);
+    }
+  }
+  for (const std::string& f : followers) {
+    ReplicaPeer* peer = out->add_followers();
+    peer->set_pod_id(f);
+    // A follower that never registered has no address yet: the primary's stream to it
+    // fails (and its pushes wait) until it registers, or its lease loss drops it.
+    auto it = pods_.find(f);
+    if (it != pods_.end()) peer->set_address(it->second.record.address());
+  }
+  for (auto& [primary, vshards] : following) {
+    FollowedVShards* f = out->add_following();
+    f->set_primary(primary);
+    for (uint32_t v : vshards) f->add_vshards(v);
+  }
+}
+
+absl::StatusOr<std::vector<std::string>> Membership::FailOver(const std::vector<std::string>& lost,
+                                                              absl::Time now) {
+  if (map_.followers_size() == 0) return std::vector<std::string>();
+  const std::set<std::string> gone(lost.begin(), lost.end());
+  ShardMapRecord next = map_;
+  std::set<std::string> tell;
+  std::map<std::string, std::vector<uint32_t>> promoted;  // new primary -> vshards
+  std::vector<uint32_t> stranded;                         // no live follower to promote
+  uint32_t dropped = 0;
+  for (int v = 0; v < next.owner_size(); ++v) {
+    ReplicaSet* set = next.mutable_followers(v);
+    // The lost pods leave the ack set: the primary acknowledges without them from now on.
+    std::vector<std::string> kept;
+    for (const std::string& f : set->pods()) {
+      if (gone.count(f) > 0) {
+        ++dropped;
+        tell.insert(next.owner(v));
+      } else {
+        kept.push_back(f);
+      }
+    }
+    const std::string owner = next.owner(v);
+    if (gone.count(owner) > 0) {
+      // Every follower still in the ack set holds every acknowledged record: the first
+      // live one becomes the primary.
+      auto live = std::find_if(kept.begin(), kept.end(),
+                               [&](const std::string& f) { return Live(f, now); });
+      if (live == kept.end()) {
+        stranded.push_back(v);
+      } else {
+        next.set_owner(v, *live);
+        promoted[*live].push_back(v);
+        tell.insert(owner);  // if only paused, it learns at once that it was deposed
+        kept.erase(live);
+        for (const std::string& f : kept) tell.insert(f);
+      }
+    }
+    set->clear_pods();
+    for (const std::string& f : kept) set->add_pods(f);
+  }
+  if (dropped == 0 && promoted.empty()) return std::vector<std::string>();
+  next.set_epoch(next.epoch() + 1);
+  RETURN_IF_ERROR(WriteMap(StoreBatch(), std::move(next)));
+  for (const auto& [pod, vshards] : promoted) {
+    tell.insert(pod);
+    failovers_.fetch_add(1);
+    LOG(WARNING) << "FAILOVER: " << pod << " promoted to primary of " << vshards.size()
+                 << " vshards of " << absl::StrJoin(lost, ", ") << " at epoch " << map_.epoch();
+  }
+  if (dropped > 0) {
+    LOG(WARNING) << absl::StrJoin(lost, ", ") << " left the ack sets of " << dropped
+                 << " vshard copies at epoch " << map_.epoch()
+                 << "; those vshards have fewer copies until re-replication";
+  }
+  if (!stranded.empty()) {
+    LOG(ERROR) << stranded.size() << " vshards of " << absl::StrJoin(lost, ", ")
+               << " have no live follower to promote: unavailable until their primary returns";
+  }
+  return std::vector<std::string>(tell.begin(), tell.end());
+}
+
+}  // namespace ps

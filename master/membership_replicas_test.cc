@@ -1,0 +1,151 @@
+// Membership with replication (R = 2, 3 pods), over an in-memory store and a fake clock:
+// the first map's followers, the roles pods are told, failover on a primary's lease loss
+// (durable: a reopened master has it), a lost follower leaving the ack set, and what stays
+// refused (moves, another R for the data dir).
+#include <algorithm>
+
+#include "gtest/gtest.h"
+#include "master/cluster_config.h"
+#include "master/membership.h"
+#include "master/memory_store_for_test.h"
+
+namespace ps {
+namespace {
+
+class ReplicasTest : public testing::Test {
+ protected:
+  void SetUp() override {
+    options_.num_vshards = 12;
+    options_.num_ps = 3;
+    options_.replication = 2;
+    options_.lease = absl::Seconds(1);
+    options_.clock = [this] { return now_; };
+    auto config = LoadOrCreateCluster(store_, options_);
+    ASSERT_TRUE(config.ok()) << config.status();
+    config_ = *config;
+    Open();
+    for (int i = 0; i < 3; ++i) {
+      ASSERT_TRUE(Register(absl::StrCat("ps-", i), absl::StrCat("h:", i)).ok());
+    }
+  }
+
+  void Open() {
+    counters_ = std::make_unique<CountersRecord>(&store_);
+    membership_ = std::make_unique<Membership>(options_, config_, &store_, counters_.get());
+    ASSERT_TRUE(counters_->Load().ok());
+    ASSERT_TRUE(membership_->Load(now_ + options_.lease).ok());
+  }
+
+  absl::Status Register(const std::string& id, const std::string& address) {
+    RegisterPodRequest req;
+    req.set_pod_id(id);
+    req.set_address(address);
+    RegisterPodResponse resp;
+    return membership_->RegisterPod(req, &resp, nullptr);
+  }
+  void Heartbeat(const std::string& id, const std::string& address) {
+    PodHeartbeatRequest req;
+    req.set_pod_id(id);
+    req.set_address(address);
+    PodHeartbeatResponse resp;
+    ASSERT_TRUE(membership_->PodHeartbeat(req, &resp).ok());
+  }
+  PodAssignment AssignmentOf(const std::string& id) {
+    return membership_->AssignmentOf(id)->assignment;
+  }
+  ShardMapResponse Map() {
+    ShardMapResponse map;
+    EXPECT_TRUE(membership_->GetShardMap(GetShardMapRequest(), &map).ok());
+    return map;
+  }
+  std::string OwnerOf(const ShardMapResponse& map, uint32_t v) {
+    return map.pods(map.owner(v)).pod_id();
+  }
+  std::vector<std::string> FollowersOf(const ShardMapResponse& map, uint32_t v) {
+    std::vector<std::string> out;
+    for (uint32_t p : map.followers(v).pods()) out.push_back(map.pods(p).pod_id());
+    return out;
+  }
+
+  MasterOptions options_;
+  absl::Time now_ = absl::FromUnixSeconds(1'000'000);
+  MemoryStore store_;
+  ClusterConfig config_;
+  std::unique_ptr<CountersRecord> counters_;
+  std::unique_ptr<Membership> membership_;
+};
+
+TEST_F(ReplicasTest, EachPrimaryHasTheNextPodAsItsFollower) {
+  const ShardMapResponse map = Map();
+  EXPECT_EQ(map.replication(), 2u);
+  ASSERT_EQ(map.followers_size(), 12);
+  for (uint32_t v = 0; v < 12; ++v) {
+    const std::string owner = OwnerOf(map, v);
+    const int i = owner.back() - '0';
+    EXPECT_EQ(FollowersOf(map, v), std::vector<std::string>{absl::StrCat("ps-", (i + 1) % 3)});
+  }
+  // ps-0 ships to ps-1 and follows ps-2's vshards 8..11.
+  const ReplicationRole role = AssignmentOf("ps-0").replication();
+  EXPECT_EQ(role.pod_id(), "ps-0");
+  EXPECT_EQ(role.factor(), 2u);
+  ASSERT_EQ(role.followers_size(), 1);
+  EXPECT_EQ(role.followers(0).pod_id(), "ps-1");
+  EXPECT_EQ(role.followers(0).address(), "h:1");
+  ASSERT_EQ(role.following_size(), 1);
+  EXPECT_EQ(role.following(0).primary(), "ps-2");
+  EXPECT_EQ(
+      std::vector<uint32_t>(role.following(0).vshards().begin(), role.following(0).vshards().end()),
+      (std::vector<uint32_t>{8, 9, 10, 11}));
+}
+
+TEST_F(ReplicasTest, LostPrimaryIsReplacedByItsFollowerDurably) {
+  const uint64_t epoch = Map().epoch();
+  now_ += absl::Milliseconds(700);
+  Heartbeat("ps-1", "h:1");
+  Heartbeat("ps-2", "h:2");
+  now_ += absl::Milliseconds(700);  // ps-0's lease (1 s) ran out; the others' did not
+  std::vector<std::string> tell = membership_->ExpireLeases(now_);
+  std::sort(tell.begin(), tell.end());
+  // ps-1 now leads ps-0's vshards; ps-2 lost its follower ps-0 (of ps-2's vshards).
+  EXPECT_EQ(tell, (std::vector<std::string>{"ps-0", "ps-1", "ps-2"}));
+  EXPECT_EQ(membership_->failovers(), 1u);
+  const ShardMapResponse map = Map();
+  EXPECT_EQ(map.epoch(), epoch + 1);
+  for (uint32_t v = 0; v < 4; ++v) {
+    EXPECT_EQ(OwnerOf(map, v), "ps-1") << v;
+    EXPECT_TRUE(FollowersOf(map, v).empty()) << v;  // one copy left until re-replication
+  }
+  for (uint32_t v = 8; v < 12; ++v) EXPECT_TRUE(FollowersOf(map, v).empty()) << v;
+  EXPECT_TRUE(AssignmentOf("ps-2").replication().followers().empty());
+  EXPECT_EQ(AssignmentOf("ps-0").owned_vshards_size(), 0);  // the deposed pod owns nothing
+  // Nothing happens twice, and a restarted master has the same map.
+  EXPECT_TRUE(membership_->ExpireLeases(now_).empty());
+  Open();
+  const ShardMapResponse reopened = Map();
+  EXPECT_EQ(reopened.epoch(), map.epoch());
+  for (uint32_t v = 0; v < 12; ++v) EXPECT_EQ(OwnerOf(reopened, v), OwnerOf(map, v));
+}
+
+TEST_F(ReplicasTest, NoLiveFollowerLeavesTheVShardWithItsPrimary) {
+  now_ += absl::Milliseconds(700);
+  Heartbeat("ps-2", "h:2");
+  now_ += absl::Milliseconds(700);  // ps-0 and its follower ps-1 both lost
+  membership_->ExpireLeases(now_);
+  const ShardMapResponse map = Map();
+  for (uint32_t v = 0; v < 4; ++v) EXPECT_EQ(OwnerOf(map, v), "ps-0") << v;
+  for (uint32_t v = 4; v < 8; ++v) EXPECT_EQ(OwnerOf(map, v), "ps-2") << v;  // ps-1's, moved
+}
+
+TEST_F(ReplicasTest, MovesAndAnotherFactorAreRefused) {
+  EXPECT_EQ(membership_->BeginMove("ps-0", "ps-1", {0}).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+  MasterOptions other = options_;
+  other.replication = 3;
+  EXPECT_EQ(LoadOrCreateCluster(store_, other).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+  other.replication = 4;  // more copies than pods
+  EXPECT_EQ(ValidateMasterOptions(other).code(), absl::StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace ps
