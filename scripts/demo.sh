@@ -11,6 +11,10 @@
 # (seconds: wall time of the whole demo, install and build included). Stops everything it
 # started. Sizes: DEMO_RECORDS (default 400000, ~125 MB), DEMO_HOLDOUT (40000),
 # DEMO_RECORDS_PER_TASK (10000). DEMO_FAULTS=0 skips the kills (to measure throughput).
+# DEMO_MANIFEST=M.json trains on your own Criteo-format data instead of generated data
+# (M.json written by `python3 -m elastic_ps.manifest --out M.json --holdout H FILE...`).
+# The workers run train_worker.py's defaults (pipelined: --staleness 1, --prefetch 1,
+# --dense_every 1); DEMO_WORKER_ARGS adds flags to them.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT="$(pwd)"
@@ -50,10 +54,16 @@ trap cleanup EXIT
 
 elapsed() { $PY -c "import time; print(f'{time.time() - $T0:.1f}')"; }
 
-echo "== generating data: $RECORDS training records in 4 files + $HOLDOUT held out"
-$PY -m elastic_ps.synth --out "$RUN/data" --records "$RECORDS" --files 4 --seed 1 \
-  --holdout "$HOLDOUT"
-MANIFEST="$RUN/data/manifest.json"
+if [ -n "${DEMO_MANIFEST:-}" ]; then
+  # Your own data: a manifest of elastic_ps.manifest (docs/training.md), with --holdout.
+  MANIFEST="$(cd "$(dirname "$DEMO_MANIFEST")" && pwd)/$(basename "$DEMO_MANIFEST")"
+  echo "== data: $MANIFEST"
+else
+  echo "== generating data: $RECORDS training records in 4 files + $HOLDOUT held out"
+  $PY -m elastic_ps.synth --out "$RUN/data" --records "$RECORDS" --files 4 --seed 1 \
+    --holdout "$HOLDOUT"
+  MANIFEST="$RUN/data/manifest.json"
+fi
 
 echo "== starting the cluster: ps-master + 2 durable ps-server pods (scripts/local-cluster.sh)"
 # A short worker lease, so that a SIGKILLed worker's task is handed out again quickly.
@@ -62,9 +72,10 @@ MASTER="$(sed -n 's/^master=//p' "$RUN/cluster.out")"
 
 # start_worker NAME: a training worker in the background (it creates the job, idempotently).
 start_worker() {
+  # shellcheck disable=SC2086  # DEMO_WORKER_ARGS is a list of flags
   $PY "$EX/train_worker.py" --master="$MASTER" --job="$JOB" --manifest="$MANIFEST" \
     --records_per_task="$PER_TASK" --epochs=1 --eval_dir="$RUN/eval" --name="$1" \
-    --trace="$RUN/trace.jsonl" --log_every_s=5 >"$RUN/$1.log" 2>&1 &
+    --trace="$RUN/trace.jsonl" --log_every_s=5 ${DEMO_WORKER_ARGS:-} >"$RUN/$1.log" 2>&1 &
   WORKER_PIDS+=($!)
   WPID[$1]=$!
   echo "   started $1 (pid $!)"

@@ -11,7 +11,8 @@ records from the same distribution) and ``DIR/manifest.json``::
      "dense_std": [13 floats], ...}
 
 (``dense_mean`` / ``dense_std``: ``criteo.dense_stats`` of the training files, the input
-standardization of examples/deepfm.py, stored so readers need not recompute it.)
+standardization of examples/deepfm.py, stored so readers need not recompute it.) The
+format is elastic_ps.manifest's, which writes it for data of any other origin.
 
 The hidden model (all of it a pure function of the seed):
 
@@ -32,7 +33,6 @@ Everything is vectorized numpy; the output is written in blocks of ``BLOCK`` rec
 """
 
 import argparse
-import json
 import os
 import sys
 import time
@@ -40,6 +40,7 @@ import time
 import numpy as np
 
 from elastic_ps import criteo
+from elastic_ps import manifest as manifest_format
 from elastic_ps.metrics import auc
 
 BLOCK = 100_000
@@ -225,9 +226,7 @@ def generate(out, records, files, seed, holdout, vocab_scale=1.0, log=None):
         "dense_std": std,
         "seconds": round(time.time() - t0, 3),
     }
-    with open(os.path.join(out, "manifest.json.tmp"), "w") as f:
-        json.dump(manifest, f, indent=1)
-    os.replace(os.path.join(out, "manifest.json.tmp"), os.path.join(out, "manifest.json"))
+    manifest_format.write(os.path.join(out, "manifest.json"), manifest)
     if log:
         size = sum(os.path.getsize(e["path"]) for e in entries) + os.path.getsize(hpath)
         log(f"synth: {records} training records in {files} files + {holdout} held out, "

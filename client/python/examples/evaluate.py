@@ -85,8 +85,11 @@ def main():
     elif args.master and args.manifest:
         import deepfm
 
-        with open(args.manifest) as f:
-            m = json.load(f)
+        from elastic_ps import manifest
+
+        m = manifest.load(args.manifest)
+        if not args.file and not m.get("holdout"):
+            ap.error(f"{args.manifest} names no held-out file: give --file")
         labels, probs = from_ps(args.master, args.file or m["holdout"]["path"],
                                 deepfm.input_stats(m))
     else:

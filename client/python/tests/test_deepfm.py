@@ -71,3 +71,28 @@ def test_the_baseline_trains_the_workers_minibatches(data):
     assert [len(g) for g in got] == [len(w) for w in want] == [250] * 20
     for g, w in zip(got, want):
         np.testing.assert_array_equal(g, w)
+
+
+def test_the_ps_model_over_its_collection_is_the_model_over_a_bag(data):
+    """deepfm.ps_model (a PsEmbeddingBagCollection, "ids" layout) computes what the same
+    DeepFM over a PsEmbeddingBag of the same table computes, prefetched or not."""
+    from fake_ps import FakePsClient
+
+    from elastic_ps.torch_modules import PsEmbeddingBag
+
+    client = FakePsClient()
+    stats = deepfm.input_stats(data)
+    model, opt = deepfm.ps_model(client, stats, staleness=1)
+    other = deepfm.DeepFM(PsEmbeddingBag(client, deepfm.TABLE, 1 + deepfm.K, create=False),
+                          stats)
+    other.dense_net.load_state_dict(model.dense_net.state_dict())
+    b = criteo.read_all(data["files"][0]["path"], 0, 64)
+    dense, cat, _ = deepfm.to_tensors(b)
+    model.prefetch(cat)
+    with torch.no_grad():
+        expect = other(dense, cat)
+    got = model(dense, cat)  # training mode: the prefetched rows
+    torch.testing.assert_close(got.detach(), expect, rtol=0, atol=0)
+    got.sum().backward()
+    assert opt.step() == {deepfm.TABLE: 64 * criteo.NUM_CAT}  # one row per id
+    opt.flush()

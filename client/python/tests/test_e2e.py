@@ -69,13 +69,13 @@ def _env():
     return env
 
 
-def _start_worker(master, job, manifest, tmp, name):
+def _start_worker(master, job, manifest, tmp, name, extra=()):
     log = open(tmp / f"{name}.log", "ab")
     p = subprocess.Popen(
         [sys.executable, os.path.join(EXAMPLES, "train_worker.py"), f"--master={master}",
          f"--job={job}", f"--manifest={manifest}", f"--records_per_task={PER_TASK}",
          f"--eval_dir={tmp / 'eval'}", f"--trace={tmp / 'trace.jsonl'}", f"--name={name}",
-         "--log_every_s=2"],
+         "--log_every_s=2", *extra],
         stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=_env())
     log.close()
     return p
@@ -184,15 +184,17 @@ def test_two_workers_train_every_record_once_and_match_the_baseline(cluster, dat
 def test_sigkilled_worker_task_is_retrained(cluster, data, tmp_path):
     master = cluster.master.address
     manifest = _manifest(data, tmp_path)
-    victim = _start_worker(master, "e2e-kill", manifest, tmp_path, "w-victim")
+    victim = _start_worker(master, "e2e-kill", manifest, tmp_path, "w-victim",
+                           extra=["--hang_after_tasks=1"])
     log = tmp_path / "w-victim.log"
-    # Kill it in the middle of its second task: after its first accepted report.
+    # Kill it holding its second task, after its first accepted report: it takes that
+    # task and stops (--hang_after_tasks), so the kill never races the task's report.
     deadline = time.monotonic() + 60
-    while "train task" not in (log.read_text(errors="replace") if log.exists() else ""):
+    while "holding task" not in (log.read_text(errors="replace") if log.exists() else ""):
         assert victim.poll() is None, log.read_text(errors="replace")
-        assert time.monotonic() < deadline, "the victim finished no task"
+        assert time.monotonic() < deadline, "the victim never held a second task"
         time.sleep(0.1)
-    time.sleep(0.3)
+    assert "train task" in log.read_text(errors="replace")
     os.kill(victim.pid, signal.SIGKILL)
     victim.wait()
     procs = [_start_worker(master, "e2e-kill", manifest, tmp_path, f"w{i}") for i in range(3)]
