@@ -95,12 +95,21 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "ps-transfer import: %s\n", result.status().ToString().c_str());
     return 1;
   }
+  for (const std::string& r : result->invalid_rows) {
+    std::fprintf(stderr, "ps-transfer import: not installed (no valid state): %s\n", r.c_str());
+  }
+  if (result->invalid > result->invalid_rows.size()) {
+    std::fprintf(stderr,
+                 "ps-transfer import: %llu rows not installed in all (see the pods' logs)\n",
+                 static_cast<unsigned long long>(result->invalid));
+  }
   std::printf(
       "{\"command\":\"import\",\"parts\":%llu,\"rows\":%llu,\"dense\":%llu,\"installed\":%llu,"
-      "\"skipped\":%llu,\"seconds\":%.3f}\n",
+      "\"skipped\":%llu,\"invalid\":%llu,\"seconds\":%.3f}\n",
       static_cast<unsigned long long>(result->parts), static_cast<unsigned long long>(result->rows),
       static_cast<unsigned long long>(result->dense),
       static_cast<unsigned long long>(result->installed),
-      static_cast<unsigned long long>(result->skipped), result->seconds);
+      static_cast<unsigned long long>(result->skipped),
+      static_cast<unsigned long long>(result->invalid), result->seconds);
   return 0;
 }

@@ -286,6 +286,14 @@ class Sender {
     absl::MutexLock lock(&mu_);
     return skipped_;
   }
+  uint64_t invalid() {
+    absl::MutexLock lock(&mu_);
+    return invalid_;
+  }
+  std::vector<std::string> invalid_rows() {
+    absl::MutexLock lock(&mu_);
+    return invalid_rows_;
+  }
 
  private:
   void Run() {
@@ -311,8 +319,14 @@ class Sender {
       if (!s.ok() && status_.ok()) status_ = s;
       installed_ += resp.installed();
       skipped_ += resp.skipped();
+      invalid_ += resp.invalid();
+      for (const std::string& r : resp.invalid_rows()) {
+        if (invalid_rows_.size() < kNamedInvalid) invalid_rows_.push_back(r);
+      }
     }
   }
+
+  static constexpr size_t kNamedInvalid = 100;
 
   const ImportOptions options_;
   const RetryPolicy policy_;
@@ -324,6 +338,8 @@ class Sender {
   bool closing_ ABSL_GUARDED_BY(mu_) = false;
   absl::Status status_ ABSL_GUARDED_BY(mu_);
   uint64_t installed_ ABSL_GUARDED_BY(mu_) = 0, skipped_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t invalid_ ABSL_GUARDED_BY(mu_) = 0;
+  std::vector<std::string> invalid_rows_ ABSL_GUARDED_BY(mu_);
 };
 
 // Reads a whole data file, checking it against its manifest entry: the header's spec,
@@ -519,6 +535,8 @@ absl::StatusOr<ImportResult> ImportCluster(const Cluster& cluster, const std::st
   RETURN_IF_ERROR(sender.Close());
   result.installed = sender.installed();
   result.skipped = sender.skipped();
+  result.invalid = sender.invalid();
+  result.invalid_rows = sender.invalid_rows();
   result.seconds = absl::ToDoubleSeconds(absl::Now() - start);
   return result;
 }

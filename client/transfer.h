@@ -68,6 +68,10 @@ struct ImportResult {
   uint64_t dense = 0;      // dense tensors read
   uint64_t installed = 0;  // rows + tensors installed
   uint64_t skipped = 0;    // already held at that step or later (e.g. a re-run)
+  // Rows + tensors the pods refused as no valid state (ImportRowsResponse.invalid: an
+  // older export's non-finite rows); the rest was installed. The first few, named.
+  uint64_t invalid = 0;
+  std::vector<std::string> invalid_rows;
   uint64_t parts = 0;
   double seconds = 0;
 };

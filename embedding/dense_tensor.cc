@@ -19,12 +19,12 @@ size_t Numel(const DenseSpec& spec) {
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<DenseTensor>> DenseTensor::Create(const DenseSpec& spec) {
-  ASSIGN_OR_RETURN(DenseSpec normalized, NormalizeDenseSpec(spec));
+  ASSIGN_OR_RETURN(DenseSpec normalized, NormalizeDenseSpec(spec, SpecRules::kStored));
   return std::make_unique<DenseTensor>(Key{}, std::move(normalized));
 }
 
 DenseTensor::DenseTensor(Key, DenseSpec spec)
-    : spec_(std::move(spec)), numel_(Numel(spec_)), optimizer_(spec_.optimizer()) {
+    : spec_(std::move(spec)), numel_(Numel(spec_)), optimizer_(Optimizer::For(spec_)) {
   values_.resize(numel_ * (1 + optimizer_.slots()));
   Initializer(spec_.initializer()).Fill(NameHash(spec_.name()), 0, values_.data(), numel_);
   optimizer_.InitSlots(values_.data() + numel_, numel_);

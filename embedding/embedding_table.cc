@@ -63,7 +63,7 @@ class EmbeddingTableImpl final : public EmbeddingTable {
       : spec_(std::move(spec)),
         name_hash_(NameHash(spec_.name())),
         initializer_(spec_.initializer()),
-        optimizer_(spec_.optimizer()),
+        optimizer_(Optimizer::For(spec_)),
         layout_(spec_.dim(), optimizer_.slots()),
         rows_per_block_(std::max<size_t>(1, kBlockBytes / (layout_.stride * sizeof(float)))),
         stripe_mask_(options.num_stripes - 1),
@@ -615,7 +615,7 @@ class EmbeddingTableImpl final : public EmbeddingTable {
 
 absl::StatusOr<std::unique_ptr<EmbeddingTable>> EmbeddingTable::Create(
     const TableSpec& spec, const TableOptions& options) {
-  ASSIGN_OR_RETURN(TableSpec normalized, NormalizeTableSpec(spec));
+  ASSIGN_OR_RETURN(TableSpec normalized, NormalizeTableSpec(spec, SpecRules::kStored));
   if (options.num_stripes < 1 || (options.num_stripes & (options.num_stripes - 1)) != 0) {
     return absl::InvalidArgumentError(absl::StrCat(
         "TableOptions.num_stripes = ", options.num_stripes, " must be a power of two"));

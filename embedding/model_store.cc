@@ -41,13 +41,13 @@ std::vector<std::shared_ptr<Object>> SortedValues(
 }  // namespace
 
 absl::StatusOr<bool> ModelStore::CreateTable(const TableSpec& spec) {
-  ASSIGN_OR_RETURN(TableSpec normalized, NormalizeTableSpec(spec));
+  ASSIGN_OR_RETURN(TableSpec normalized, NormalizeTableSpec(spec, SpecRules::kStored));
   return CreateIfAbsent(mu_, tables_, normalized, "table",
                         [&] { return EmbeddingTable::Create(normalized, table_options_); });
 }
 
 absl::StatusOr<bool> ModelStore::CreateDense(const DenseSpec& spec) {
-  ASSIGN_OR_RETURN(DenseSpec normalized, NormalizeDenseSpec(spec));
+  ASSIGN_OR_RETURN(DenseSpec normalized, NormalizeDenseSpec(spec, SpecRules::kStored));
   return CreateIfAbsent(mu_, dense_, normalized, "dense tensor",
                         [&] { return DenseTensor::Create(normalized); });
 }

@@ -78,13 +78,33 @@ absl::StatusOr<std::string> ToJson(const google::protobuf::Message& m) {
   return out;
 }
 
-// Writes one table's owned rows into files of about max_file_bytes.
+// Rows an export or import names in the pod's log, per table and request; the rest are
+// counted.
+constexpr uint64_t kLoggedInvalid = 16;
+
+// True when a row is a state its optimizer can hold (what an import accepts); otherwise
+// counts it in *invalid and logs the first few.
+bool ExportableRow(const Optimizer& opt, const std::string& table, int64_t id, const float* weights,
+                   const float* slots, size_t dim, uint64_t* invalid) {
+  std::string why;
+  if (opt.ValidState(weights, slots, dim, &why)) return true;
+  if (++*invalid <= kLoggedInvalid) {
+    LOG(WARNING) << "export: row " << id << " of table '" << table << "' is not written: " << why
+                 << " (an import would refuse it)";
+  }
+  return false;
+}
+
+// Writes one table's owned rows into files of about max_file_bytes; rows that are no
+// valid state are left out and counted in *invalid (see ExportableRow).
 // With `stored` (a lazily opened snapshot), the rows not resident in `table` are read from
 // its rows column family: resident rows are the newer ones (the log updated them).
 absl::Status ExportTable(EmbeddingTable& table, PodStorage* stored, const ShardOwnership& own,
                          const std::string& dir, size_t index, const ExportOptions& options,
-                         ExportTableInfo* info) {
+                         ExportTableInfo* info, uint64_t* invalid) {
   const TableSpec& spec = table.spec();
+  const Optimizer opt = Optimizer::For(spec);
+  const uint64_t invalid_before = *invalid;
   *info->mutable_spec() = spec;
   info->set_dim(table.dim());
   info->set_optimizer(OptimizerSpec::Kind_Name(spec.optimizer().kind()));
@@ -116,6 +136,7 @@ absl::Status ExportTable(EmbeddingTable& table, PodStorage* stored, const ShardO
   table.ForEachRow([&](const RowView& r) {
     if (!status.ok()) return;
     if (!own.Owns(VShardOf(RouteHash(name_hash, r.id), own.num_vshards()))) return;
+    if (!ExportableRow(opt, spec.name(), r.id, r.weights, r.slots, table.dim(), invalid)) return;
     if (writer->bytes() >= options.max_file_bytes) {
       status = finish();
       if (status.ok()) status = open();
@@ -134,12 +155,21 @@ absl::Status ExportTable(EmbeddingTable& table, PodStorage* stored, const ShardO
         return absl::DataLossError(absl::StrCat("stored row ", r.id, " of '", spec.name(), "' has ",
                                                 r.values.size(), " floats"));
       }
+      if (!ExportableRow(opt, spec.name(), r.id, r.values.data(), r.values.data() + table.dim(),
+                         table.dim(), invalid)) {
+        return absl::OkStatus();
+      }
       if (writer->bytes() >= options.max_file_bytes) {
         RETURN_IF_ERROR(finish());
         RETURN_IF_ERROR(open());
       }
       return writer->Add(r.id, r.step, r.values.data(), r.values.data() + table.dim());
     }));
+  }
+  if (*invalid - invalid_before > kLoggedInvalid) {
+    LOG(WARNING) << "export: " << *invalid - invalid_before << " rows of table '" << spec.name()
+                 << "' were not written (no valid state; the first " << kLoggedInvalid
+                 << " are named above)";
   }
   return finish();
 }
@@ -161,9 +191,10 @@ absl::Status WriteExport(ModelStore& store, PodStorage* stored, const ShardOwner
   std::sort(tables.begin(), tables.end(),
             [](const auto& a, const auto& b) { return a->spec().name() < b->spec().name(); });
   uint64_t bytes = 0;
+  uint64_t invalid = 0;
   for (size_t i = 0; i < tables.size(); ++i) {
     ExportTableInfo* info = manifest.add_tables();
-    RETURN_IF_ERROR(ExportTable(*tables[i], stored, own, dir, i, options, info));
+    RETURN_IF_ERROR(ExportTable(*tables[i], stored, own, dir, i, options, info, &invalid));
     resp->set_rows(resp->rows() + info->rows());
     for (const ExportFileInfo& f : info->files()) bytes += f.bytes();
   }
@@ -176,6 +207,10 @@ absl::Status WriteExport(ModelStore& store, PodStorage* stored, const ShardOwner
     if (!own.Owns(DenseVShard(d.spec().name(), own.num_vshards()))) continue;
     uint64_t step = 0;
     d.Snapshot(/*always=*/true, &values, &step);
+    if (!ExportableRow(Optimizer::For(d.spec()), d.spec().name(), 0, values.data(),
+                       values.data() + d.numel(), d.numel(), &invalid)) {
+      continue;  // the tensor's state is invalid (logged): an import would refuse it
+    }
     const std::string name = absl::StrFormat("dense-%04d.psx", i);
     ASSIGN_OR_RETURN(auto writer, ExportFileWriter::Create(dir + "/" + name, ExportKind::kDense,
                                                            d.spec().SerializeAsString(),
@@ -198,6 +233,7 @@ absl::Status WriteExport(ModelStore& store, PodStorage* stored, const ShardOwner
   ASSIGN_OR_RETURN(std::string json, ToJson(manifest));
   RETURN_IF_ERROR(WriteFileAtomically(dir + "/manifest.json", json));
   resp->set_bytes(bytes);
+  resp->set_invalid(invalid);
   resp->set_consistent(consistent);
   resp->set_num_vshards(own.num_vshards());
   resp->set_epoch(own.epoch());
@@ -264,17 +300,48 @@ absl::Status ExportPod(PsCore& core, const ExportRequest& req, ExportResponse* r
 
 namespace {
 
-absl::Status CheckFinite(absl::Span<const float> v, absl::string_view what) {
-  for (size_t i = 0; i < v.size(); ++i) {
-    if (!std::isfinite(v[i])) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("import of ", what, " has a non-finite value at float ", i));
-    }
+// Notes one row or tensor an import refused: counted in resp, and the first
+// kLoggedInvalid of a request named there and in the log.
+void ReportInvalid(const std::string& what, const std::string& why, ImportRowsResponse* resp) {
+  resp->set_invalid(resp->invalid() + 1);
+  if (resp->invalid_rows_size() < static_cast<int>(kLoggedInvalid)) {
+    LOG(WARNING) << "import: " << what << " is not installed: " << why;
+    resp->add_invalid_rows(absl::StrCat(what, ": ", why));
   }
-  return absl::OkStatus();
 }
 
 }  // namespace
+
+void PsCore::DropInvalidRows(Installs::Rows* r, ImportRowsResponse* resp) {
+  const Optimizer opt = Optimizer::For(r->table->spec());
+  const size_t dim = r->table->dim();
+  const size_t floats = dim + r->table->slot_floats();
+  std::vector<bool> drop;  // stays empty while every row is valid
+  std::string why;
+  for (size_t i = 0; i < r->ids.size(); ++i) {
+    const float* v = r->values.data() + i * floats;
+    if (opt.ValidState(v, v + dim, dim, &why)) continue;
+    ReportInvalid(absl::StrCat("table '", r->table->spec().name(), "' id ", r->ids[i]), why, resp);
+    drop.resize(r->ids.size());
+    drop[i] = true;
+  }
+  if (drop.empty()) return;
+  std::vector<int64_t> ids;
+  std::vector<uint64_t> steps;
+  std::vector<float> values;
+  for (size_t i = 0; i < r->ids.size(); ++i) {
+    if (drop[i]) continue;
+    ids.push_back(r->ids[i]);
+    steps.push_back(r->steps[i]);
+    values.insert(values.end(), r->values.data() + i * floats, r->values.data() + (i + 1) * floats);
+  }
+  r->id_scratch = std::move(ids);
+  r->step_scratch = std::move(steps);
+  r->value_scratch = std::move(values);
+  r->ids = r->id_scratch;
+  r->steps = r->step_scratch;
+  r->values = r->value_scratch;
+}
 
 absl::Status PsCore::ParseRows(absl::string_view what, const std::string& ids,
                                const std::string& steps, const std::string& values,
@@ -359,7 +426,7 @@ absl::Status PsCore::ApplyInstalls(const Installs& in, LogRecordBuilder* record,
 }
 
 absl::Status PsCore::PrepareImport(const ImportRowsRequest& req, const ShardOwnership& own,
-                                   Installs* in) {
+                                   Installs* in, ImportRowsResponse* resp) {
   if (req.tables_size() == 0 && req.dense_size() == 0) {
     return absl::InvalidArgumentError("import names no rows and no dense tensors");
   }
@@ -372,7 +439,6 @@ absl::Status PsCore::PrepareImport(const ImportRowsRequest& req, const ShardOwne
       return absl::NotFoundError(absl::StrCat("table '", e.table(), "' does not exist"));
     }
     RETURN_IF_ERROR(ParseRows("import into", e.ids(), e.steps(), e.values(), &r));
-    RETURN_IF_ERROR(CheckFinite(r.values, e.table()));
     RETURN_IF_ERROR(CheckOwned(own, *r.table, r.ids));
   }
   in->dense.resize(req.dense_size());
@@ -384,10 +450,25 @@ absl::Status PsCore::PrepareImport(const ImportRowsRequest& req, const ShardOwne
       return absl::NotFoundError(absl::StrCat("dense tensor '", e.name(), "' does not exist"));
     }
     RETURN_IF_ERROR(ParseDense("import of", e.values(), &d));
-    RETURN_IF_ERROR(CheckFinite(d.values, e.name()));
     RETURN_IF_ERROR(CheckOwnedDense(own, e.name()));
     d.step = e.step();
   }
+  // The whole request is well formed and owned: now leave out what no export writes.
+  const uint64_t invalid_before = resp->invalid();
+  for (Installs::Rows& r : in->rows) DropInvalidRows(&r, resp);
+  std::string why;
+  for (auto d = in->dense.begin(); d != in->dense.end();) {
+    const size_t numel = d->tensor->numel();
+    if (Optimizer::For(d->tensor->spec())
+            .ValidState(d->values.data(), d->values.data() + numel, numel, &why)) {
+      ++d;
+      continue;
+    }
+    ReportInvalid(absl::StrCat("dense tensor '", d->tensor->spec().name(), "'"), why, resp);
+    d = in->dense.erase(d);
+  }
+  counters_.invalid_import_rows.fetch_add(resp->invalid() - invalid_before,
+                                          std::memory_order_relaxed);
   return absl::OkStatus();
 }
 
@@ -396,8 +477,10 @@ void PsCore::ImportRows(const ImportRowsRequest& req, ImportRowsResponse* resp, 
   absl::ReaderMutexLock fence(&migrate_mu_);
   auto own = ownership();
   resp->set_epoch(own->epoch());
+  resp->clear_invalid();
+  resp->clear_invalid_rows();
   Installs in;
-  if (absl::Status s = PrepareImport(req, *own, &in); !s.ok()) return done(s);
+  if (absl::Status s = PrepareImport(req, *own, &in, resp); !s.ok()) return done(s);
   Change change;
   AddTouches(in, &change);
   change.ship = true;  // the followers install the same rows

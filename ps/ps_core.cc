@@ -10,49 +10,67 @@
 #include <emmintrin.h>
 #endif
 
+#include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
 #include "common/base/status_macros.h"
 #include "common/routing/hash.h"
 #include "embedding/spec.h"
+#include "google/protobuf/io/coded_stream.h"
 #include "proto/packed.h"
 #include "proto/wrong_shard.h"
 
 namespace ps {
 namespace {
 
-// Index of the first NaN or Inf in v, or -1: a float is not finite when its exponent
-// bits are all ones. SSE2 tests 16 floats per step (GCC does not vectorize the scalar
-// loop at -O2); the scalar loop finds the exact index and handles the tail.
-int64_t FirstNonFinite(absl::Span<const float> v) {
+// Index of the first element of v that is NaN, Inf or beyond ±limit (a finite float), or
+// -1. Non-negative floats order as their bit patterns, and NaN and Inf come above every
+// finite one, so one integer comparison of |x|'s bits does all three. SSE2 tests 16
+// floats per step (GCC does not vectorize the scalar loop at -O2); the scalar loop finds
+// the exact index and handles the tail.
+int64_t FirstBeyond(absl::Span<const float> v, float limit) {
   const uint32_t* bits = reinterpret_cast<const uint32_t*>(v.data());
-  constexpr uint32_t kExp = 0x7f800000u;
+  constexpr uint32_t kAbs = 0x7fffffffu;
+  uint32_t limit_bits;
+  std::memcpy(&limit_bits, &limit, sizeof(limit_bits));
   size_t i = 0;
 #ifdef __SSE2__
-  const __m128i exp = _mm_set1_epi32(static_cast<int>(kExp));
-  auto all_ones = [&](size_t k) {
+  const __m128i abs = _mm_set1_epi32(static_cast<int>(kAbs));
+  const __m128i lim = _mm_set1_epi32(static_cast<int>(limit_bits));
+  auto beyond = [&](size_t k) {
     const __m128i x = _mm_loadu_si128(reinterpret_cast<const __m128i*>(bits + k));
-    return _mm_cmpeq_epi32(_mm_and_si128(x, exp), exp);
+    return _mm_cmpgt_epi32(_mm_and_si128(x, abs), lim);  // both non-negative as int32
   };
   for (; i + 16 <= v.size(); i += 16) {
-    const __m128i any = _mm_or_si128(_mm_or_si128(all_ones(i), all_ones(i + 4)),
-                                     _mm_or_si128(all_ones(i + 8), all_ones(i + 12)));
+    const __m128i any = _mm_or_si128(_mm_or_si128(beyond(i), beyond(i + 4)),
+                                     _mm_or_si128(beyond(i + 8), beyond(i + 12)));
     if (_mm_movemask_epi8(any) != 0) break;
   }
 #endif
   for (; i < v.size(); ++i) {
-    if ((~bits[i] & kExp) == 0) return static_cast<int64_t>(i);
+    if ((bits[i] & kAbs) > limit_bits) return static_cast<int64_t>(i);
   }
   return -1;
 }
 
-absl::Status CheckLearningRate(float lr, absl::string_view name) {
-  if (!std::isfinite(lr) || lr < 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("learning_rate ", lr, " for '", name, "' must be finite and >= 0"));
-  }
-  return absl::OkStatus();
+// Bytes of a length-delimited protobuf field of `n` bytes (tag, length, payload), tag < 16.
+size_t FieldBytes(size_t n) {
+  return 1 + google::protobuf::io::CodedOutputStream::VarintSize64(n) + n;
 }
+
+// Bytes of one entry of a PullResponse (TableValues) or DensePullResponse (DenseValues):
+// the name and `value_bytes` of packed floats, as a field of the response.
+size_t ValuesEntryBytes(const std::string& name, size_t value_bytes) {
+  return FieldBytes(FieldBytes(name.size()) + (value_bytes > 0 ? FieldBytes(value_bytes) : 0));
+}
+
+// A response's epoch field, at most.
+constexpr size_t kEpochBytes = 11;
+
+// What a message carrying one dense tensor's whole state may need beside it: the name,
+// step and framing, and in a move's first chunk (MigrateExport) up to 4 MiB of rows and
+// the catalog.
+constexpr size_t kMessageMargin = size_t{5} << 20;
 
 }  // namespace
 
@@ -160,26 +178,67 @@ absl::Status PsCore::CheckOwnedDense(const ShardOwnership& own, absl::string_vie
 }
 
 absl::Status PsCore::CreateTable(const CreateTableRequest& req, CreateTableResponse* resp) {
+  // A new spec is held to every range (embedding/spec.h); stored ones load more leniently.
+  ASSIGN_OR_RETURN(TableSpec normalized, NormalizeTableSpec(req.spec()));
   absl::MutexLock lock(&create_mu_);
-  if (storage_ != nullptr && store_.FindTable(req.spec().name()) == nullptr) {
+  if (store_.FindTable(normalized.name()) == nullptr) {
+    RETURN_IF_ERROR(CheckTableCount());
     // Stored before it exists in memory, so no push to it is logged before its spec.
-    ASSIGN_OR_RETURN(TableSpec normalized, NormalizeTableSpec(req.spec()));
-    RETURN_IF_ERROR(storage_->AddTable(normalized));
+    if (storage_ != nullptr) RETURN_IF_ERROR(storage_->AddTable(normalized));
   }
-  ASSIGN_OR_RETURN(bool created, store_.CreateTable(req.spec()));
+  ASSIGN_OR_RETURN(bool created, store_.CreateTable(normalized));
   resp->set_created(created);
   return absl::OkStatus();
 }
 
 absl::Status PsCore::CreateDense(const CreateDenseRequest& req, CreateDenseResponse* resp) {
-  absl::MutexLock lock(&create_mu_);
-  if (storage_ != nullptr && store_.FindDense(req.spec().name()) == nullptr) {
-    ASSIGN_OR_RETURN(DenseSpec normalized, NormalizeDenseSpec(req.spec()));
-    RETURN_IF_ERROR(storage_->AddDense(normalized));
+  ASSIGN_OR_RETURN(DenseSpec normalized, NormalizeDenseSpec(req.spec()));
+  // Its whole state (weights and slots) travels in one message: a dense pull, an import's
+  // DenseState, a move's MigratedDense. Refused here rather than failing on every later
+  // pull, export or move.
+  uint64_t numel = 1;
+  for (int64_t d : normalized.shape()) numel *= static_cast<uint64_t>(d);  // <= 2^24
+  const uint64_t state_bytes =
+      numel * (1 + SlotsPerElement(normalized.optimizer().kind())) * sizeof(float);
+  if (state_bytes + kMessageMargin > options_.max_message_bytes) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "dense tensor '", normalized.name(), "' of ", numel, " elements holds ", state_bytes,
+        " bytes of weights and optimizer state, more than one message of this pod carries (",
+        options_.max_message_bytes, " bytes less ", kMessageMargin,
+        ", --max_message_mb): split it into several tensors"));
   }
-  ASSIGN_OR_RETURN(bool created, store_.CreateDense(req.spec()));
+  absl::MutexLock lock(&create_mu_);
+  if (store_.FindDense(normalized.name()) == nullptr) {
+    RETURN_IF_ERROR(CheckTableCount());
+    if (storage_ != nullptr) RETURN_IF_ERROR(storage_->AddDense(normalized));
+  }
+  ASSIGN_OR_RETURN(bool created, store_.CreateDense(normalized));
   resp->set_created(created);
   return absl::OkStatus();
+}
+
+absl::Status PsCore::CheckTableCount() {
+  const size_t held = store_.Tables().size() + store_.DenseTensors().size();
+  if (held < options_.max_tables) return absl::OkStatus();
+  return absl::ResourceExhaustedError(absl::StrCat(
+      "this pod holds ", held,
+      " tables and dense tensors, its limit (max_tables = ", options_.max_tables, ")"));
+}
+
+absl::Status PsCore::CheckAnswerBytes(absl::string_view what, size_t bytes) {
+  if (bytes <= options_.max_message_bytes) return absl::OkStatus();
+  counters_.rejected_answer_too_large.fetch_add(1, std::memory_order_relaxed);
+  return absl::ResourceExhaustedError(absl::StrCat(
+      what, " would answer ", bytes, " bytes, more than this pod's largest message (",
+      options_.max_message_bytes, " bytes, --max_message_mb); nothing was done: split it"));
+}
+
+PsCore::Refusals PsCore::refusals() const {
+  Refusals r;
+  r.gradient_too_large = counters_.rejected_gradient_too_large.load(std::memory_order_relaxed);
+  r.answer_too_large = counters_.rejected_answer_too_large.load(std::memory_order_relaxed);
+  r.invalid_import_rows = counters_.invalid_import_rows.load(std::memory_order_relaxed);
+  return r;
 }
 
 absl::Status PsCore::Describe(const DescribeRequest&, DescribeResponse* resp) {
@@ -194,6 +253,11 @@ absl::Status PsCore::Describe(const DescribeRequest&, DescribeResponse* resp) {
   resp->set_num_vshards(own->num_vshards());
   resp->set_epoch(own->epoch());
   resp->set_owned_vshards(own->Bitmap());
+  // Bounded by max_tables specs (~100 bytes each), so built first and measured.
+  if (absl::Status s = CheckAnswerBytes("describe", resp->ByteSizeLong()); !s.ok()) {
+    resp->Clear();
+    return s;
+  }
   return absl::OkStatus();
 }
 
@@ -225,14 +289,27 @@ absl::Status PsCore::Pull(const PullRequest& req, PullSink* sink) {
   auto own = ownership();
   sink->SetEpoch(own->epoch());
   if (req.tables_size() == 0) return absl::InvalidArgumentError("pull names no tables");
-  // Validate the whole request before touching any table.
+  // Validate the whole request, and the size of its answer, before touching any table: a
+  // refused pull creates no rows and allocates nothing for its answer.
   std::vector<TableIdsView> prepared(req.tables_size());
   size_t total = 0;
+  size_t answer = kEpochBytes;
   for (int i = 0; i < req.tables_size(); ++i) {
     RETURN_IF_ERROR(
         PrepareIds("pull", req.tables(i).table(), req.tables(i).ids(), *own, &total, &prepared[i]));
+    const TableIdsView& p = prepared[i];
+    answer += ValuesEntryBytes(p.table->spec().name(), p.ids.size() * p.table->dim() * 4);
   }
-  absl::Status read_error;  // reading evicted rows back (memory budget) can fail
+  RETURN_IF_ERROR(CheckAnswerBytes(
+      absl::StrCat("pull of ", total, " rows from ", req.tables_size(), " table(s)"), answer));
+  // Rows evicted under a memory budget (or not loaded yet after a lazy start) are read back
+  // from disk, and that read can fail. A table's Pull reads before it creates missing rows,
+  // so with several entries every table reads first: a failed read leaves no table with
+  // new rows. (Load creates no rows; tables without a row source return at once.)
+  if (!req.read_only() && prepared.size() > 1) {
+    for (const TableIdsView& p : prepared) RETURN_IF_ERROR(p.table->Load(p.ids));
+  }
+  absl::Status read_error;
   for (TableIdsView& p : prepared) {
     float* values = sink->AddEntry(p.table->spec().name(), p.ids.size() * p.table->dim());
     p.table->Pull(p.ids, values, req.read_only(), &read_error);
@@ -241,6 +318,27 @@ absl::Status PsCore::Pull(const PullRequest& req, PullSink* sink) {
   counters_.pull_requests.fetch_add(1, std::memory_order_relaxed);
   counters_.pulled_rows.fetch_add(total, std::memory_order_relaxed);
   return absl::OkStatus();
+}
+
+absl::Status PsCore::CheckGradients(absl::string_view what, absl::Span<const float> grads,
+                                    float clip_value, float clip_norm, size_t row_floats,
+                                    absl::Span<const int64_t> ids) {
+  const float limit = MaxPushGradient(clip_value, clip_norm);
+  const int64_t bad = FirstBeyond(grads, limit);
+  if (bad < 0) return absl::OkStatus();
+  const std::string where =
+      ids.empty() ? absl::StrCat("element ", bad)
+                  : absl::StrCat("id ", ids[bad / row_floats], " element ", bad % row_floats);
+  if (!std::isfinite(grads[bad])) {
+    counters_.rejected_nonfinite.fetch_add(1, std::memory_order_relaxed);
+    return absl::InvalidArgumentError(absl::StrCat(what, " has a non-finite gradient (", grads[bad],
+                                                   ") at ", where, "; nothing was applied"));
+  }
+  counters_.rejected_gradient_too_large.fetch_add(1, std::memory_order_relaxed);
+  return absl::InvalidArgumentError(absl::StrCat(
+      what, " has a gradient of ", grads[bad], " at ", where, ", beyond +-", limit,
+      ", the largest an update is sure to stay finite with (embedding/spec.h); nothing was "
+      "applied. Set the table's clip_value or clip_norm to clip gradients instead"));
 }
 
 absl::Status PsCore::PreparePush(const PushRequest& req, const ShardOwnership& own,
@@ -259,13 +357,10 @@ absl::Status PsCore::PreparePush(const PushRequest& req, const ShardOwnership& o
           "push to '", entry.table(), "' has ", p.grads.size(), " gradient floats for ",
           p.rows.ids.size(), " ids of dim ", dim, " (expected ", p.rows.ids.size() * dim, ")"));
     }
-    if (int64_t bad = FirstNonFinite(p.grads); bad >= 0) {
-      counters_.rejected_nonfinite.fetch_add(1, std::memory_order_relaxed);
-      return absl::InvalidArgumentError(absl::StrCat(
-          "push to '", entry.table(), "' has a non-finite gradient (", p.grads[bad], ") for id ",
-          p.rows.ids[bad / dim], " element ", bad % dim, "; nothing was applied"));
-    }
-    RETURN_IF_ERROR(CheckLearningRate(entry.learning_rate(), entry.table()));
+    const TableSpec& spec = p.rows.table->spec();
+    RETURN_IF_ERROR(CheckGradients(absl::StrCat("push to '", entry.table(), "'"), p.grads,
+                                   spec.clip_value(), spec.clip_norm(), dim, p.rows.ids));
+    RETURN_IF_ERROR(ValidatePushLearningRate(entry.learning_rate(), entry.table()));
     p.lr = entry.learning_rate();
   }
   return absl::OkStatus();
@@ -415,14 +510,23 @@ absl::Status PsCore::PullDense(const DensePullRequest& req, DensePullResponse* r
   resp->set_epoch(own->epoch());
   if (req.names_size() == 0) return absl::InvalidArgumentError("dense pull names no tensors");
   std::vector<std::shared_ptr<DenseTensor>> tensors;
+  absl::flat_hash_set<absl::string_view> seen;
+  size_t answer = kEpochBytes;
   for (const std::string& name : req.names()) {
+    if (!seen.insert(name).second) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("dense pull names tensor '", name, "' more than once"));
+    }
     auto d = store_.FindDense(name);
     if (d == nullptr) {
       return absl::NotFoundError(absl::StrCat("dense tensor '", name, "' does not exist"));
     }
     RETURN_IF_ERROR(CheckOwnedDense(*own, name));
+    answer += ValuesEntryBytes(name, d->numel() * sizeof(float));
     tensors.push_back(std::move(d));
   }
+  RETURN_IF_ERROR(
+      CheckAnswerBytes(absl::StrCat("dense pull of ", tensors.size(), " tensors"), answer));
   for (const auto& d : tensors) {
     DenseValues* out = resp->add_tensors();
     out->set_name(d->spec().name());
@@ -449,13 +553,10 @@ absl::Status PsCore::PrepareDensePush(const DensePushRequest& req, const ShardOw
                                                      p.grads.size(), " floats, expected ",
                                                      p.tensor->numel()));
     }
-    if (int64_t bad = FirstNonFinite(p.grads); bad >= 0) {
-      counters_.rejected_nonfinite.fetch_add(1, std::memory_order_relaxed);
-      return absl::InvalidArgumentError(absl::StrCat("dense push to '", entry.name(),
-                                                     "' has a non-finite gradient at element ", bad,
-                                                     "; nothing was applied"));
-    }
-    RETURN_IF_ERROR(CheckLearningRate(entry.learning_rate(), entry.name()));
+    const DenseSpec& spec = p.tensor->spec();
+    RETURN_IF_ERROR(CheckGradients(absl::StrCat("dense push to '", entry.name(), "'"), p.grads,
+                                   spec.clip_value(), spec.clip_norm(), p.grads.size(), {}));
+    RETURN_IF_ERROR(ValidatePushLearningRate(entry.learning_rate(), entry.name()));
     p.lr = entry.learning_rate();
     RETURN_IF_ERROR(CheckOwnedDense(own, entry.name()));
   }

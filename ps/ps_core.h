@@ -34,6 +34,15 @@ struct PsCoreOptions {
   // Rows in one pull or push request, summed over its tables. 1M 64-dim rows is 256 MB of
   // floats: beyond that a client should split its batch.
   size_t max_batch_rows = size_t{1} << 20;
+  // Largest answer the pod builds: the transport's send limit (PsServer sets it from
+  // PsServerOptions::max_message_bytes, --max_message_mb). A pull, dense pull or Describe
+  // whose answer would be larger is refused with RESOURCE_EXHAUSTED before anything is
+  // built, and a dense tensor whose state (weights and optimizer slots, as an import or a
+  // move carries it) would not fit one message is refused at creation.
+  size_t max_message_bytes = size_t{256} << 20;
+  // Tables and dense tensors a pod holds, together: CreateTable / CreateDense beyond it
+  // answer RESOURCE_EXHAUSTED (each table costs ~100 KiB before its first row).
+  size_t max_tables = 10000;
   PushDedupOptions dedup;
   TableOptions table;
   // storage.db.dir empty: state in memory only (lost when the process ends).
@@ -70,10 +79,14 @@ class PsCore {
   ~PsCore();
 
   // Each returns OK or the most specific error: INVALID_ARGUMENT (malformed, empty,
-  // oversized, non-finite gradients), NOT_FOUND (unknown table), ALREADY_EXISTS (table
-  // with another spec), FAILED_PRECONDITION (id of a vshard this pod does not own, stale
-  // incarnation), ABORTED (the same push is being applied right now: retry). On error
-  // nothing of the request was applied. Thread-safe.
+  // oversized, repeated dense names, a spec outside embedding/spec.h's ranges, a learning
+  // rate outside them, a non-finite gradient or, for a table that does not clip, one
+  // beyond ±kMaxGradient), NOT_FOUND (unknown table), ALREADY_EXISTS (table with another
+  // spec), FAILED_PRECONDITION (id of a vshard this pod does not own, stale incarnation),
+  // RESOURCE_EXHAUSTED (the answer would exceed max_message_bytes, or max_tables is
+  // reached; the message names the limit), ABORTED (the same push is being applied right
+  // now: retry). On error nothing of the request was applied, and a failed pull created
+  // no rows. Thread-safe.
   absl::Status CreateTable(const CreateTableRequest& req, CreateTableResponse* resp);
   absl::Status CreateDense(const CreateDenseRequest& req, CreateDenseResponse* resp);
   absl::Status Describe(const DescribeRequest& req, DescribeResponse* resp);
@@ -100,9 +113,21 @@ class PsCore {
   // vshard this pod does not own); UNAVAILABLE while a move has fenced one of its vshards
   // (retry). Each row is installed only if it is missing or has fewer updates than the
   // imported step (EmbeddingTable::Install), so an import is idempotent; resp counts the
-  // installed and skipped ones. `done` runs as PushAsync's does: on a durable pod once the
-  // installs are logged. *resp must stay valid until then. Thread-safe.
+  // installed and skipped ones. A row or tensor whose values are not a state its
+  // optimizer can hold (Optimizer::ValidState: non-finite, beyond ±kMaxValue, a negative
+  // accumulator; no export of this version writes one) is not installed: it is counted in
+  // resp->invalid, named in resp->invalid_rows and the pod's log, and the rest goes on.
+  // `done` runs as PushAsync's does: on a durable pod once the installs are logged. *resp
+  // must stay valid until then. Thread-safe.
   void ImportRows(const ImportRowsRequest& req, ImportRowsResponse* resp, Done done);
+
+  // Requests refused for reasons StatsResponse does not count, since start (metrics).
+  struct Refusals {
+    uint64_t gradient_too_large = 0;   // pushes with a gradient beyond ±kMaxGradient
+    uint64_t answer_too_large = 0;     // pulls, dense pulls, Describes over max_message_bytes
+    uint64_t invalid_import_rows = 0;  // rows and tensors an import skipped (ValidState)
+  };
+  Refusals refusals() const;
 
   // Replaces the ownership (a new shard map epoch). Waits for pushes being applied; a
   // push applies entirely under one ownership. Thread-safe.
@@ -179,6 +204,16 @@ class PsCore {
   absl::Status CheckOwnedDense(const ShardOwnership& own, absl::string_view name);
   absl::Status PreparePush(const PushRequest& req, const ShardOwnership& own,
                            std::vector<PreparedPush>* prepared, size_t* total);
+  // INVALID_ARGUMENT (counted) unless every gradient of `what` is finite and, unless the
+  // spec's clipping bounds it, within ±kMaxGradient: the bound that keeps every update
+  // finite (embedding/spec.h). `row_floats` (dim) and `ids` name the bad element.
+  absl::Status CheckGradients(absl::string_view what, absl::Span<const float> grads,
+                              float clip_value, float clip_norm, size_t row_floats,
+                              absl::Span<const int64_t> ids);
+  // RESOURCE_EXHAUSTED (counted) when an answer of `bytes` exceeds max_message_bytes.
+  absl::Status CheckAnswerBytes(absl::string_view what, size_t bytes);
+  // RESOURCE_EXHAUSTED when the pod holds max_tables tables and tensors already.
+  absl::Status CheckTableCount() ABSL_EXCLUSIVE_LOCKS_REQUIRED(create_mu_);
   struct PreparedDense {
     std::shared_ptr<DenseTensor> tensor;
     absl::Span<const float> grads;
@@ -260,12 +295,17 @@ class PsCore {
   static absl::Status ParseRows(absl::string_view what, const std::string& ids,
                                 const std::string& steps, const std::string& values,
                                 Installs::Rows* out);
+  // Leaves out of *r the rows that are no state its optimizer can hold (ValidState),
+  // reporting each in *resp and the log; the spans then point into r's scratch vectors.
+  static void DropInvalidRows(Installs::Rows* r, ImportRowsResponse* resp);
   // Parses `out->tensor`'s values; INVALID_ARGUMENT unless numel + slot floats.
   static absl::Status ParseDense(absl::string_view what, const std::string& values,
                                  Installs::Dense* out);
-  // ImportRows' validation (ps/pod_transfer.cc): tables and tensors exist, sizes, finite
-  // values, every id owned.
-  absl::Status PrepareImport(const ImportRowsRequest& req, const ShardOwnership& own, Installs* in);
+  // ImportRows' validation (ps/pod_transfer.cc): tables and tensors exist, sizes, every id
+  // owned. Rows and tensors that are not a valid state are dropped from *in and reported
+  // in *resp (see ImportRows).
+  absl::Status PrepareImport(const ImportRowsRequest& req, const ShardOwnership& own, Installs* in,
+                             ImportRowsResponse* resp);
   // What installing `in` may write.
   static void AddTouches(const Installs& in, Change* change);
   // The ApplyFn of an install: reads evicted rows back (a failed read installs nothing),
@@ -333,8 +373,9 @@ class PsCore {
 
   struct Counters {
     std::atomic<uint64_t> pull_requests{0}, push_requests{0}, pulled_rows{0}, pushed_rows{0},
-        duplicate_pushes{0}, rejected_nonfinite{0}, rejected_wrong_shard{0}, replicated_received{0},
-        replicated_applied{0}, replicated_refused{0}, lease_refusals{0};
+        duplicate_pushes{0}, rejected_nonfinite{0}, rejected_wrong_shard{0},
+        rejected_gradient_too_large{0}, rejected_answer_too_large{0}, invalid_import_rows{0},
+        replicated_received{0}, replicated_applied{0}, replicated_refused{0}, lease_refusals{0};
   } counters_;
 };
 

@@ -1,10 +1,14 @@
 #include "ps/ps_core.h"
 
 #include <cmath>
+#include <cstring>
 #include <limits>
+#include <string>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "common/routing/hash.h"
+#include "embedding/row_source.h"
 #include "gtest/gtest.h"
 #include "proto/packed.h"
 
@@ -95,7 +99,7 @@ TEST_F(PsCoreTest, BadPushesAreRefusedWholeWithPreciseCodes) {
   std::vector<float> grads = {0, std::numeric_limits<float>::quiet_NaN()};
   second->set_ids(Pack<int64_t>(ids));
   second->set_grads(Pack<float>(grads));
-  bad.push_back({nan, absl::StatusCode::kInvalidArgument, "non-finite gradient (nan) for id 3"});
+  bad.push_back({nan, absl::StatusCode::kInvalidArgument, "non-finite gradient (nan) at id 3"});
   PushRequest inf = MakePush({4}, {std::numeric_limits<float>::infinity(), 0});
   bad.push_back({inf, absl::StatusCode::kInvalidArgument, "non-finite"});
   PushRequest lr = MakePush({1}, {1, 1});
@@ -125,7 +129,7 @@ TEST_F(PsCoreTest, NonFiniteGradientIsLocatedExactly) {
     PushResponse resp;
     absl::Status s = core_.Push(MakePush(ids, grads), &resp);
     EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
-    EXPECT_NE(s.message().find(absl::StrCat("(-inf) for id ", 100 + bad / 2, " element ", bad % 2)),
+    EXPECT_NE(s.message().find(absl::StrCat("(-inf) at id ", 100 + bad / 2, " element ", bad % 2)),
               std::string::npos)
         << s;
   }
@@ -195,6 +199,249 @@ TEST_F(PsCoreTest, DenseRoundTrip) {
   EXPECT_EQ(out, (std::vector<float>{-1, -2, -3}));
   pull.add_names("missing");
   EXPECT_EQ(core_.PullDense(pull, &resp).code(), absl::StatusCode::kNotFound);
+}
+
+CreateTableRequest TableRequest(const std::string& name, uint32_t dim, OptimizerSpec::Kind kind,
+                                float lr) {
+  CreateTableRequest req;
+  req.mutable_spec()->set_name(name);
+  req.mutable_spec()->set_dim(dim);
+  req.mutable_spec()->mutable_optimizer()->set_kind(kind);
+  req.mutable_spec()->mutable_optimizer()->set_learning_rate(lr);
+  return req;
+}
+
+PushRequest PushTo(const std::string& table, std::vector<int64_t> ids, std::vector<float> grads) {
+  PushRequest req;
+  TableGrads* t = req.add_tables();
+  t->set_table(table);
+  t->set_ids(Pack<int64_t>(ids));
+  t->set_grads(Pack<float>(grads));
+  return req;
+}
+
+PullRequest PullOf(const std::string& table, std::vector<int64_t> ids) {
+  PullRequest req;
+  TableIds* t = req.add_tables();
+  t->set_table(table);
+  t->set_ids(Pack<int64_t>(ids));
+  return req;
+}
+
+// Issue 15, item 3: FTRL with a gradient of 1e20 left its row NaN forever; Adagrad's
+// accumulator went Inf and froze the row; SGD with learning_rate = 1e30 (accepted by
+// CreateTable) gave -Inf. Now the table is refused at creation, and a push whose
+// gradients could overflow an update is refused whole, counted, nothing applied.
+TEST_F(PsCoreTest, UpdatesThatCouldOverflowAreRefusedWhole) {
+  CreateTableResponse cr;
+  absl::Status sgd = core_.CreateTable(TableRequest("sgd", 2, OptimizerSpec::SGD, 1e30f), &cr);
+  EXPECT_EQ(sgd.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(sgd.message().find("learning_rate = 1e+30"), std::string::npos) << sgd;
+  EXPECT_EQ(core_.store().FindTable("sgd"), nullptr);
+  ASSERT_TRUE(core_.CreateTable(TableRequest("ftrl", 2, OptimizerSpec::FTRL, 0.05f), &cr).ok());
+  ASSERT_TRUE(
+      core_.CreateTable(TableRequest("adagrad", 2, OptimizerSpec::ADAGRAD, 0.1f), &cr).ok());
+
+  PushResponse resp;
+  ASSERT_TRUE(core_.Push(PushTo("ftrl", {1}, {0.5f, 0.5f}), &resp).ok());
+  for (const char* table : {"ftrl", "adagrad"}) {
+    // A good entry first, then the 1e20 gradient: neither is applied.
+    PushRequest req = PushTo(table, {1, 2}, {0.5f, 0.5f, 0.25f, 0.25f});
+    TableGrads* huge = req.add_tables();
+    huge->set_table(table);
+    huge->set_ids(Pack<int64_t>(std::vector<int64_t>{3}));
+    huge->set_grads(Pack<float>(std::vector<float>{1e20f, 0}));
+    absl::Status s = core_.Push(req, &resp);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << table;
+    EXPECT_NE(s.message().find("gradient of 1e+20 at id 3 element 0, beyond +-1e+12"),
+              std::string::npos)
+        << s;
+    EXPECT_NE(s.message().find("clip_value"), std::string::npos) << s;
+  }
+  EXPECT_EQ(core_.store().FindTable("adagrad")->rows(), 0u);
+  EXPECT_EQ(core_.store().FindTable("ftrl")->rows(), 1u);  // the first push only
+  core_.store().FindTable("ftrl")->Inspect(1, [](const RowView& r) { EXPECT_EQ(r.step, 1u); });
+  // A push's own learning rate is held to the spec's range too.
+  PushRequest lr = PushTo("adagrad", {1}, {1, 1});
+  lr.mutable_tables(0)->set_learning_rate(1e30f);
+  absl::Status s = core_.Push(lr, &resp);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("learning_rate 1e+30 for 'adagrad'"), std::string::npos) << s;
+  EXPECT_EQ(core_.refusals().gradient_too_large, 2u);
+  // The dense path too.
+  CreateDenseRequest dreq;
+  dreq.mutable_spec()->set_name("bias");
+  dreq.mutable_spec()->add_shape(2);
+  dreq.mutable_spec()->mutable_optimizer()->set_kind(OptimizerSpec::FTRL);
+  CreateDenseResponse dresp;
+  ASSERT_TRUE(core_.CreateDense(dreq, &dresp).ok());
+  DensePushRequest dpush;
+  dpush.add_tensors()->set_name("bias");
+  dpush.mutable_tensors(0)->set_grads(Pack<float>(std::vector<float>{0, -1e20f}));
+  s = core_.PushDense(dpush, &resp);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("gradient of -1e+20 at element 1"), std::string::npos) << s;
+  EXPECT_EQ(core_.store().FindDense("bias")->step(), 0u);
+  EXPECT_EQ(core_.refusals().gradient_too_large, 3u);
+}
+
+// A table that clips takes any finite gradient: the clipped one keeps the update finite.
+TEST_F(PsCoreTest, ClippingTablesTakeLargeGradientsClipped) {
+  CreateTableRequest req = TableRequest("clipped", 2, OptimizerSpec::SGD, 1.0f);
+  req.mutable_spec()->set_clip_value(2.0f);
+  CreateTableResponse cr;
+  ASSERT_TRUE(core_.CreateTable(req, &cr).ok());
+  PushResponse resp;
+  ASSERT_TRUE(core_.Push(PushTo("clipped", {1}, {1e20f, -0.5f}), &resp).ok());
+  PullResponse pulled;
+  ASSERT_TRUE(core_.Pull(PullOf("clipped", {1}), &pulled).ok());
+  std::vector<float> row(2);
+  std::memcpy(row.data(), pulled.tables(0).values().data(), 8);
+  EXPECT_EQ(row, (std::vector<float>{-2.0f, 0.5f}));  // zeros initializer, lr 1
+  // NaN stays refused.
+  EXPECT_EQ(core_.Push(PushTo("clipped", {1}, {std::nanf(""), 0}), &resp).code(),
+            absl::StatusCode::kInvalidArgument);
+  CreateDenseRequest dreq;
+  dreq.mutable_spec()->set_name("w");
+  dreq.mutable_spec()->add_shape(2);
+  dreq.mutable_spec()->set_clip_norm(1.0f);
+  dreq.mutable_spec()->mutable_optimizer()->set_learning_rate(1.0f);
+  CreateDenseResponse dresp;
+  ASSERT_TRUE(core_.CreateDense(dreq, &dresp).ok());
+  DensePushRequest dpush;
+  dpush.add_tensors()->set_name("w");
+  dpush.mutable_tensors(0)->set_grads(Pack<float>(std::vector<float>{3e20f, 4e20f}));
+  ASSERT_TRUE(core_.PushDense(dpush, &resp).ok());
+  std::vector<float> w(2);
+  core_.store().FindDense("w")->Pull(w.data());
+  EXPECT_NEAR(w[0], -0.6f, 1e-6);
+  EXPECT_NEAR(w[1], -0.8f, 1e-6);
+}
+
+// Issue 15, item 4: a 600-byte pull of 200k ids of a dim-1024 table made the pod build an
+// 800 MB answer before the send limit refused it, and the failed pull had created 200,000
+// rows. The answer's size is now checked first: RESOURCE_EXHAUSTED naming the limit, no
+// row created, nothing allocated for it.
+TEST_F(PsCoreTest, PullsAnsweringMoreThanOneMessageAreRefusedBeforeAnyRow) {
+  PsCoreOptions o;
+  o.max_message_bytes = 1 << 20;
+  PsCore small(o, ShardOwnership::All(16));
+  CreateTableResponse cr;
+  ASSERT_TRUE(small.CreateTable(TableRequest("wide", 1024, OptimizerSpec::SGD, 1), &cr).ok());
+  ASSERT_TRUE(small.CreateTable(TableRequest("narrow", 2, OptimizerSpec::SGD, 1), &cr).ok());
+  std::vector<int64_t> ids(300);  // 300 rows of 4 KiB: 1.2 MB
+  for (size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<int64_t>(i);
+  PullRequest req = PullOf("narrow", {1, 2, 3});
+  *req.add_tables() = PullOf("wide", ids).tables(0);
+  PullResponse resp;
+  absl::Status s = small.Pull(req, &resp);
+  EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_NE(s.message().find("more than this pod's largest message (1048576 bytes"),
+            std::string::npos)
+      << s;
+  EXPECT_EQ(small.store().FindTable("wide")->rows(), 0u);
+  EXPECT_EQ(small.store().FindTable("narrow")->rows(), 0u);
+  EXPECT_EQ(resp.tables_size(), 0);
+  EXPECT_EQ(small.refusals().answer_too_large, 1u);
+  // 250 rows (1,024,000 bytes of values plus framing) fit.
+  ids.resize(250);
+  ASSERT_TRUE(small.Pull(PullOf("wide", ids), &resp).ok());
+  EXPECT_EQ(small.store().FindTable("wide")->rows(), 250u);
+}
+
+// A table whose rows are read back from disk (memory budget, lazy start) may fail that
+// read: a pull of several tables then creates no rows in any of them.
+TEST_F(PsCoreTest, PullWhoseDiskReadFailsCreatesNoRows) {
+  class FailingSource final : public RowSource {
+   public:
+    absl::Status Read(absl::Span<const int64_t>, size_t, float*, uint64_t*, bool*) override {
+      return absl::UnavailableError("disk read failed");
+    }
+  } failing;
+  CreateTableResponse cr;
+  ASSERT_TRUE(core_.CreateTable(TableRequest("cold", 2, OptimizerSpec::SGD, 1), &cr).ok());
+  core_.store().FindTable("cold")->SetRowSource(&failing);
+  PullRequest req = PullOf("emb", {1, 2, 3});
+  *req.add_tables() = PullOf("cold", {4, 5}).tables(0);
+  PullResponse resp;
+  EXPECT_EQ(core_.Pull(req, &resp).code(), absl::StatusCode::kUnavailable);
+  EXPECT_EQ(core_.store().FindTable("emb")->rows(), 0u);
+  EXPECT_EQ(core_.store().FindTable("cold")->rows(), 0u);
+}
+
+// Issue 15, item 4: a dense pull naming a 4 MB tensor 200 times made the pod build an
+// 800 MB answer. Repeated names are refused, and so is an answer over the limit.
+TEST_F(PsCoreTest, DensePullsAreBoundedAndNameEachTensorOnce) {
+  PsCoreOptions o;
+  o.max_message_bytes = 8 << 20;
+  PsCore small(o, ShardOwnership::All(16));
+  auto dense = [](const std::string& name, int64_t numel) {
+    CreateDenseRequest req;
+    req.mutable_spec()->set_name(name);
+    req.mutable_spec()->add_shape(numel);
+    return req;
+  };
+  CreateDenseResponse cr;
+  ASSERT_TRUE(small.CreateDense(dense("a", 512 << 10), &cr).ok());  // 2 MiB
+  ASSERT_TRUE(small.CreateDense(dense("b", 512 << 10), &cr).ok());
+  DensePullRequest twice;
+  twice.add_names("a");
+  twice.add_names("b");
+  twice.add_names("a");
+  DensePullResponse resp;
+  absl::Status s = small.PullDense(twice, &resp);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("names tensor 'a' more than once"), std::string::npos) << s;
+  // A tensor whose state (weights, no slots for SGD) would not fit one message is refused
+  // at creation: 8 MiB less the margin for a move's first chunk.
+  s = small.CreateDense(dense("huge", 1 << 20), &cr);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("--max_message_mb"), std::string::npos) << s;
+  CreateDenseRequest adam = dense("adam", 300 << 10);  // 1.2 MB, 3.6 MB with its slots
+  adam.mutable_spec()->mutable_optimizer()->set_kind(OptimizerSpec::ADAM);
+  s = small.CreateDense(adam, &cr);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  ASSERT_TRUE(small.CreateDense(dense("c", 512 << 10), &cr).ok());
+  DensePullRequest all;
+  all.add_names("a");
+  all.add_names("b");
+  all.add_names("c");
+  ASSERT_TRUE(small.PullDense(all, &resp).ok());  // 6 MiB
+  CreateDenseResponse more;
+  ASSERT_TRUE(small.CreateDense(dense("d", 512 << 10), &more).ok());
+  all.add_names("d");  // 8 MiB and framing
+  resp.Clear();
+  s = small.PullDense(all, &resp);
+  EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_NE(s.message().find("8388608 bytes"), std::string::npos) << s;
+  EXPECT_EQ(resp.tensors_size(), 0);
+}
+
+TEST_F(PsCoreTest, DescribeAndTableCountAreBounded) {
+  PsCoreOptions o;
+  o.max_tables = 3;
+  PsCore small(o, ShardOwnership::All(16));
+  CreateTableResponse cr;
+  for (const char* name : {"a", "b", "c"}) {
+    ASSERT_TRUE(small.CreateTable(TableRequest(name, 2, OptimizerSpec::SGD, 1), &cr).ok());
+  }
+  absl::Status s = small.CreateTable(TableRequest("d", 2, OptimizerSpec::SGD, 1), &cr);
+  EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_NE(s.message().find("max_tables = 3"), std::string::npos) << s;
+  // Creating an existing table again is still idempotent.
+  EXPECT_TRUE(small.CreateTable(TableRequest("a", 2, OptimizerSpec::SGD, 1), &cr).ok());
+  EXPECT_FALSE(cr.created());
+
+  PsCoreOptions tiny;
+  tiny.max_message_bytes = 100;
+  PsCore core(tiny, ShardOwnership::All(16));
+  const std::string name(60, 'x');  // two specs of 60-character names: over 100 bytes
+  ASSERT_TRUE(core.CreateTable(TableRequest(name + "1", 2, OptimizerSpec::SGD, 1), &cr).ok());
+  ASSERT_TRUE(core.CreateTable(TableRequest(name + "2", 2, OptimizerSpec::SGD, 1), &cr).ok());
+  DescribeResponse resp;
+  s = core.Describe(DescribeRequest(), &resp);
+  EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted) << s;
+  EXPECT_EQ(resp.tables_size(), 0);
 }
 
 }  // namespace

@@ -25,9 +25,16 @@ void AddPsCoreMetrics(PsCore* core, MetricsRegistry* registry) {
     One(w, "ps_duplicate_pushes_total",
         "Pushes recognised as retries of an applied push and not applied again.", C,
         s.duplicate_pushes());
+    const PsCore::Refusals r = core->refusals();
     w->Family("ps_rejected_total", "Requests or ids refused, by reason.", C);
     w->Sample({{"reason", "nonfinite_gradient"}}, s.rejected_nonfinite());
+    w->Sample({{"reason", "gradient_too_large"}}, r.gradient_too_large);
+    w->Sample({{"reason", "answer_too_large"}}, r.answer_too_large);
     w->Sample({{"reason", "wrong_shard"}}, s.rejected_wrong_shard());
+    One(w, "ps_import_invalid_rows_total",
+        "Rows and dense tensors an import left out: no state an optimizer can hold "
+        "(non-finite, beyond +-1e15, a negative accumulator).",
+        C, r.invalid_import_rows);
     One(w, "ps_rows", "Embedding rows held in memory, all tables.", G, s.rows());
     One(w, "ps_memory_bytes", "Bytes held by rows, optimizer state and dense tensors.", G,
         s.memory_bytes());

@@ -162,6 +162,7 @@ absl::StatusOr<std::unique_ptr<PsServer>> PsServer::Start(const PsServerOptions&
   MigrateImportOptions migrate;
   ASSIGN_OR_RETURN(migrate.channels, ChannelMaker::Create(options.peer_security));
   PsCoreOptions core_options = options.core;
+  core_options.max_message_bytes = static_cast<size_t>(options.max_message_bytes);  // one limit
   if (core_options.replica_sender == nullptr) {
     // A batch of records is applied and logged by the follower before it answers.
     core_options.replica_sender = NewGrpcReplicaSender(migrate.channels, absl::Seconds(5));

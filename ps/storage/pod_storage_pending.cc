@@ -10,7 +10,7 @@ namespace ps {
 PendingTable::PendingTable(std::shared_ptr<EmbeddingTable> t, size_t shards)
     : table(std::move(t)),
       shards_(shards),
-      optimizer_(table->spec().optimizer()),
+      optimizer_(Optimizer::For(table->spec())),
       initializer_(table->spec().initializer()) {}
 
 void PendingTable::Reserve(size_t n) {
