@@ -151,7 +151,8 @@ class WorkerSession {
   virtual uint64_t worker_id() const = 0;
   virtual uint64_t incarnation() const = 0;
   virtual int64_t lease_ms() const = 0;
-  // Registrations after the first (lost leases).
+  // Registrations after the first (lost leases), counted once each is complete: the new
+  // identity is the session's and its PsClient's.
   virtual uint64_t reregistrations() const = 0;
   // True once the master said another process holds this worker id now.
   virtual bool superseded() const = 0;
