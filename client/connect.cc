@@ -109,7 +109,7 @@ absl::StatusOr<std::unique_ptr<PsClient>> PsClient::Connect(const ClientOptions&
     RETURN_IF_ERROR(client->Init());
     return std::unique_ptr<PsClient>(std::move(client));
   }
-  // From the master: retry while pods start or have not applied the map yet.
+  // From the master: retry while pods start (an owner not live yet, a pod not answering).
   auto stub = Master::NewStub(internal::Channels(options).Make(options.master));
   const absl::Time deadline = absl::Now() + absl::Milliseconds(options.connect_timeout_ms);
   const RetryPolicy policy(internal::RetryOptionsOf(options));
@@ -117,9 +117,9 @@ absl::StatusOr<std::unique_ptr<PsClient>> PsClient::Connect(const ClientOptions&
     auto client = internal::ConnectThroughMaster(options, *stub);
     if (client.ok()) return client;
     const absl::Status& s = client.status();
-    // Retryable codes, and FAILED_PRECONDITION: a pod has not applied the map yet.
-    const bool retry =
-        RetryPolicy::IsRetryable(s.code()) || s.code() == absl::StatusCode::kFailedPrecondition;
+    // The policy's retryable codes only: a pod's vshard count that differs from the map's
+    // (FAILED_PRECONDITION) is a configuration error, said at once.
+    const bool retry = RetryPolicy::IsRetryable(s.code());
     // Until connect_timeout_ms rather than max_attempts: pods may take a while to start.
     const absl::Duration backoff = policy.Backoff(attempts);
     if (!retry || absl::Now() + backoff > deadline) {

@@ -5,10 +5,11 @@
 #include <algorithm>
 #include <utility>
 
-#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/base/status_macros.h"
+#include "proto/master.pb.h"
+#include "proto/status_detail.h"
 
 namespace ps::internal {
 
@@ -16,10 +17,13 @@ Refusal ClassifyRefusal(const absl::Status& s, bool job_call) {
   if (s.code() == absl::StatusCode::kNotFound && !job_call) return Refusal::kLost;
   if (s.code() != absl::StatusCode::kFailedPrecondition) return Refusal::kNone;
   // The master (master/job_dispatcher_workers.cc, LiveWorker) refuses a stale incarnation
-  // and a worker that is LOST or LEFT with the same code; only its message tells them
-  // apart. The one place this client reads it; a structured detail from the master (as
-  // proto/wrong_shard.h for pods) would replace this match.
-  return absl::StrContains(s.message(), "superseded") ? Refusal::kSuperseded : Refusal::kLost;
+  // and a worker that is LOST or LEFT with the same code and tells them apart by its
+  // WorkerRefused detail (proto/master.proto). Without one (a master older than the
+  // detail) the worker registers again, as it always did.
+  const auto refused = DetailOf<WorkerRefused>(s);
+  return refused.has_value() && refused->reason() == WorkerRefused::SUPERSEDED
+             ? Refusal::kSuperseded
+             : Refusal::kLost;
 }
 
 absl::StatusOr<std::unique_ptr<WorkerMembership>> WorkerMembership::Start(

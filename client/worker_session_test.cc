@@ -12,9 +12,11 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "client/worker_membership.h"
 #include "common/routing/shard_ownership.h"
 #include "gtest/gtest.h"
 #include "master/master_server.h"
+#include "proto/status_detail.h"
 #include "ps/ps_server.h"
 
 namespace ps {
@@ -359,6 +361,29 @@ TEST_F(WorkerSessionTest, BadOptionsAndAnUnreachableMasterFailToStart) {
   auto s = WorkerSession::Start(gone);
   EXPECT_EQ(s.status().code(), absl::StatusCode::kUnavailable) << s.status();
   EXPECT_NE(s.status().message().find(address), std::string::npos) << s.status();
+}
+
+// The master's refusal is told apart by its WorkerRefused detail, never by its words.
+TEST(ClassifyRefusalTest, TheDetailDecidesNotTheMessage) {
+  using internal::ClassifyRefusal;
+  using internal::Refusal;
+  WorkerRefused superseded;
+  superseded.set_reason(WorkerRefused::SUPERSEDED);
+  WorkerRefused lost;
+  lost.set_reason(WorkerRefused::LOST);
+  // A message that says "superseded" without the detail is a lost lease (register again).
+  EXPECT_EQ(ClassifyRefusal(absl::FailedPreconditionError("incarnation 1 is superseded"),
+                            /*job_call=*/true),
+            Refusal::kLost);
+  EXPECT_EQ(ClassifyRefusal(WithDetail(absl::FailedPreconditionError("refused"), superseded),
+                            /*job_call=*/true),
+            Refusal::kSuperseded);
+  EXPECT_EQ(ClassifyRefusal(WithDetail(absl::FailedPreconditionError("superseded"), lost),
+                            /*job_call=*/true),
+            Refusal::kLost);
+  // Other codes are no refusal of the identity (NOT_FOUND only outside job calls).
+  EXPECT_EQ(ClassifyRefusal(absl::UnavailableError("superseded"), true), Refusal::kNone);
+  EXPECT_EQ(ClassifyRefusal(absl::NotFoundError("no such worker"), false), Refusal::kLost);
 }
 
 }  // namespace

@@ -7,6 +7,7 @@
 #include "common/base/status_macros.h"
 #include "master/job_dispatcher.h"
 #include "master/keys.h"
+#include "proto/status_detail.h"
 
 namespace ps {
 
@@ -18,16 +19,22 @@ absl::StatusOr<JobDispatcher::Worker*> JobDispatcher::LiveWorker(uint64_t worker
         absl::StrCat("worker ", worker_id, " is not registered; call RegisterWorker first"));
   }
   Worker& w = it->second;
+  WorkerRefused refused;
+  refused.set_current_incarnation(w.record.incarnation());
   if (w.record.incarnation() != incarnation) {
-    return absl::FailedPreconditionError(absl::StrCat("worker ", worker_id, " incarnation ",
-                                                      incarnation, " is superseded by incarnation ",
-                                                      w.record.incarnation()));
+    refused.set_reason(WorkerRefused::SUPERSEDED);
+    return WithDetail(absl::FailedPreconditionError(
+                          absl::StrCat("worker ", worker_id, " incarnation ", incarnation,
+                                       " is superseded by incarnation ", w.record.incarnation())),
+                      refused);
   }
   if (w.record.state() != WorkerInfo::LIVE) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("worker ", worker_id, " incarnation ", incarnation, " is ",
-                     WorkerInfo::State_Name(w.record.state()),
-                     " (its tasks went back to the queue); register again"));
+    refused.set_reason(WorkerRefused::LOST);
+    return WithDetail(absl::FailedPreconditionError(
+                          absl::StrCat("worker ", worker_id, " incarnation ", incarnation, " is ",
+                                       WorkerInfo::State_Name(w.record.state()),
+                                       " (its tasks went back to the queue); register again")),
+                      refused);
   }
   return &w;
 }

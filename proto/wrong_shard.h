@@ -13,17 +13,13 @@
 
 #include <cstdint>
 #include <optional>
-#include <string>
 
 #include "absl/status/status.h"
-#include "absl/strings/cord.h"
 #include "absl/strings/string_view.h"
 #include "proto/ps.pb.h"
+#include "proto/status_detail.h"
 
 namespace ps {
-
-// The payload's type URL, as google.protobuf.Any names a ps.WrongShard.
-inline constexpr absl::string_view kWrongShardTypeUrl = "type.googleapis.com/ps.WrongShard";
 
 // FAILED_PRECONDITION with `message` (for humans; say which id, vshard and epoch) and the
 // WrongShard{epoch, vshard} detail. Thread-safe (pure).
@@ -31,9 +27,7 @@ inline absl::Status WrongShardError(absl::string_view message, uint64_t epoch, u
   WrongShard detail;
   detail.set_epoch(epoch);
   detail.set_vshard(vshard);
-  absl::Status s = absl::FailedPreconditionError(message);
-  s.SetPayload(kWrongShardTypeUrl, absl::Cord(detail.SerializeAsString()));
-  return s;
+  return WithDetail(absl::FailedPreconditionError(message), detail);
 }
 
 // The WrongShard detail of `s`: set only for FAILED_PRECONDITION carrying a readable one.
@@ -41,11 +35,7 @@ inline absl::Status WrongShardError(absl::string_view message, uint64_t epoch, u
 // shard, whatever its message says. Thread-safe (pure).
 inline std::optional<WrongShard> WrongShardOf(const absl::Status& s) {
   if (s.code() != absl::StatusCode::kFailedPrecondition) return std::nullopt;
-  auto payload = s.GetPayload(kWrongShardTypeUrl);  // absl::optional<absl::Cord>
-  if (!payload.has_value()) return std::nullopt;
-  WrongShard detail;
-  if (!detail.ParseFromString(std::string(*payload))) return std::nullopt;
-  return detail;
+  return DetailOf<WrongShard>(s);
 }
 
 }  // namespace ps
