@@ -11,6 +11,7 @@
 
 #include "common/routing/hash.h"
 #include "proto/packed.h"
+#include "ps/pod_transfer.h"
 #include "ps/ps_core.h"
 #include "ps/storage/pod_storage.h"
 
@@ -200,6 +201,22 @@ TEST_F(PodStorageLifecycleTest, LazyStartWithADeletionInTheLog) {
   }
   auto core = Open();
   EXPECT_EQ(Snapshot(*core), before);
+}
+
+// An export (a consistent cut through a checkpoint) after a deletion leaves the deleted
+// rows out, whether the deletion reached the rows column family or only the log.
+TEST_F(PodStorageLifecycleTest, ExportLeavesDeletedRowsOut) {
+  auto core = Open();
+  CreateTable(*core);
+  Push(*core, {1, 2, 3, 4}, 1);
+  ASSERT_TRUE(core->storage()->Materialize().ok());
+  ASSERT_TRUE(core->DeleteRows("emb", {2, 3}).ok());
+  ExportRequest req;
+  req.set_dir(root_ + "/export");
+  ExportResponse resp;
+  ASSERT_TRUE(ExportPod(*core, req, &resp).ok());
+  EXPECT_TRUE(resp.consistent());
+  EXPECT_EQ(resp.rows(), 2u);
 }
 
 // Admission state (the counters per vshard, with a decay, and the lifecycle counts) and
