@@ -66,7 +66,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   Check(view->tables.size() == rec->tables.size() &&
             view->installs.size() == rec->installs.size() &&
             view->dense.size() == rec->dense.size() &&
-            view->dense_installs.size() == rec->dense_installs.size(),
+            view->dense_installs.size() == rec->dense_installs.size() &&
+            view->deletes.size() == rec->deletes.size() &&
+            view->decays.size() == rec->decays.size() &&
+            view->admission_installs.size() == rec->admission_installs.size(),
         "the view and the copy have the same entries");
   Check(view->has_dense == (!rec->dense.empty() || !rec->dense_installs.empty()),
         "has_dense says whether there are dense entries");
@@ -83,14 +86,23 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   for (const auto& t : rec->installs) b.AddInstall(t.table, t.row_floats, t.ids, t.steps, t.values);
   for (const auto& d : rec->dense) b.AddDense(d.name, d.lr, d.step, d.grads);
   for (const auto& d : rec->dense_installs) b.AddDenseInstall(d.name, d.step, d.values);
+  for (const auto& d : rec->deletes) b.AddDelete(d.table, d.ids);
+  for (const auto& d : rec->decays) b.AddDecay(d.table, d.vshards);
+  for (const auto& a : rec->admission_installs) b.AddAdmissionInstall(a.table, a.counters);
   const std::string encoded = b.Finish();
   Check(encoded.size() == size, "the re-encoding has the input's size");
   const int kinds = !rec->tables.empty() + !rec->installs.empty() + !rec->dense.empty() +
-                    !rec->dense_installs.empty();
+                    !rec->dense_installs.empty() + !rec->deletes.empty() + !rec->decays.empty() +
+                    !rec->admission_installs.empty();
   if (kinds <= 1) Check(encoded == bytes, "the re-encoding is the input");
   absl::StatusOr<ps::LogRecord> again = ps::DecodeLogRecord(encoded);
   Check(again.ok(), "the re-encoding decodes");
   Check(again->key.SerializeAsString() == rec->key.SerializeAsString(), "the key survives");
+  for (size_t i = 0; i < rec->deletes.size(); ++i) {
+    Check(rec->deletes[i].table == again->deletes[i].table &&
+              rec->deletes[i].ids == again->deletes[i].ids,
+          "a delete entry survives");
+  }
   for (size_t i = 0; i < rec->tables.size(); ++i) {
     const auto &x = rec->tables[i], &y = again->tables[i];
     Check(x.table == y.table && x.dim == y.dim && x.ids == y.ids && x.steps == y.steps &&
