@@ -1,5 +1,6 @@
 // Membership: the move in flight. The protocol around these map changes (telling the pods,
 // the copy, aborting on failure) is MoveRunner's (move_runner.h).
+#include <algorithm>
 #include <string>
 #include <utility>
 
@@ -12,17 +13,20 @@ namespace ps {
 
 absl::StatusOr<Membership::StartedMove> Membership::BeginMove(
     const std::string& source, const std::string& destination,
-    const std::vector<uint32_t>& vshards) {
+    const std::vector<uint32_t>& vshards, bool follower) {
   absl::MutexLock lock(&mu_);
   const absl::Time now = Now();
   if (!moves_.empty()) {
     return absl::AbortedError(
         absl::StrCat("move ", moves_.begin()->first, " is in progress; one move at a time"));
   }
-  if (config_.replication() >= 2) {
+  if (config_.replication() >= 2 && !follower) {
     return absl::FailedPreconditionError(
         absl::StrCat("live moves are not supported yet with replication = ", config_.replication(),
                      " (the followers would need a copy too)"));
+  }
+  if (config_.replication() < 2 && follower) {
+    return absl::FailedPreconditionError("follower copies need replication >= 2");
   }
   if (vshards.empty() || source == destination) {
     return absl::InvalidArgumentError("a move needs vshards and two different pods");
@@ -37,6 +41,10 @@ absl::StatusOr<Membership::StartedMove> Membership::BeginMove(
       return absl::FailedPreconditionError(
           absl::StrCat("vshard ", v, " is not owned by ", source, " at epoch ", map_.epoch()));
     }
+    if (follower && InAckSet(v, destination)) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "pod ", destination, " already follows vshard ", v, " at epoch ", map_.epoch()));
+    }
   }
   // next_move_id is ours (see counters_record.h): read now, written with the move.
   StartedMove started;
@@ -45,6 +53,7 @@ absl::StatusOr<Membership::StartedMove> Membership::BeginMove(
   for (uint32_t v : vshards) move.add_vshards(v);
   move.set_source(source);
   move.set_destination(destination);
+  move.set_follower(follower);
   ShardMapRecord map = map_;
   map.set_epoch(map.epoch() + 1);
   StoreBatch batch;
@@ -65,9 +74,29 @@ absl::StatusOr<uint64_t> Membership::CommitMove(uint64_t id) {
   if (it == moves_.end()) {
     return absl::InternalError(absl::StrCat("move ", id, " is not in flight; cannot commit it"));
   }
+  const MoveRecord& move = it->second;
   ShardMapRecord map = map_;
   map.set_epoch(map.epoch() + 1);
-  for (uint32_t v : it->second.vshards()) map.set_owner(v, it->second.destination());
+  if (move.follower()) {
+    // The copy is only good while its source leads the vshards, and a follower that is not
+    // live would be waited for by the primary's pushes with no lease loss to drop it.
+    if (!Live(move.destination(), Now())) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("pod ", move.destination(), " is not live; not adding it as a follower"));
+    }
+    for (uint32_t v : move.vshards()) {
+      if (map.owner(v) != move.source()) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "vshard ", v, " is no longer led by ", move.source(), " (now ", map.owner(v),
+            "): its copy on ", move.destination(), " is not a follower of the new primary"));
+      }
+      if (!InAckSet(v, move.destination())) {
+        map.mutable_followers(v)->add_pods(move.destination());
+      }
+    }
+  } else {
+    for (uint32_t v : move.vshards()) map.set_owner(v, move.destination());
+  }
   StoreBatch batch;
   batch.Delete(keys::Move(id));
   RETURN_IF_ERROR(WriteMap(std::move(batch), std::move(map)));
@@ -89,6 +118,12 @@ absl::StatusOr<std::optional<Membership::AbortedMove>> Membership::AbortMove(uin
   return out;
 }
 
+bool Membership::InAckSet(uint32_t v, const std::string& pod_id) const {
+  if (v >= static_cast<uint32_t>(map_.followers_size())) return false;
+  const auto& pods = map_.followers(v).pods();
+  return std::find(pods.begin(), pods.end(), pod_id) != pods.end();
+}
+
 std::vector<MoveInfo> Membership::MovesInFlightLocked() const {
   std::vector<MoveInfo> out;
   for (const auto& [id, move] : moves_) {
@@ -97,6 +132,7 @@ std::vector<MoveInfo> Membership::MovesInFlightLocked() const {
     *info.mutable_vshards() = move.vshards();
     info.set_source(move.source());
     info.set_destination(move.destination());
+    info.set_follower(move.follower());
     info.set_state(MoveInfo::COPYING);
   }
   return out;

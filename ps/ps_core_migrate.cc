@@ -165,6 +165,12 @@ absl::Status PsCore::ApplyAssignment(const Assignment& req, ApplyAssignmentRespo
       }
     }
     role = ApplyRole(req, *current, next);
+    // A follower new to this pod gets its stream before the fence below is lifted (a
+    // follower filled by a copy, master/rereplicator.h): no change can apply between the
+    // copy's fenced final delta and the stream, so it receives every later record.
+    if (replicator_ != nullptr && !role.followers.empty()) {
+      replicator_->AddFollowers(req.replication().pod_id(), req.epoch(), role.followers);
+    }
     if (current->epoch() != next.epoch() || current->Bitmap() != next.Bitmap()) {
       LOG(INFO) << "shard map epoch " << next.epoch() << ": owning " << next.owned_count() << " of "
                 << n << " vshards";
@@ -187,14 +193,16 @@ absl::Status PsCore::ApplyAssignment(const Assignment& req, ApplyAssignmentRespo
     }
   }
   if (ended != nullptr) {
+    // Still owned after the move: an abort, or a copy that made the destination a follower.
     const bool committed = !ownership()->Owns(ended->list.front());
     if (ended->fenced) {
       LOG(INFO) << "move " << ended->move_id << " of vshards " << VShardList(ended->list) << " "
-                << (committed ? "committed" : "aborted") << "; pushes were fenced for "
+                << (committed ? "committed" : "ended (this pod keeps them)")
+                << "; pushes were fenced for "
                 << absl::ToDoubleMilliseconds(absl::Now() - ended->fence_start) << " ms";
     } else {
       LOG(INFO) << "move " << ended->move_id << " of vshards " << VShardList(ended->list)
-                << (committed ? " committed" : " aborted before its fence");
+                << (committed ? " committed" : " ended before its fence (this pod keeps them)");
     }
   }
   if (!drop.empty() && ownership()->owned_count() == 0 &&

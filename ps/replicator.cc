@@ -121,21 +121,33 @@ void Replicator::SetFollowers(const std::string& pod_id, uint64_t epoch,
       removed.emplace_back(it->first, StopLocked(it->second.get()));
       it = streams_.erase(it);
     }
-    for (const ReplicaPeer& p : followers) {
-      if (streams_.count(p.pod_id()) > 0) continue;
-      auto stream = std::make_shared<Stream>();
-      stream->peer = p;
-      streams_[p.pod_id()] = stream;
-      ++threads_;
-      std::thread([this, stream] { Run(stream.get()); }).detach();
-      LOG(INFO) << "replicating to follower " << p.pod_id() << " at " << p.address() << " (epoch "
-                << epoch << ")";
-    }
+    AddStreamsLocked(epoch, followers);
   }
   for (auto& [id, queue] : removed) {
     LOG(WARNING) << "follower " << id << " left the ack set with " << queue.size()
                  << " records not acknowledged by it: they no longer wait for it";
     for (Entry& e : queue) e.join->Finish(absl::OkStatus());
+  }
+}
+
+void Replicator::AddFollowers(const std::string& pod_id, uint64_t epoch,
+                              const std::vector<ReplicaPeer>& followers) {
+  absl::MutexLock lock(&mu_);
+  pod_id_ = pod_id;
+  epoch_ = std::max(epoch_, epoch);
+  AddStreamsLocked(epoch, followers);
+}
+
+void Replicator::AddStreamsLocked(uint64_t epoch, const std::vector<ReplicaPeer>& followers) {
+  for (const ReplicaPeer& p : followers) {
+    if (streams_.count(p.pod_id()) > 0) continue;
+    auto stream = std::make_shared<Stream>();
+    stream->peer = p;
+    streams_[p.pod_id()] = stream;
+    ++threads_;
+    std::thread([this, stream] { Run(stream.get()); }).detach();
+    LOG(INFO) << "replicating to follower " << p.pod_id() << " at " << p.address() << " (epoch "
+              << epoch << ")";
   }
 }
 

@@ -67,6 +67,13 @@ class Replicator {
   // listed have their streams stopped and their queued records counted as held.
   void SetFollowers(const std::string& pod_id, uint64_t epoch,
                     const std::vector<ReplicaPeer>& followers) ABSL_LOCKS_EXCLUDED(mu_);
+  // Adds streams for the `followers` that have none (starting with the next record
+  // shipped) and raises the epoch; removes nobody and finishes nothing, so it may be called
+  // under the caller's locks. A pod whose assignment adds a follower calls this before any
+  // change can apply under that assignment (a vshard copy's fence, master/rereplicator.h),
+  // so the new follower receives every record after the copy; SetFollowers then keeps it.
+  void AddFollowers(const std::string& pod_id, uint64_t epoch,
+                    const std::vector<ReplicaPeer>& followers) ABSL_LOCKS_EXCLUDED(mu_);
   // The epoch sent with the next batches (a newer assignment with the same followers).
   void SetEpoch(uint64_t epoch) ABSL_LOCKS_EXCLUDED(mu_);
   // Whether any follower is in the ack set.
@@ -92,6 +99,9 @@ class Replicator {
   struct Stream;
   // A stream's sender thread (detached; it holds the stream alive until it sees stop).
   void Run(Stream* stream);
+  // Starts a stream for each of `followers` that has none.
+  void AddStreamsLocked(uint64_t epoch, const std::vector<ReplicaPeer>& followers)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Stops `stream` and returns its queued records, for the caller to finish outside mu_.
   std::deque<Entry> StopLocked(Stream* stream) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
