@@ -49,9 +49,9 @@
 #include "master/master_store.h"
 #include "master/membership.h"
 #include "master/move_runner.h"
-#include "master/rereplicator.h"
 #include "master/periodic.h"
 #include "master/pod_control.h"
+#include "master/rereplicator.h"
 #include "proto/master.pb.h"
 #include "proto/master_state.pb.h"
 
@@ -131,9 +131,9 @@ class MasterCore {
   JobDispatcher jobs_;
   MoveRunner moves_;
   Checkpoints checkpoints_;
-  Balancer balancer_;           // stops its thread while the parts above exist
+  Balancer balancer_;          // stops its thread while the parts above exist
   Rereplicator rereplicator_;  // likewise
-  Periodic retention_;  // last: destroyed first, stopping its thread while the rest exists
+  Periodic retention_;         // last: destroyed first, stopping its thread while the rest exists
 };
 
 }  // namespace ps

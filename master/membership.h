@@ -89,8 +89,8 @@ class Membership {
   // FAILED_PRECONDITION for a vshard `source` does not own, an owner move at R >= 2, or a
   // follower copy at R = 1 or to a pod already in a vshard's ack set.
   absl::StatusOr<StartedMove> BeginMove(const std::string& source, const std::string& destination,
-                                        const std::vector<uint32_t>& vshards,
-                                        bool follower = false) ABSL_LOCKS_EXCLUDED(mu_);
+                                        const std::vector<uint32_t>& vshards, bool follower = false)
+      ABSL_LOCKS_EXCLUDED(mu_);
   // Commits move `id`: its vshards belong to its destination (a follower copy: the
   // destination joins their ack sets), epoch + 1, the record deleted, in one synced write.
   // Returns the new epoch. INTERNAL when `id` is not in flight; FAILED_PRECONDITION (nothing

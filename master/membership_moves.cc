@@ -11,9 +11,10 @@
 
 namespace ps {
 
-absl::StatusOr<Membership::StartedMove> Membership::BeginMove(
-    const std::string& source, const std::string& destination,
-    const std::vector<uint32_t>& vshards, bool follower) {
+absl::StatusOr<Membership::StartedMove> Membership::BeginMove(const std::string& source,
+                                                              const std::string& destination,
+                                                              const std::vector<uint32_t>& vshards,
+                                                              bool follower) {
   absl::MutexLock lock(&mu_);
   const absl::Time now = Now();
   if (!moves_.empty()) {

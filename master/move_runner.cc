@@ -157,12 +157,12 @@ absl::StatusOr<MoveInfo> MoveRunner::Run(const std::string& source, const std::s
   }
   const double seconds = std::max(1e-6, info.copy_seconds());
   LOG(INFO) << (follower ? "follower copy " : "move ") << id << " committed at epoch " << epoch
-            << (follower ? " (" + destination + " now follows them)" : std::string()) << ": vshards "
-            << absl::StrJoin(move.vshards(), ",") << " " << source << " -> " << destination << ", "
-            << imported.rows() << " rows, " << imported.bytes() << " bytes in " << seconds << " s ("
-            << imported.bytes() / seconds / 1e6 << " MB/s, " << imported.rounds()
-            << " catch-up rounds); fence " << info.fence_ms() << " ms (final delta "
-            << imported.final_rows() << " rows)";
+            << (follower ? " (" + destination + " now follows them)" : std::string())
+            << ": vshards " << absl::StrJoin(move.vshards(), ",") << " " << source << " -> "
+            << destination << ", " << imported.rows() << " rows, " << imported.bytes()
+            << " bytes in " << seconds << " s (" << imported.bytes() / seconds / 1e6 << " MB/s, "
+            << imported.rounds() << " catch-up rounds); fence " << info.fence_ms()
+            << " ms (final delta " << imported.final_rows() << " rows)";
   return info;
 }
 

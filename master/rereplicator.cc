@@ -32,11 +32,12 @@ void Rereplicator::Loop(absl::Duration interval) {
   for (;;) {
     {
       absl::MutexLock lock(&mu_);
-      mu_.AwaitWithTimeout(
-          absl::Condition(
-              +[](Rereplicator* r) ABSL_NO_THREAD_SAFETY_ANALYSIS { return r->wanted_ || r->stopping_; },
-              this),
-          interval);
+      mu_.AwaitWithTimeout(absl::Condition(
+                               +[](Rereplicator* r) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+                                 return r->wanted_ || r->stopping_;
+                               },
+                               this),
+                           interval);
       if (stopping_) return;
       wanted_ = false;
     }
@@ -57,13 +58,14 @@ absl::Status Rereplicator::RunOnce() {
     if (!op.held()) {
       return absl::AbortedError("a drain, rebalance or checkpoint is running; copies wait");
     }
-    absl::StatusOr<MoveInfo> done = runner_->FillFollower(move.source, move.destination, move.vshards);
+    absl::StatusOr<MoveInfo> done =
+        runner_->FillFollower(move.source, move.destination, move.vshards);
     if (!done.ok()) {
       if (done.status().code() != absl::StatusCode::kAborted) failures_.fetch_add(1);
-      return absl::Status(done.status().code(),
-                          absl::StrCat("follower copy of vshards ", absl::StrJoin(move.vshards, ","),
-                                       " from ", move.source, " to ", move.destination, ": ",
-                                       done.status().message()));
+      return absl::Status(
+          done.status().code(),
+          absl::StrCat("follower copy of vshards ", absl::StrJoin(move.vshards, ","), " from ",
+                       move.source, " to ", move.destination, ": ", done.status().message()));
     }
     copies_.fetch_add(1);
     rows_.fetch_add(done->rows());

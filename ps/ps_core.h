@@ -379,8 +379,8 @@ class PsCore {
     std::atomic<uint64_t> pull_requests{0}, push_requests{0}, pulled_rows{0}, pushed_rows{0},
         duplicate_pushes{0}, rejected_nonfinite{0}, rejected_wrong_shard{0},
         rejected_gradient_too_large{0}, rejected_answer_too_large{0}, invalid_import_rows{0},
-        replicated_received{0}, replicated_applied{0}, replicated_refused{0}, replicated_left_out{0},
-        lease_refusals{0};
+        replicated_received{0}, replicated_applied{0}, replicated_refused{0},
+        replicated_left_out{0}, lease_refusals{0};
   } counters_;
 };
 

@@ -177,9 +177,8 @@ void PsCore::ReplicateRecords(const ReplicateRecordsRequest& req, ReplicateRecor
   // (master/rereplicator.h). In a newer batch they are refused (UNAVAILABLE, retried)
   // until this pod's own assignment says whether it follows them.
   const uint32_t n = own->num_vshards();
-  const bool sender_known =
-      std::find(role_.primary_of.begin(), role_.primary_of.end(), req.primary()) !=
-      role_.primary_of.end();
+  const bool sender_known = std::find(role_.primary_of.begin(), role_.primary_of.end(),
+                                      req.primary()) != role_.primary_of.end();
   if (!sender_known) {
     return refuse(absl::FailedPreconditionError(
         absl::StrCat("records from ", req.primary(), ", which is not the primary of any vshard ",
@@ -242,9 +241,9 @@ void PsCore::ReplicateRecords(const ReplicateRecordsRequest& req, ReplicateRecor
       p.table_ids.emplace_back();
       p.table_steps.emplace_back();
       p.table_data.emplace_back();
-      if (absl::Status s = check_rows(t.table, t.n, t.ids, t.steps, t.dim, t.grads,
-                                      &p.table_ids.back(), &p.table_steps.back(),
-                                      &p.table_data.back());
+      if (absl::Status s =
+              check_rows(t.table, t.n, t.ids, t.steps, t.dim, t.grads, &p.table_ids.back(),
+                         &p.table_steps.back(), &p.table_data.back());
           !s.ok()) {
         return refuse(s);
       }
@@ -253,9 +252,9 @@ void PsCore::ReplicateRecords(const ReplicateRecordsRequest& req, ReplicateRecor
       p.install_ids.emplace_back();
       p.install_steps.emplace_back();
       p.install_data.emplace_back();
-      if (absl::Status s = check_rows(t.table, t.n, t.ids, t.steps, t.row_floats, t.values,
-                                      &p.install_ids.back(), &p.install_steps.back(),
-                                      &p.install_data.back());
+      if (absl::Status s =
+              check_rows(t.table, t.n, t.ids, t.steps, t.row_floats, t.values,
+                         &p.install_ids.back(), &p.install_steps.back(), &p.install_data.back());
           !s.ok()) {
         return refuse(s);
       }
