@@ -82,20 +82,23 @@ class Membership {
     std::string source_address, destination_address;
   };
   // Records a move of `vshards` from `source` to `destination` (both live) and bumps the
-  // epoch: the pods' assignments now carry it. With `follower` it is a re-replication copy
-  // (master/rereplicator.h): at the commit `destination` joins the vshards' ack sets and
-  // `source` keeps them. ABORTED while another move is in flight; INVALID_ARGUMENT without
-  // vshards or with source == destination; UNAVAILABLE for a pod that is not live;
-  // FAILED_PRECONDITION for a vshard `source` does not own, an owner move at R >= 2, or a
-  // follower copy at R = 1 or to a pod already in a vshard's ack set.
+  // epoch: the pods' assignments now carry it. With `follower` it is a follower copy
+  // (master/rereplicator.h): at the commit `destination` joins the vshards' ack sets (in
+  // place of `replaces` when given, which must be in each) and `source` keeps them. At
+  // R >= 2 an owner move's destination must not be in a vshard's ack set (copies stay on
+  // distinct pods); its followers stay. ABORTED while another move is in flight;
+  // INVALID_ARGUMENT without vshards or with source == destination; UNAVAILABLE for a pod
+  // that is not live; FAILED_PRECONDITION for a vshard `source` does not own, a follower
+  // copy at R = 1, or a destination or `replaces` the ack sets rule out.
   absl::StatusOr<StartedMove> BeginMove(const std::string& source, const std::string& destination,
-                                        const std::vector<uint32_t>& vshards, bool follower = false)
-      ABSL_LOCKS_EXCLUDED(mu_);
+                                        const std::vector<uint32_t>& vshards, bool follower = false,
+                                        const std::string& replaces = "") ABSL_LOCKS_EXCLUDED(mu_);
   // Commits move `id`: its vshards belong to its destination (a follower copy: the
   // destination joins their ack sets), epoch + 1, the record deleted, in one synced write.
   // Returns the new epoch. INTERNAL when `id` is not in flight; FAILED_PRECONDITION (nothing
-  // written) for a follower copy whose destination is no longer live or whose source no
-  // longer owns the vshards (a failover came between): abort it.
+  // written; abort it) when its source no longer owns the vshards (a failover came
+  // between: the copy may miss what the new primary took), or for a follower copy whose
+  // destination is no longer live.
   absl::StatusOr<uint64_t> CommitMove(uint64_t id) ABSL_LOCKS_EXCLUDED(mu_);
   struct AbortedMove {
     MoveRecord move;

@@ -21,13 +21,12 @@ absl::StatusOr<Membership::StartedMove> Membership::BeginMove(const std::string&
     return absl::AbortedError(
         absl::StrCat("move ", moves_.begin()->first, " is in progress; one move at a time"));
   }
-  if (config_.replication() >= 2 && !follower) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("live moves are not supported yet with replication = ", config_.replication(),
-                     " (the followers would need a copy too)"));
-  }
   if (config_.replication() < 2 && follower) {
     return absl::FailedPreconditionError("follower copies need replication >= 2");
+  }
+  if (!replaces.empty() && (!follower || replaces == destination)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("a move replacing ", replaces, " must be a follower copy to another pod"));
   }
   if (vshards.empty() || source == destination) {
     return absl::InvalidArgumentError("a move needs vshards and two different pods");
@@ -42,9 +41,14 @@ absl::StatusOr<Membership::StartedMove> Membership::BeginMove(const std::string&
       return absl::FailedPreconditionError(
           absl::StrCat("vshard ", v, " is not owned by ", source, " at epoch ", map_.epoch()));
     }
-    if (follower && InAckSet(v, destination)) {
+    if (InAckSet(v, destination)) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("pod ", destination, " already follows vshard ", v, " at epoch ",
+                       map_.epoch(), follower ? "" : ": copies of a vshard stay on distinct pods"));
+    }
+    if (!replaces.empty() && !InAckSet(v, replaces)) {
       return absl::FailedPreconditionError(absl::StrCat(
-          "pod ", destination, " already follows vshard ", v, " at epoch ", map_.epoch()));
+          "pod ", replaces, " does not follow vshard ", v, " at epoch ", map_.epoch()));
     }
   }
   // next_move_id is ours (see counters_record.h): read now, written with the move.
@@ -55,6 +59,7 @@ absl::StatusOr<Membership::StartedMove> Membership::BeginMove(const std::string&
   move.set_source(source);
   move.set_destination(destination);
   move.set_follower(follower);
+  move.set_replaces(replaces);
   ShardMapRecord map = map_;
   map.set_epoch(map.epoch() + 1);
   StoreBatch batch;
@@ -78,22 +83,30 @@ absl::StatusOr<uint64_t> Membership::CommitMove(uint64_t id) {
   const MoveRecord& move = it->second;
   ShardMapRecord map = map_;
   map.set_epoch(map.epoch() + 1);
+  // The copy is only good while its source leads the vshards.
+  for (uint32_t v : move.vshards()) {
+    if (map.owner(v) != move.source()) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("vshard ", v, " is no longer led by ", move.source(), " (now ", map.owner(v),
+                       "): the copy on ", move.destination(), " may miss changes"));
+    }
+  }
   if (move.follower()) {
-    // The copy is only good while its source leads the vshards, and a follower that is not
-    // live would be waited for by the primary's pushes with no lease loss to drop it.
+    // A follower that is not live would be waited for by the primary's pushes with no
+    // lease loss left to drop it.
     if (!Live(move.destination(), Now())) {
       return absl::FailedPreconditionError(
           absl::StrCat("pod ", move.destination(), " is not live; not adding it as a follower"));
     }
     for (uint32_t v : move.vshards()) {
-      if (map.owner(v) != move.source()) {
-        return absl::FailedPreconditionError(absl::StrCat(
-            "vshard ", v, " is no longer led by ", move.source(), " (now ", map.owner(v),
-            "): its copy on ", move.destination(), " is not a follower of the new primary"));
+      ReplicaSet* set = map.mutable_followers(v);
+      std::vector<std::string> pods(set->pods().begin(), set->pods().end());
+      pods.erase(std::remove(pods.begin(), pods.end(), move.replaces()), pods.end());
+      if (std::find(pods.begin(), pods.end(), move.destination()) == pods.end()) {
+        pods.push_back(move.destination());
       }
-      if (!InAckSet(v, move.destination())) {
-        map.mutable_followers(v)->add_pods(move.destination());
-      }
+      set->clear_pods();
+      for (const std::string& p : pods) set->add_pods(p);
     }
   } else {
     for (uint32_t v : move.vshards()) map.set_owner(v, move.destination());
@@ -134,6 +147,7 @@ std::vector<MoveInfo> Membership::MovesInFlightLocked() const {
     info.set_source(move.source());
     info.set_destination(move.destination());
     info.set_follower(move.follower());
+    info.set_replaces(move.replaces());
     info.set_state(MoveInfo::COPYING);
   }
   return out;

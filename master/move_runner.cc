@@ -33,6 +33,7 @@ MoveInfo Ended(const MoveRecord& move, MoveInfo::State state) {
   info.set_source(move.source());
   info.set_destination(move.destination());
   info.set_follower(move.follower());
+  info.set_replaces(move.replaces());
   info.set_state(state);
   return info;
 }
@@ -90,19 +91,21 @@ void MoveRunner::AbortMove(uint64_t id, const std::string& why) {
 absl::StatusOr<MoveInfo> MoveRunner::MoveVShards(const std::string& source,
                                                  const std::string& destination,
                                                  const std::vector<uint32_t>& vshards) {
-  return Run(source, destination, vshards, /*follower=*/false);
+  return Run(source, destination, vshards, /*follower=*/false, /*replaces=*/"");
 }
 
 absl::StatusOr<MoveInfo> MoveRunner::FillFollower(const std::string& primary,
                                                   const std::string& follower,
-                                                  const std::vector<uint32_t>& vshards) {
-  return Run(primary, follower, vshards, /*follower=*/true);
+                                                  const std::vector<uint32_t>& vshards,
+                                                  const std::string& replaces) {
+  return Run(primary, follower, vshards, /*follower=*/true, replaces);
 }
 
 absl::StatusOr<MoveInfo> MoveRunner::Run(const std::string& source, const std::string& destination,
-                                         const std::vector<uint32_t>& vshards, bool follower) {
+                                         const std::vector<uint32_t>& vshards, bool follower,
+                                         const std::string& replaces) {
   ASSIGN_OR_RETURN(Membership::StartedMove started,
-                   membership_->BeginMove(source, destination, vshards, follower));
+                   membership_->BeginMove(source, destination, vshards, follower, replaces));
   const MoveRecord& move = started.move;
   const uint64_t id = move.move_id();
   const absl::Time start = absl::Now();

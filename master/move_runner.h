@@ -46,13 +46,14 @@ class MoveRunner {
                                        const std::vector<uint32_t>& vshards)
       ABSL_LOCKS_EXCLUDED(mu_);
 
-  // A re-replication copy (master/rereplicator.h): the same steps, but the commit adds
-  // `follower` to the ack sets of `vshards` (Membership::CommitMove), and `primary` keeps
-  // them: its fence ends with the commit, after it has started streaming to `follower`. The
-  // errors of MoveVShards.
+  // A follower copy (re-replication, master/rereplicator.h; a follower moved by a drain):
+  // the same steps, but the commit adds `follower` to the ack sets of `vshards` (in place
+  // of `replaces` when given; Membership::CommitMove), and `primary` keeps them: its fence
+  // ends with the commit, after it has started streaming to `follower`. The errors of
+  // MoveVShards.
   absl::StatusOr<MoveInfo> FillFollower(const std::string& primary, const std::string& follower,
-                                        const std::vector<uint32_t>& vshards)
-      ABSL_LOCKS_EXCLUDED(mu_);
+                                        const std::vector<uint32_t>& vshards,
+                                        const std::string& replaces = "") ABSL_LOCKS_EXCLUDED(mu_);
 
   // Adds to the status the move in flight (COPYING), then the recent moves, newest first.
   void Describe(StatusResponse* resp) const ABSL_LOCKS_EXCLUDED(mu_);
@@ -64,8 +65,8 @@ class MoveRunner {
  private:
   // MoveVShards (follower false) or FillFollower (true).
   absl::StatusOr<MoveInfo> Run(const std::string& source, const std::string& destination,
-                               const std::vector<uint32_t>& vshards, bool follower)
-      ABSL_LOCKS_EXCLUDED(mu_);
+                               const std::vector<uint32_t>& vshards, bool follower,
+                               const std::string& replaces) ABSL_LOCKS_EXCLUDED(mu_);
   // Aborts move `id` (the source keeps its vshards) and tells both pods.
   void AbortMove(uint64_t id, const std::string& why) ABSL_LOCKS_EXCLUDED(mu_);
   void Remember(MoveInfo info) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -87,6 +87,7 @@ struct Replicator::Stream {
   // Guarded by Replicator::mu_.
   std::deque<Entry> queue;
   uint64_t queued_bytes = 0;
+  uint64_t shipped = 0;  // records ever queued (held + queue.size() while running)
   uint64_t held = 0, failed_calls = 0;
   bool stop = false;
   absl::CondVar cv;
@@ -177,12 +178,38 @@ void Replicator::Ship(std::string record, Done done) {
       for (auto& [id, stream] : streams_) {
         stream->queue.push_back({shared, join});
         stream->queued_bytes += shared->size();
+        ++stream->shipped;
         stream->cv.Signal();
       }
       return;
     }
   }
   done(absl::OkStatus());
+}
+
+absl::Status Replicator::WaitHeld(absl::Time deadline) {
+  struct Target {
+    std::shared_ptr<Stream> stream;
+    uint64_t shipped;
+  };
+  absl::MutexLock lock(&mu_);
+  std::vector<Target> targets;
+  for (auto& [id, stream] : streams_) targets.push_back({stream, stream->shipped});
+  auto all_held = [&targets]() ABSL_NO_THREAD_SAFETY_ANALYSIS {
+    for (const Target& t : targets) {
+      if (!t.stream->stop && t.stream->held < t.shipped) return false;
+    }
+    return true;
+  };
+  if (mu_.AwaitWithDeadline(absl::Condition(&all_held), deadline)) return absl::OkStatus();
+  for (const Target& t : targets) {
+    if (!t.stream->stop && t.stream->held < t.shipped) {
+      return absl::DeadlineExceededError(absl::StrCat(
+          "follower ", t.stream->peer.pod_id(), " at ", t.stream->peer.address(), " holds ",
+          t.stream->held, " of the ", t.shipped, " records shipped to it; still behind"));
+    }
+  }
+  return absl::OkStatus();
 }
 
 void Replicator::Abandon(const absl::Status& why) {

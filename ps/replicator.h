@@ -81,6 +81,11 @@ class Replicator {
   // Queues `record` for every follower; done(OK) once all hold it (at once without
   // followers). Call in the order the records must be applied.
   void Ship(std::string record, Done done) ABSL_LOCKS_EXCLUDED(mu_);
+  // Waits until every record shipped before the call is held by every follower whose
+  // stream is still running (a stream stopped meanwhile no longer counts). OK, or
+  // DEADLINE_EXCEEDED at `deadline` naming the follower that lags. A primary's vshard
+  // move calls it under its fence, so the followers hold all the copy holds.
+  absl::Status WaitHeld(absl::Time deadline) ABSL_LOCKS_EXCLUDED(mu_);
   // Fails every queued record with `why` and stops every stream.
   void Abandon(const absl::Status& why) ABSL_LOCKS_EXCLUDED(mu_);
 
