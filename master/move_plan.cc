@@ -58,6 +58,9 @@ absl::StatusOr<MovePlan> PlanDrain(const ClusterView& view, const std::string& p
         absl::StrCat("cannot drain ", pod_id,
                      ": it is not live, and its rows are only on its volume; restart it first"));
   }
+  // Copies each target holds (owned + followed), for placing the followed copies below.
+  std::map<std::string, uint32_t> copies;
+  for (const auto& [id, n] : load) copies[id] = view.CopiesHeldBy(id);
   std::vector<std::tuple<std::string, std::string, uint32_t>> single;
   for (uint32_t v = 0; v < view.owner.size(); ++v) {
     if (view.owner[v] != pod_id) continue;
@@ -72,11 +75,10 @@ absl::StatusOr<MovePlan> PlanDrain(const ClusterView& view, const std::string& p
     }
     single.emplace_back(pod_id, least->first, v);
     ++least->second;
+    ++copies[least->first];
   }
   MovePlan plan = Batch(single, per_move);
   // The copies it follows: each onto the pod holding the fewest copies that has none of it.
-  std::map<std::string, uint32_t> copies;
-  for (const auto& [id, n] : load) copies[id] = view.CopiesHeldBy(id);
   std::map<std::pair<std::string, std::string>, std::vector<uint32_t>> by_pair;
   for (uint32_t v : followed) {
     if (!view.Live(view.owner[v])) {

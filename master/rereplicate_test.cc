@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <map>
 #include <set>
+#include <string>
 
 #include "gtest/gtest.h"
 #include "master/master_core.h"
@@ -124,9 +125,9 @@ class RereplicateTest : public testing::Test {
     }
     return out;
   }
-  // Every vshard has one follower, which is not its owner, and one stream per pair: each
-  // primary's vshards share a follower.
-  void ExpectTwoCopiesEach() {
+  // Every vshard has one follower, which is not its owner; with `one_stream`, each
+  // primary's vshards share a follower (one stream per primary).
+  void ExpectTwoCopiesEach(bool one_stream = true) {
     const ShardMapResponse map = Map();
     std::map<std::string, std::set<std::string>> followers_of;
     for (int v = 0; v < map.owner_size(); ++v) {
@@ -135,6 +136,7 @@ class RereplicateTest : public testing::Test {
       followers_of[map.pods(map.owner(v)).pod_id()].insert(
           map.pods(map.followers(v).pods(0)).pod_id());
     }
+    if (!one_stream) return;
     for (const auto& [primary, set] : followers_of) EXPECT_EQ(set.size(), 1u) << primary;
   }
   // The vshards pod `address` was last told it follows, by primary.
@@ -268,6 +270,39 @@ TEST_F(RereplicateTest, ACopyInFlightAtAMasterRestartIsAborted) {
   Register("ps-1", "2");  // its lease, given afresh at the restart, is renewed
   ASSERT_TRUE(core_->Rereplicate().ok());
   for (const std::string& c : Copies()) EXPECT_EQ(c, "ps-0:ps-1,");
+}
+
+TEST_F(RereplicateTest, ADrainAtTwoCopiesMovesBothRolesAndKeepsTwoCopies) {
+  Start(4);  // ps-3 starts with nothing to lead (4 pods: ring over ps-0..3, 3 vshards each)
+  DrainRequest req;
+  req.set_pod_id("ps-1");
+  DrainResponse resp;
+  ASSERT_TRUE(core_->Drain(req, &resp).ok());
+  ExpectTwoCopiesEach(/*one_stream=*/false);
+  for (const std::string& c : Copies()) {
+    EXPECT_EQ(c.find("ps-1"), std::string::npos) << c;
+  }
+  // Durable: a restarted master has the same copies.
+  const std::vector<std::string> before = Copies();
+  Reopen();
+  EXPECT_EQ(Copies(), before);
+}
+
+TEST_F(RereplicateTest, AMoveWhoseSourceFailedOverMeanwhileIsNotCommitted) {
+  Start(3);
+  // ps-1 dies while its vshards 4-7 are copied away: ps-2, its follower, takes them over,
+  // and may take pushes the copy does not have. The move must not commit.
+  bool lost = false;
+  pods_->on_import = [this, &lost] {
+    if (!lost) Lose("ps-1");
+    lost = true;
+  };
+  DrainRequest req;
+  req.set_pod_id("ps-1");
+  DrainResponse resp;
+  const absl::Status s = core_->Drain(req, &resp);
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+  for (uint32_t v = 4; v < 8; ++v) EXPECT_EQ(Copies()[v], "ps-2:") << v;
 }
 
 }  // namespace
