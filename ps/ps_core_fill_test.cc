@@ -9,11 +9,14 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstring>
 #include <filesystem>
+#include <functional>
 #include <map>
 #include <thread>
 
 #include "absl/synchronization/notification.h"
+#include "common/base/status_macros.h"
 #include "common/routing/hash.h"
 #include "gtest/gtest.h"
 #include "proto/packed.h"
@@ -94,6 +97,34 @@ Assignment Follower(uint64_t epoch, const std::vector<uint32_t>& followed,
   return a;
 }
 
+// Any pod's assignment: what it owns, receives and sends, its followers and what it
+// follows, by primary.
+Assignment Role(uint64_t epoch, const std::string& pod, const std::vector<uint32_t>& owned,
+                const std::vector<std::string>& followers,
+                const std::map<std::string, std::vector<uint32_t>>& following,
+                const std::vector<uint32_t>& in = {}, const std::vector<uint32_t>& out = {}) {
+  Assignment a;
+  a.set_epoch(epoch);
+  a.set_num_vshards(kVShards);
+  for (uint32_t v : owned) a.add_owned(v);
+  for (uint32_t v : in) a.add_moving_in(v);
+  for (uint32_t v : out) a.add_moving_out(v);
+  ReplicationRole* r = a.mutable_replication();
+  r->set_pod_id(pod);
+  r->set_factor(2);
+  for (const std::string& f : followers) {
+    ReplicaPeer* p = r->add_followers();
+    p->set_pod_id(f);
+    p->set_address(f + ":1");
+  }
+  for (const auto& [primary, vshards] : following) {
+    FollowedVShards* f = r->add_following();
+    f->set_primary(primary);
+    for (uint32_t v : vshards) f->add_vshards(v);
+  }
+  return a;
+}
+
 PushRequest MakePush(const std::vector<int64_t>& ids, float g, uint64_t worker, uint64_t seq) {
   PushRequest req;
   TableGrads* t = req.add_tables();
@@ -165,16 +196,20 @@ class FillTest : public testing::TestWithParam<bool> {
 
   // Writers push overlapping ids of every vshard until stopped, each push retried with its
   // key while refused as retryable (the fence: "moving; retry").
-  void StartWriters() {
+  using PushFn = std::function<absl::Status(const PushRequest&, PushResponse*)>;
+  void StartWriters(PushFn push = nullptr) {
+    if (push == nullptr) {
+      push = [this](const PushRequest& req, PushResponse* resp) { return a_->Push(req, resp); };
+    }
     for (uint64_t w = 1; w <= 3; ++w) {
-      writers_.emplace_back([this, w] {
+      writers_.emplace_back([this, w, push] {
         for (uint64_t seq = 1; !stop_.load(); ++seq) {
           std::vector<int64_t> ids;
           for (int64_t i = 0; i < 16; ++i) ids.push_back((i * 13 + seq * w) % 120);
           const PushRequest req = MakePush(ids, 0.01f * w, w, seq);
           for (;;) {
             PushResponse resp;
-            const absl::Status s = a_->Push(req, &resp);
+            const absl::Status s = push(req, &resp);
             if (s.ok()) break;
             ASSERT_TRUE(absl::IsUnavailable(s) || absl::IsAborted(s)) << s;
             absl::SleepFor(absl::Milliseconds(1));
@@ -297,6 +332,97 @@ TEST_P(FillTest, AnAbortedCopyLeavesTheFollowerItsOwnVShardsOnly) {
   }
   ASSERT_FALSE(expected.empty());
   EXPECT_EQ(Rows(*b_), expected);
+}
+
+// R = 2: a leads everything, f follows it all; vshards 8-15 move to b (not a follower)
+// while writers push. a's fence waits until f holds what a applied; from the commit b
+// streams those vshards to f. f then holds exactly a's and b's rows.
+TEST_P(FillTest, APrimaryMovedAtTwoCopiesKeepsItsFollowerExact) {
+  auto f = Open("f");
+  ASSERT_NE(f, nullptr);
+  sender_->Add("f:1", f.get());
+  sender_->Add("a:1", a_.get());
+  {
+    CreateTableRequest req;
+    req.mutable_spec()->set_name("emb");
+    req.mutable_spec()->set_dim(kDim);
+    req.mutable_spec()->mutable_optimizer()->set_kind(OptimizerSpec::ADAM);
+    req.mutable_spec()->mutable_initializer()->set_kind(InitializerSpec::NORMAL);
+    req.mutable_spec()->mutable_initializer()->set_stddev(0.1f);
+    CreateTableResponse resp;
+    ASSERT_TRUE(f->CreateTable(req, &resp).ok());
+  }
+  const std::vector<uint32_t> all = Range(0, kVShards), kept = Range(0, 8), moved = Range(8, 16);
+  ApplyAssignmentResponse ar;
+  ASSERT_TRUE(f->ApplyAssignment(Role(2, "f", {}, {}, {{"a", all}}), &ar).ok());
+  ASSERT_TRUE(b_->ApplyAssignment(Role(2, "b", {}, {}, {}), &ar).ok());
+  ASSERT_TRUE(a_->ApplyAssignment(Role(2, "a", all, {"f"}, {}), &ar).ok());
+  // Each push is split by vshard: the kept part goes to a, the moved part (its own key) to
+  // a, and once a refuses it as not its own, to b.
+  PsCore* b = b_.get();
+  std::atomic<PsCore*> owner_of_moved{a_.get()};
+  StartWriters([&, b](const PushRequest& req, PushResponse*) -> absl::Status {
+    const TableGrads& t = req.tables(0);
+    std::vector<int64_t> ids(t.ids().size() / sizeof(int64_t));
+    std::memcpy(ids.data(), t.ids().data(), t.ids().size());
+    std::vector<float> grads(t.grads().size() / sizeof(float));
+    std::memcpy(grads.data(), t.grads().data(), t.grads().size());
+    PushRequest part[2];
+    for (int k = 0; k < 2; ++k) {
+      part[k] = req;
+      part[k].mutable_tables(0)->clear_ids();
+      part[k].mutable_tables(0)->clear_grads();
+      part[k].mutable_key()->set_worker_id(req.key().worker_id() + 100 * k);
+    }
+    std::vector<int64_t> part_ids[2];
+    std::vector<float> part_grads[2];
+    for (size_t i = 0; i < ids.size(); ++i) {
+      const int k = VShardOf(RouteHash(NameHash("emb"), ids[i]), kVShards) >= 8 ? 1 : 0;
+      part_ids[k].push_back(ids[i]);
+      part_grads[k].insert(part_grads[k].end(), grads.begin() + i * kDim,
+                           grads.begin() + (i + 1) * kDim);
+    }
+    for (int k = 0; k < 2; ++k) {
+      if (part_ids[k].empty()) continue;
+      part[k].mutable_tables(0)->set_ids(Pack<int64_t>(part_ids[k]));
+      part[k].mutable_tables(0)->set_grads(Pack<float>(part_grads[k]));
+      PushResponse resp;
+      absl::Status s = (k == 0 ? a_.get() : owner_of_moved.load())->Push(part[k], &resp);
+      if (k == 1 && absl::IsFailedPrecondition(s)) {
+        owner_of_moved.store(b);
+        s = b->Push(part[k], &resp);
+      }
+      RETURN_IF_ERROR(s);  // retried whole: a part already applied is a duplicate
+    }
+    return absl::OkStatus();
+  });
+  WaitForPushes(20);
+  ASSERT_TRUE(b_->ApplyAssignment(Role(3, "b", {}, {}, {}, moved), &ar).ok());
+  ASSERT_TRUE(a_->ApplyAssignment(Role(3, "a", all, {"f"}, {}, {}, moved), &ar).ok());
+  MigrateBeginRequest begin;
+  begin.set_move_id(1);
+  for (uint32_t v : moved) begin.add_vshards(v);
+  MigrateBeginResponse begun;
+  ASSERT_TRUE(a_->MigrateBegin(begin, &begun).ok());
+  ASSERT_TRUE(b_->BeginImport(1, moved).ok());
+  Copy(1, MigrateExportRequest::SNAPSHOT);
+  WaitForPushes(20);
+  Copy(1, MigrateExportRequest::FINAL);
+  ASSERT_TRUE(b_->FinishImport().ok());
+  // The commit (epoch 4), b first: its first records may reach f before f's assignment.
+  ASSERT_TRUE(b_->ApplyAssignment(Role(4, "b", moved, {"f"}, {}), &ar).ok());
+  ASSERT_TRUE(a_->ApplyAssignment(Role(4, "a", kept, {"f"}, {}), &ar).ok());
+  absl::SleepFor(absl::Milliseconds(20));
+  ASSERT_TRUE(f->ApplyAssignment(Role(4, "f", {}, {}, {{"a", kept}, {"b", moved}}), &ar).ok());
+  WaitForPushes(30);
+  StopWriters();
+  std::map<int64_t, std::string> expected = Rows(*a_);
+  const auto on_b = Rows(*b_);
+  ASSERT_FALSE(on_b.empty());
+  for (const auto& [id, row] : on_b) EXPECT_TRUE(expected.emplace(id, row).second) << id;
+  ASSERT_EQ(expected.size(), 120u);
+  EXPECT_EQ(Rows(*f), expected);
+  EXPECT_EQ(owner_of_moved.load(), b);
 }
 
 INSTANTIATE_TEST_SUITE_P(DurableAndInMemory, FillTest, testing::Bool(),
