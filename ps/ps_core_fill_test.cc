@@ -361,6 +361,15 @@ TEST_P(FillTest, APrimaryMovedAtTwoCopiesKeepsItsFollowerExact) {
   // a, and once a refuses it as not its own, to b.
   PsCore* b = b_.get();
   std::atomic<PsCore*> owner_of_moved{a_.get()};
+  // However the test ends: the writers stop, and a and b (which ship to f) close before f.
+  struct CloseFirst {
+    FillTest* test;
+    ~CloseFirst() {
+      test->StopWriters();
+      test->a_.reset();
+      test->b_.reset();
+    }
+  } close_first{this};
   StartWriters([&, b](const PushRequest& req, PushResponse*) -> absl::Status {
     const TableGrads& t = req.tables(0);
     std::vector<int64_t> ids(t.ids().size() / sizeof(int64_t));
