@@ -14,7 +14,8 @@ namespace ps {
 absl::StatusOr<Membership::StartedMove> Membership::BeginMove(const std::string& source,
                                                               const std::string& destination,
                                                               const std::vector<uint32_t>& vshards,
-                                                              bool follower) {
+                                                              bool follower,
+                                                              const std::string& replaces) {
   absl::MutexLock lock(&mu_);
   const absl::Time now = Now();
   if (!moves_.empty()) {

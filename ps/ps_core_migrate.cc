@@ -178,9 +178,11 @@ absl::Status PsCore::ApplyAssignment(const Assignment& req, ApplyAssignmentRespo
       }
     }
     role = ApplyRole(req, *current, next);
-    // A follower new to this pod gets its stream before the fence below is lifted (a
-    // follower filled by a copy, master/rereplicator.h): no change can apply between the
-    // copy's fenced final delta and the stream, so it receives every later record.
+    // A follower new to this pod gets its stream before this section ends, which is when
+    // an ended move's fence (reset above) lifts and new ownership takes effect (a follower
+    // filled by a copy, master/rereplicator.h; a moved primary's followers): no change can
+    // apply between the copy's fenced final delta and the stream, so the follower
+    // receives every later record.
     if (replicator_ != nullptr && !role.followers.empty()) {
       replicator_->AddFollowers(req.replication().pod_id(), req.epoch(), role.followers);
     }
