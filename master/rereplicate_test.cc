@@ -74,7 +74,7 @@ class RereplicateTest : public testing::Test {
     core_.reset();
     MasterOptions o;
     o.data_dir = dir_;
-    o.num_vshards = 12;
+    o.num_vshards = 16;
     o.num_ps = num_ps_;
     o.replication = 2;
     o.lease = kLease;
@@ -158,26 +158,28 @@ class RereplicateTest : public testing::Test {
 
 TEST_F(RereplicateTest, ALostPodsCopiesAreMadeAgainOnThePodsLeft) {
   Start(3);
-  // The ring: ps-0 leads 0-3 (followed by ps-1), ps-1 4-7 (ps-2), ps-2 8-11 (ps-0).
+  // The ring: ps-0 leads 0-5 (followed by ps-1), ps-1 6-10 (ps-2), ps-2 11-15 (ps-0).
   ASSERT_EQ(Copies()[0], "ps-0:ps-1,");
   Lose("ps-2");
-  // ps-0 took over 8-11 with no follower left; 4-7 lost their follower.
-  EXPECT_EQ(Copies()[8], "ps-0:");
-  EXPECT_EQ(Copies()[4], "ps-1:");
+  // ps-0 took over 11-15 with no follower left; 6-10 lost their follower.
+  EXPECT_EQ(Copies()[11], "ps-0:");
+  EXPECT_EQ(Copies()[6], "ps-1:");
   const uint64_t epoch = Map().epoch();
   ASSERT_TRUE(core_->Rereplicate().ok());
   ExpectTwoCopiesEach();
-  // ps-1 already followed ps-0, so it follows 8-11 too; ps-0 follows ps-1's 4-7.
-  EXPECT_EQ(Copies()[8], "ps-0:ps-1,");
-  EXPECT_EQ(Copies()[4], "ps-1:ps-0,");
-  EXPECT_EQ(Following("ps-1:1")["ps-0"], (std::set<uint32_t>{0, 1, 2, 3, 8, 9, 10, 11}));
-  EXPECT_EQ(Following("ps-0:1")["ps-1"], (std::set<uint32_t>{4, 5, 6, 7}));
-  EXPECT_GE(Map().epoch(), epoch + 4);  // begin and commit of each copy
+  // ps-1 already followed ps-0, so it follows 11-15 too; ps-0 follows ps-1's 6-10.
+  EXPECT_EQ(Copies()[11], "ps-0:ps-1,");
+  EXPECT_EQ(Copies()[6], "ps-1:ps-0,");
+  EXPECT_EQ(Following("ps-1:1")["ps-0"],
+            (std::set<uint32_t>{0, 1, 2, 3, 4, 5, 11, 12, 13, 14, 15}));
+  EXPECT_EQ(Following("ps-0:1")["ps-1"], (std::set<uint32_t>{6, 7, 8, 9, 10}));
+  EXPECT_GE(Map().epoch(), epoch + 8);  // begin and commit of each copy
   {
     absl::MutexLock lock(&pods_->mu);
-    ASSERT_EQ(pods_->imports.size(), 2u);  // into each new follower, from its primary
+    // Into each new follower from its primary, 5 vshards each in copies of at most 4.
+    ASSERT_EQ(pods_->imports.size(), 4u);
   }
-  EXPECT_EQ(core_->rereplication_stats().copies, 2u);
+  EXPECT_EQ(core_->rereplication_stats().copies, 4u);
   StatusResponse status;
   ASSERT_TRUE(core_->Status(StatusRequest(), &status).ok());
   ASSERT_GE(status.moves_size(), 2);
@@ -185,7 +187,7 @@ TEST_F(RereplicateTest, ALostPodsCopiesAreMadeAgainOnThePodsLeft) {
   EXPECT_EQ(status.moves(0).state(), MoveInfo::COMMITTED);
   // Nothing more to do, and a restarted master has the new ack sets.
   ASSERT_TRUE(core_->Rereplicate().ok());
-  EXPECT_EQ(core_->rereplication_stats().copies, 2u);
+  EXPECT_EQ(core_->rereplication_stats().copies, 4u);
   const std::vector<std::string> before = Copies();
   Reopen();
   EXPECT_EQ(Copies(), before);
@@ -202,8 +204,8 @@ TEST_F(RereplicateTest, ADroppedFollowerThatComesBackIsFilledAgain) {
   Register("ps-1", "2");
   ASSERT_TRUE(core_->Rereplicate().ok());
   for (const std::string& c : Copies()) EXPECT_EQ(c, "ps-0:ps-1,");
-  EXPECT_EQ(core_->rereplication_stats().copies, 3u);
-  EXPECT_EQ(Following("ps-1:2")["ps-0"].size(), 12u);
+  EXPECT_EQ(core_->rereplication_stats().copies, 4u);
+  EXPECT_EQ(Following("ps-1:2")["ps-0"].size(), 16u);
 }
 
 TEST_F(RereplicateTest, AFailedCopyLeavesTheAckSetsAsTheyWere) {
@@ -273,7 +275,7 @@ TEST_F(RereplicateTest, ACopyInFlightAtAMasterRestartIsAborted) {
 }
 
 TEST_F(RereplicateTest, ADrainAtTwoCopiesMovesBothRolesAndKeepsTwoCopies) {
-  Start(4);  // ps-3 starts with nothing to lead (4 pods: ring over ps-0..3, 3 vshards each)
+  Start(4);  // the ring over ps-0..3, 4 vshards each
   DrainRequest req;
   req.set_pod_id("ps-1");
   DrainResponse resp;
@@ -290,7 +292,7 @@ TEST_F(RereplicateTest, ADrainAtTwoCopiesMovesBothRolesAndKeepsTwoCopies) {
 
 TEST_F(RereplicateTest, AMoveWhoseSourceFailedOverMeanwhileIsNotCommitted) {
   Start(3);
-  // ps-1 dies while its vshards 4-7 are copied away: ps-2, its follower, takes them over,
+  // ps-1 dies while its vshards 6-9 are copied away: ps-2, its follower, takes them over,
   // and may take pushes the copy does not have. The move must not commit.
   bool lost = false;
   pods_->on_import = [this, &lost] {
@@ -302,7 +304,7 @@ TEST_F(RereplicateTest, AMoveWhoseSourceFailedOverMeanwhileIsNotCommitted) {
   DrainResponse resp;
   const absl::Status s = core_->Drain(req, &resp);
   EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
-  for (uint32_t v = 4; v < 8; ++v) EXPECT_EQ(Copies()[v], "ps-2:") << v;
+  for (uint32_t v = 6; v < 11; ++v) EXPECT_EQ(Copies()[v], "ps-2:") << v;
 }
 
 }  // namespace
