@@ -362,14 +362,14 @@ TEST_P(FillTest, APrimaryMovedAtTwoCopiesKeepsItsFollowerExact) {
   PsCore* b = b_.get();
   std::atomic<PsCore*> owner_of_moved{a_.get()};
   // However the test ends: the writers stop, and a and b (which ship to f) close before f.
-  struct CloseFirst {
-    FillTest* test;
-    ~CloseFirst() {
-      test->StopWriters();
-      test->a_.reset();
-      test->b_.reset();
-    }
-  } close_first{this};
+  struct AtExit {
+    std::function<void()> fn;
+    ~AtExit() { fn(); }
+  } close_first{[this] {
+    StopWriters();
+    a_.reset();
+    b_.reset();
+  }};
   StartWriters([&, b](const PushRequest& req, PushResponse*) -> absl::Status {
     const TableGrads& t = req.tables(0);
     std::vector<int64_t> ids(t.ids().size() / sizeof(int64_t));
