@@ -87,8 +87,7 @@ class RereplicationTest : public testing::Test {
   }
   void Kill(int i) {
     const std::string name = absl::StrCat("ps-", i);
-    children_[name]->Kill();
-    children_[name].reset();
+    children_[name]->Kill();  // kept: its log is shown if the test fails
   }
 
   ShardMapResponse Map() {
@@ -154,6 +153,24 @@ class RereplicationTest : public testing::Test {
     for (auto& t : pushers) t.join();
   }
 
+  // Until a pull of every id succeeds: both pods registered and created the table (each
+  // is the other's follower, and a push waits until its follower knows the table).
+  void WaitUntilServing() {
+    ClientOptions options;
+    options.master = master_address_;
+    auto client = PsClient::Connect(options);
+    ASSERT_TRUE(client.ok()) << client.status();
+    std::vector<int64_t> ids(kIds);
+    for (int i = 0; i < kIds; ++i) ids[i] = i;
+    std::vector<float> rows(ids.size() * kDim);
+    const absl::Time deadline = absl::Now() + kWait;
+    absl::Status s;
+    while (!(s = (*client)->Pull({{"emb", ids, rows.data()}})).ok() && absl::Now() < deadline) {
+      absl::SleepFor(absl::Milliseconds(50));
+    }
+    ASSERT_TRUE(s.ok()) << s;
+  }
+
   // Every row equals minus its push count, in every element.
   void ExpectRows() {
     ClientOptions options;
@@ -192,20 +209,23 @@ TEST_F(RereplicationTest, ANewPodIsFilledWhileClientsPushThenThePrimaryDiesAndNo
   Start("master", {Binary("PS_MASTER_BINARY", PS_MASTER_BINARY), "--data_dir=" + Path("master-db"),
                    absl::StrCat("--num_vshards=", kVShards), "--num_ps=2", "--replication=2",
                    "--lease_ms=1000", "--vshards_per_move=4", "--shutdown_grace_ms=200"});
+  {
+    // The table exists before the pods start, so each learns it at registration: a
+    // follower that does not know it yet would hold pushes back (retried) meanwhile.
+    CreateTableRequest req;
+    TableSpec* spec = req.mutable_spec();
+    spec->set_name("emb");
+    spec->set_dim(kDim);
+    spec->mutable_optimizer()->set_kind(OptimizerSpec::SGD);
+    spec->mutable_optimizer()->set_learning_rate(1);
+    grpc::ClientContext ctx;
+    ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
+    CreateTableResponse resp;
+    ASSERT_TRUE(master_->CreateTable(&ctx, req, &resp).ok());
+  }
   StartPod(0);
   StartPod(1);
-  {
-    ClientOptions options;
-    options.master = master_address_;
-    auto client = PsClient::Connect(options);
-    ASSERT_TRUE(client.ok()) << client.status();
-    TableSpec spec;
-    spec.set_name("emb");
-    spec.set_dim(kDim);
-    spec.mutable_optimizer()->set_kind(OptimizerSpec::SGD);
-    spec.mutable_optimizer()->set_learning_rate(1);
-    ASSERT_TRUE((*client)->CreateTable(spec).ok());
-  }
+  WaitUntilServing();
   int pushed = 0;
   PushUntil(2, [&] { return ++pushed > 10; });
   // ps-1 is gone for good: ps-0 leads everything, with no copy anywhere else.
