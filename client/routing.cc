@@ -18,6 +18,7 @@ absl::StatusOr<std::shared_ptr<const Routing>> StaticRouting(const ClientOptions
     routing->pods.push_back(MakePod(options, absl::StrCat("pod ", i), options.servers[i]));
     routing->up.push_back(true);
   }
+  routing->replication = std::max<uint32_t>(1, resp.replication());
   return std::shared_ptr<const Routing>(std::move(routing));
 }
 
@@ -98,6 +99,20 @@ void Router::RefreshNow() {
   }
   for (auto& w : waiters) w();
   inflight_->End();
+}
+
+bool Router::FailedOver(const Pod& pod, uint64_t seen_epoch) const {
+  auto r = current();
+  if (r->replication < 2 || r->map.epoch() <= seen_epoch) return false;
+  for (size_t i = 0; i < r->pods.size(); ++i) {
+    if (r->pods[i]->id != pod.id) continue;
+    if (!r->up[i]) return true;
+    for (uint32_t v = 0; v < r->map.num_vshards(); ++v) {
+      if (r->map.PodOfVShard(v) == i) return false;
+    }
+    return true;
+  }
+  return true;  // gone from the map
 }
 
 std::shared_ptr<Pod> Router::Resolve(const std::shared_ptr<Pod>& pod) const {

@@ -11,6 +11,8 @@
 #include "absl/synchronization/notification.h"
 #include "common/rpc/grpc_status.h"
 #include "proto/master.grpc.pb.h"
+#include "ps/storage/pod_storage.h"
+#include "ps/storage/storage_db.h"
 
 namespace ps {
 namespace {
@@ -21,6 +23,8 @@ class MasterAgentImpl final : public MasterAgent {
       : options_(options),
         core_(core),
         stub_(Master::NewStub(channels.Make(options.master))),
+        storage_id_(core->storage() != nullptr ? core->storage()->storage_id() : NewStorageId()),
+        fresh_storage_(core->storage() == nullptr || core->storage()->storage_created()),
         thread_([this] { Run(); }) {}
 
   ~MasterAgentImpl() override { Stop(); }
@@ -97,6 +101,8 @@ class MasterAgentImpl final : public MasterAgent {
     req.set_pod_id(options_.pod_id);
     req.set_address(options_.address);
     req.set_num_vshards(options_.num_vshards);
+    req.set_storage_id(storage_id_);
+    req.set_fresh_storage(fresh_storage_);
     RegisterPodResponse resp;
     grpc::ClientContext ctx;
     SetDeadline(&ctx);
@@ -104,7 +110,8 @@ class MasterAgentImpl final : public MasterAgent {
     if (!s.ok()) return s;
     registered_ = true;
     LOG(INFO) << "pod " << options_.pod_id << " registered with master " << options_.master
-              << " at " << options_.address;
+              << " at " << options_.address << " (storage id " << storage_id_
+              << (fresh_storage_ ? ", created by this start)" : ")");
     RenewLease(sent, resp.assignment());
     return Apply(resp.assignment());
   }
@@ -172,6 +179,10 @@ class MasterAgentImpl final : public MasterAgent {
   const MasterAgentOptions options_;
   PsCore* const core_;
   std::unique_ptr<Master::Stub> stub_;
+  // The data identity reported at registration: the database's storage id, or for a pod
+  // in memory one drawn for this process (its data does not outlive it).
+  const std::string storage_id_;
+  const bool fresh_storage_;
   absl::Notification stop_;
   std::atomic<bool> registered_{false};
   // Used by the agent thread only.
