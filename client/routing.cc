@@ -18,7 +18,6 @@ absl::StatusOr<std::shared_ptr<const Routing>> StaticRouting(const ClientOptions
     routing->pods.push_back(MakePod(options, absl::StrCat("pod ", i), options.servers[i]));
     routing->up.push_back(true);
   }
-  routing->replication = std::max<uint32_t>(1, resp.replication());
   return std::shared_ptr<const Routing>(std::move(routing));
 }
 
@@ -48,6 +47,7 @@ absl::StatusOr<std::shared_ptr<const Routing>> RoutingFromMap(const ClientOption
   ASSIGN_OR_RETURN(routing->map,
                    ShardMap::FromOwners(std::move(owner), static_cast<uint32_t>(resp.pods_size()),
                                         resp.epoch()));
+  routing->replication = std::max<uint32_t>(1, resp.replication());
   return std::shared_ptr<const Routing>(std::move(routing));
 }
 
