@@ -112,8 +112,7 @@ class MasterAgentImpl final : public MasterAgent {
     LOG(INFO) << "pod " << options_.pod_id << " registered with master " << options_.master
               << " at " << options_.address << " (storage id " << storage_id_
               << (fresh_storage_ ? ", created by this start)" : ")");
-    RenewLease(sent, resp.assignment());
-    return Apply(resp.assignment());
+    return Apply(sent, resp.assignment());
   }
 
   absl::Status Heartbeat() {
@@ -126,12 +125,13 @@ class MasterAgentImpl final : public MasterAgent {
     SetDeadline(&ctx);
     absl::Status s = FromGrpcStatus(stub_->PodHeartbeat(&ctx, req, &resp));
     if (!s.ok()) return s;
-    RenewLease(sent, resp.assignment());
-    return Apply(resp.assignment());
+    return Apply(sent, resp.assignment());
   }
 
-  // Installs the assignment if it differs from the core's ownership, and syncs the catalog.
-  absl::Status Apply(const PodAssignment& a) {
+  // Installs the assignment if it differs from the core's ownership, then renews the write
+  // lease (in that order: a deposed primary back from a pause must never hold a fresh
+  // lease with the vshards it no longer leads), and syncs the catalog.
+  absl::Status Apply(absl::Time sent, const PodAssignment& a) {
     heartbeat_interval_ = std::max(absl::Milliseconds(10), absl::Milliseconds(a.lease_ms()) / 3);
     Assignment assignment;
     assignment.set_epoch(a.epoch());
@@ -143,6 +143,7 @@ class MasterAgentImpl final : public MasterAgent {
     ApplyAssignmentResponse applied;
     // Ignored when older than what the master already sent the pod directly.
     if (absl::Status s = core_->ApplyAssignment(assignment, &applied); !s.ok()) return s;
+    RenewLease(sent, a);
     if (a.catalog_version() != catalog_version_) return SyncCatalog(a.catalog_version());
     return absl::OkStatus();
   }
