@@ -105,12 +105,7 @@ bool Router::FailedOver(const Pod& pod, uint64_t seen_epoch) const {
   auto r = current();
   if (r->replication < 2 || r->map.epoch() <= seen_epoch) return false;
   for (size_t i = 0; i < r->pods.size(); ++i) {
-    if (r->pods[i]->id != pod.id) continue;
-    if (!r->up[i]) return true;
-    for (uint32_t v = 0; v < r->map.num_vshards(); ++v) {
-      if (r->map.PodOfVShard(v) == i) return false;
-    }
-    return true;
+    if (r->pods[i]->id == pod.id) return !r->up[i];
   }
   return true;  // gone from the map
 }

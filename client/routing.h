@@ -75,8 +75,9 @@ class Router {
   std::shared_ptr<Pod> Resolve(const std::shared_ptr<Pod>& pod) const;
 
   // Whether the vshards `pod` led at `seen_epoch` failed over: the current routing is
-  // newer, replicated (R >= 2), and `pod` is in it no longer up, or owns no vshard (its
-  // lease ran out, or it came back without its data, and its followers were promoted).
+  // newer, replicated (R >= 2), and `pod` is in it no longer up (its lease ran out: the
+  // master promoted its followers). A pod that is up answers for itself (it knows the
+  // keys it applied; a pod back without its data, or deposed, refuses with WrongShard).
   bool FailedOver(const Pod& pod, uint64_t seen_epoch) const;
 
  private:

@@ -8,7 +8,7 @@
 //   refreshes the map first, so a pod restarted at a new address is found. A push keeps
 //   its key: the pod applies it once.
 // - Failover (R >= 2): when that refresh shows that the pod's vshards failed over to their
-//   followers (Router::FailedOver: the pod is lost, or back without its data), an RPC with
+//   followers (Router::FailedOver: the master holds the pod lost), an RPC with
 //   a `reroute` is routed again under the new map instead of waiting for the old primary.
 //   Its fate is unknown, so a push keeps its key at the new primaries: each was the
 //   vshard's follower and holds the old primary's records with their keys, so it applies

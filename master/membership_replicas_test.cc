@@ -144,9 +144,8 @@ TEST_F(ReplicasTest, NoLiveFollowerLeavesTheVShardWithItsPrimary) {
 TEST_F(ReplicasTest, PodBackWithAnotherStorageLosesItsCopiesAtOnce) {
   // The pods' first registrations with their storage ids (SetUp's carried none).
   for (int i = 0; i < 3; ++i) {
-    ASSERT_TRUE(Register(absl::StrCat("ps-", i), absl::StrCat("h:", i), absl::StrCat("disk-", i),
-                         /*fresh=*/i == 0)
-                    .ok());
+    ASSERT_TRUE(
+        Register(absl::StrCat("ps-", i), absl::StrCat("h:", i), absl::StrCat("disk-", i)).ok());
   }
   const uint64_t epoch = Map().epoch();
   EXPECT_EQ(membership_->storage_losses(), 0u);
