@@ -97,10 +97,11 @@ int RunClusterCrash(const ClusterCrashOptions& o) {
   ClientOptions client;
   client.master = cluster->master_address();
   client.num_vshards = o.num_vshards;
-  // A retry budget that rides out a restart or a failover (~60 s), and short attempts, so
-  // that a push to a dead pod moves on soon.
+  // A retry budget that rides out a restart or a failover on a busy machine (minutes),
+  // and short attempts, so that a push to a dead pod moves on soon.
   client.deadline_ms = 2000;
-  client.max_attempts = 300;
+  client.max_attempts = 1000;
+  client.max_reroutes = 5000;
   client.initial_backoff_ms = 10;
   client.max_backoff_ms = 200;
   client.map_refresh_ms = 20;

@@ -97,7 +97,8 @@ TEST(SplitBrainTest, PausedPrimaryIsDeposedAndItsWritesAreRefused) {
   client.master = cluster.master_address();
   client.num_vshards = kVShards;
   client.deadline_ms = 2000;
-  client.max_attempts = 300;
+  client.max_attempts = 1000;
+  client.max_reroutes = 5000;
   client.initial_backoff_ms = 10;
   client.max_backoff_ms = 200;
   client.map_refresh_ms = 20;
