@@ -64,7 +64,9 @@ class Replicator {
 
   // Installs the ack set: `pod_id` (this pod) at shard-map `epoch`, with these followers.
   // New followers get a stream (starting with the next record shipped); followers no longer
-  // listed have their streams stopped and their queued records counted as held.
+  // listed have their streams stopped and their queued records counted as held. A follower
+  // listed at another address than before (it registered, or restarted elsewhere) is still
+  // in the ack set: its queued records keep waiting and go to the new address.
   void SetFollowers(const std::string& pod_id, uint64_t epoch,
                     const std::vector<ReplicaPeer>& followers) ABSL_LOCKS_EXCLUDED(mu_);
   // The epoch sent with the next batches (a newer assignment with the same followers).

@@ -197,6 +197,7 @@ int RunClusterCrash(const ClusterCrashOptions& o) {
   for (const LoadPush& p : pushes) {
     if (!p.acked) LOG(ERROR) << "push " << p.marker << " failed: " << p.error;
   }
+  if (!check->problems.empty()) LOG(ERROR) << "lost or duplicated:\n" << check->problems;
   const bool periodic = o.durability == "periodic";
   // Periodic durability may lose what was acknowledged within --flush_ms of a kill.
   const bool pass = check->failed == 0 && check->duplicated == 0 && check->torn == 0 &&

@@ -105,6 +105,11 @@ absl::StatusOr<LoadCheck> CheckPushLoad(PsClient& client, const std::string& tab
       ++check.failed;
     }
     if (row[0] >= 2) ++check.duplicated;
+    if (((pushes[i].acked && row[0] == 0) || row[0] >= 2) && check.problems.size() < 2000) {
+      absl::StrAppend(&check.problems, "push ", pushes[i].marker >> 32, "/",
+                      pushes[i].marker & 0xffffffff, " (", absl::FormatTime(pushes[i].sent_at),
+                      " .. ", absl::FormatTime(pushes[i].done_at), "): marker ", row[0], "\n");
+    }
     for (int64_t id : pushes[i].shared) expected[id] += static_cast<int64_t>(row[0]);
   }
   for (int i = 0; i < kShared; ++i) {

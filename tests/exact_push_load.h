@@ -73,6 +73,7 @@ struct LoadCheck {
   uint64_t duplicated = 0;         // marker >= 2
   uint64_t torn = 0;               // marker rows whose elements differ
   uint64_t shared_mismatches = 0;  // shared row elements != the sum of their pushes
+  std::string problems;            // the first few lost or duplicated pushes, for the log
   bool pass() const {
     return failed == 0 && lost == 0 && duplicated == 0 && torn == 0 && shared_mismatches == 0;
   }
