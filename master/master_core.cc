@@ -23,7 +23,8 @@ MasterCore::MasterCore(const MasterOptions& options, std::unique_ptr<MasterStore
       jobs_(options_, store_.get(), &counters_),
       moves_(options_, &membership_),
       checkpoints_(options_, store_.get(), &counters_, &membership_, &operation_mu_),
-      balancer_(options_, &membership_, &moves_, &operation_mu_) {}
+      balancer_(options_, &membership_, &moves_, &operation_mu_),
+      rereplicator_(options_, &membership_, &moves_, &operation_mu_) {}
 
 absl::StatusOr<std::unique_ptr<MasterCore>> MasterCore::Open(const MasterOptions& options) {
   RETURN_IF_ERROR(ValidateMasterOptions(options));
@@ -34,6 +35,9 @@ absl::StatusOr<std::unique_ptr<MasterCore>> MasterCore::Open(const MasterOptions
   auto core = absl::WrapUnique(new MasterCore(with_defaults, std::move(store), config));
   RETURN_IF_ERROR(core->Load());
   core->balancer_.StartAutoRebalance();
+  if (config.replication() >= 2 && options.rereplicate_interval > absl::ZeroDuration()) {
+    core->rereplicator_.Start(options.rereplicate_interval);
+  }
   if (options.retention_interval > absl::ZeroDuration()) {
     MasterCore* raw = core.get();
     core->retention_.Start(options.retention_interval, [raw] {
@@ -68,6 +72,7 @@ absl::Status MasterCore::RegisterPod(const RegisterPodRequest& req, RegisterPodR
   NotifyPods(tell);
   // A pod that owns nothing joined (new, or undrained): spread the vshards onto it.
   if (joined_empty) balancer_.RequestRebalance();
+  rereplicator_.Wake();  // a pod that may take (or, back, needs) copies
   return absl::OkStatus();
 }
 
@@ -128,7 +133,9 @@ absl::Status MasterCore::ReportTask(const ReportTaskRequest& req, ReportTaskResp
 absl::Status MasterCore::ExpireLeases() {
   const absl::Time now = CurrentTime(options_);
   // After a failover the pods whose role changed learn it now, not at their next heartbeat.
-  NotifyPods(membership_.ExpireLeases(now));
+  std::vector<std::string> tell = membership_.ExpireLeases(now);
+  NotifyPods(tell);
+  if (!tell.empty()) rereplicator_.Wake();  // ack sets shrank: copies to make
   return jobs_.ExpireLeases(now);
 }
 
