@@ -400,6 +400,13 @@ void PsCore::PushAsync(const PushRequest& req, PushResponse* resp, Done done) {
   std::vector<PreparedPush> prepared;
   size_t total = 0;
   if (absl::Status s = PreparePush(req, *own, &prepared, &total); !s.ok()) {
+    if (s.code() == absl::StatusCode::kNotFound && req.epoch() > own->epoch()) {
+      // Asked under a newer map than this pod has: it may not have the catalog yet (a pod
+      // just started on an empty data dir learns it at registration), so the client retries.
+      s = absl::UnavailableError(absl::StrCat(s.message(), " on this pod at map epoch ",
+                                              own->epoch(), ", older than the request's ",
+                                              req.epoch(), ": not told the catalog yet; retry"));
+    }
     return done(RefusedOrDuplicate(req.key(), resp, std::move(s)));
   }
   Change change;

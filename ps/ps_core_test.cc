@@ -117,6 +117,19 @@ TEST_F(PsCoreTest, BadPushesAreRefusedWholeWithPreciseCodes) {
   EXPECT_EQ(stats.rejected_nonfinite(), 2u);
 }
 
+// A pod behind the client's map (just started on an empty data dir, before its master told
+// it the catalog) cannot tell an unknown table from one it was not told of yet: retryable.
+TEST_F(PsCoreTest, UnknownTableUnderANewerMapIsRetryable) {
+  PushRequest unknown = MakePush({1}, {1, 1});
+  unknown.mutable_tables(0)->set_table("nope");
+  PushResponse resp;
+  EXPECT_EQ(core_.Push(unknown, &resp).code(), absl::StatusCode::kNotFound);
+  unknown.set_epoch(core_.ownership()->epoch() + 1);
+  absl::Status s = core_.Push(unknown, &resp);
+  EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable) << s;
+  EXPECT_NE(s.message().find("'nope'"), std::string::npos) << s;
+}
+
 // The first non-finite gradient is named exactly, wherever it falls among the 16-float
 // blocks the check tests at once.
 TEST_F(PsCoreTest, NonFiniteGradientIsLocatedExactly) {

@@ -111,18 +111,24 @@ void Replicator::SetFollowers(const std::string& pod_id, uint64_t epoch,
     absl::MutexLock lock(&mu_);
     pod_id_ = pod_id;
     epoch_ = std::max(epoch_, epoch);
+    // A follower still in the ack set at another address (it registered, or restarted
+    // elsewhere) keeps its queue: those records still wait for it, sent to the new address.
+    std::map<std::string, std::deque<Entry>> readdressed;
     for (auto it = streams_.begin(); it != streams_.end();) {
-      const bool kept = std::any_of(followers.begin(), followers.end(), [&](const ReplicaPeer& p) {
-        return p.pod_id() == it->first && p.address() == it->second->peer.address();
-      });
-      if (kept) {
+      auto peer = std::find_if(followers.begin(), followers.end(),
+                               [&](const ReplicaPeer& p) { return p.pod_id() == it->first; });
+      if (peer != followers.end() && peer->address() == it->second->peer.address()) {
         ++it;
         continue;
       }
-      removed.emplace_back(it->first, StopLocked(it->second.get()));
+      if (peer != followers.end()) {
+        readdressed[it->first] = StopLocked(it->second.get());
+      } else {
+        removed.emplace_back(it->first, StopLocked(it->second.get()));
+      }
       it = streams_.erase(it);
     }
-    AddStreamsLocked(epoch, followers);
+    AddStreamsLocked(epoch, followers, &readdressed);
   }
   for (auto& [id, queue] : removed) {
     LOG(WARNING) << "follower " << id << " left the ack set with " << queue.size()
@@ -136,14 +142,21 @@ void Replicator::AddFollowers(const std::string& pod_id, uint64_t epoch,
   absl::MutexLock lock(&mu_);
   pod_id_ = pod_id;
   epoch_ = std::max(epoch_, epoch);
-  AddStreamsLocked(epoch, followers);
+  AddStreamsLocked(epoch, followers, nullptr);
 }
 
-void Replicator::AddStreamsLocked(uint64_t epoch, const std::vector<ReplicaPeer>& followers) {
+void Replicator::AddStreamsLocked(uint64_t epoch, const std::vector<ReplicaPeer>& followers,
+                                  std::map<std::string, std::deque<Entry>>* queues) {
   for (const ReplicaPeer& p : followers) {
     if (streams_.count(p.pod_id()) > 0) continue;
     auto stream = std::make_shared<Stream>();
     stream->peer = p;
+    auto q = queues != nullptr ? queues->find(p.pod_id())
+                               : std::map<std::string, std::deque<Entry>>::iterator();
+    if (queues != nullptr && q != queues->end()) {  // readdressed: its records still wait
+      stream->queue = std::move(q->second);
+      for (const Entry& e : stream->queue) stream->queued_bytes += e.record->size();
+    }
     streams_[p.pod_id()] = stream;
     ++threads_;
     std::thread([this, stream] { Run(stream.get()); }).detach();

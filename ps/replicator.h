@@ -64,7 +64,9 @@ class Replicator {
 
   // Installs the ack set: `pod_id` (this pod) at shard-map `epoch`, with these followers.
   // New followers get a stream (starting with the next record shipped); followers no longer
-  // listed have their streams stopped and their queued records counted as held.
+  // listed have their streams stopped and their queued records counted as held. A follower
+  // listed at another address than before (it registered, or restarted elsewhere) is still
+  // in the ack set: its queued records keep waiting and go to the new address.
   void SetFollowers(const std::string& pod_id, uint64_t epoch,
                     const std::vector<ReplicaPeer>& followers) ABSL_LOCKS_EXCLUDED(mu_);
   // Adds streams for the `followers` that have none (starting with the next record
@@ -104,8 +106,10 @@ class Replicator {
   struct Stream;
   // A stream's sender thread (detached; it holds the stream alive until it sees stop).
   void Run(Stream* stream);
-  // Starts a stream for each of `followers` that has none.
-  void AddStreamsLocked(uint64_t epoch, const std::vector<ReplicaPeer>& followers)
+  // Starts a stream for each of `followers` that has none, with the queue `queues` holds
+  // for it (a follower at a new address), if any (`queues` may be null).
+  void AddStreamsLocked(uint64_t epoch, const std::vector<ReplicaPeer>& followers,
+                        std::map<std::string, std::deque<Entry>>* queues)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Stops `stream` and returns its queued records, for the caller to finish outside mu_.
   std::deque<Entry> StopLocked(Stream* stream) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

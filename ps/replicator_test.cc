@@ -1,0 +1,89 @@
+// Replicator: a follower that the ack set lists at a new address (it registered late, or
+// restarted elsewhere) still holds the primary's acknowledgements back: its queued records
+// go to the new address, and a record is acknowledged only once the follower there has it.
+#include "ps/replicator.h"
+
+#include <map>
+#include <vector>
+
+#include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
+#include "gtest/gtest.h"
+
+namespace ps {
+namespace {
+
+// Fails every call to an address in `down`; records what each other address received.
+class FakeSender : public ReplicaSender {
+ public:
+  void SetDown(const std::string& address, bool down) {
+    absl::MutexLock lock(&mu_);
+    down_[address] = down;
+  }
+  std::vector<std::string> Received(const std::string& address) {
+    absl::MutexLock lock(&mu_);
+    return received_[address];
+  }
+  absl::Status Send(const ReplicaPeer& follower, const ReplicateRecordsRequest& req,
+                    ReplicateRecordsResponse*) override {
+    absl::MutexLock lock(&mu_);
+    if (down_[follower.address()]) return absl::UnavailableError("down");
+    for (const std::string& r : req.records()) received_[follower.address()].push_back(r);
+    return absl::OkStatus();
+  }
+
+ private:
+  absl::Mutex mu_;
+  std::map<std::string, bool> down_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, std::vector<std::string>> received_ ABSL_GUARDED_BY(mu_);
+};
+
+ReplicaPeer Peer(const std::string& id, const std::string& address) {
+  ReplicaPeer p;
+  p.set_pod_id(id);
+  p.set_address(address);
+  return p;
+}
+
+TEST(ReplicatorTest, FollowerAtANewAddressStillHoldsTheAcknowledgementBack) {
+  auto sender = std::make_shared<FakeSender>();
+  sender->SetDown("old:1", true);
+  ReplicatorOptions options;
+  options.min_backoff = absl::Milliseconds(1);
+  options.max_backoff = absl::Milliseconds(5);
+  Replicator replicator(sender, options);
+  replicator.SetFollowers("ps-0", 1, {Peer("ps-1", "old:1")});
+  absl::Notification acked;
+  std::vector<std::string> at_ack;
+  replicator.Ship("record-1", [&](absl::Status s) {
+    EXPECT_TRUE(s.ok()) << s;
+    at_ack = sender->Received("new:2");  // what the follower held when this was acknowledged
+    acked.Notify();
+  });
+  // ps-1 comes back at another address (still in the ack set), which is down for now.
+  sender->SetDown("new:2", true);
+  replicator.SetFollowers("ps-0", 2, {Peer("ps-1", "new:2")});
+  EXPECT_FALSE(acked.WaitForNotificationWithTimeout(absl::Milliseconds(50)))
+      << "acknowledged before the follower held the record";
+  sender->SetDown("new:2", false);
+  acked.WaitForNotification();
+  EXPECT_EQ(at_ack, std::vector<std::string>{"record-1"});
+  EXPECT_TRUE(sender->Received("old:1").empty());
+}
+
+TEST(ReplicatorTest, FollowerLeavingTheAckSetReleasesItsRecords) {
+  auto sender = std::make_shared<FakeSender>();
+  sender->SetDown("a:1", true);
+  Replicator replicator(sender, ReplicatorOptions());
+  replicator.SetFollowers("ps-0", 1, {Peer("ps-1", "a:1")});
+  absl::Notification acked;
+  replicator.Ship("record-1", [&](absl::Status s) {
+    EXPECT_TRUE(s.ok()) << s;
+    acked.Notify();
+  });
+  replicator.SetFollowers("ps-0", 2, {});  // the master dropped it
+  acked.WaitForNotification();
+}
+
+}  // namespace
+}  // namespace ps
