@@ -62,6 +62,11 @@ struct MasterOptions {
   // ack set does too (false, the default): "leader" is faster but a push acknowledged just
   // before the primary's loss may be lost.
   bool replication_ack_leader = false;
+  // A follower whose primary reports it this far behind (its oldest unacknowledged record
+  // has waited this long: unreachable from the primary, or too slow) leaves the ack set of
+  // that primary's vshards, so pushes stop waiting for it. Not so short that a busy
+  // follower's normal batching trips it; well under the lease, which drops a dead pod.
+  absl::Duration replication_max_lag = absl::Seconds(3);
   // Where cluster checkpoints go (ckpt-<id> below it, on each pod's filesystem and the
   // master's); empty: Checkpoint is refused.
   std::string checkpoint_dir;

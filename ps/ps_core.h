@@ -179,7 +179,11 @@ class PsCore {
     std::vector<Replicator::FollowerStats> followers;
     uint64_t records_received = 0, records_applied = 0, refused_batches = 0;
     uint64_t lease_refusals = 0;
+    // A follower this far behind is to be reported to the master at once (the role's
+    // max_lag_ms; zero: none given).
+    absl::Duration max_lag;
   };
+  // A snapshot of the above. Thread-safe.
   ReplicationStats replication_stats() const;
 
   ModelStore& store() { return store_; }
@@ -360,6 +364,7 @@ class PsCore {
     std::string pod_id;
     uint32_t factor = 1;
     bool ack_leader = false;
+    absl::Duration max_lag;
     std::vector<std::string> primary_of;  // per vshard: the primary this pod follows, or ""
     uint64_t role_epoch = 0;              // epoch at which primary_of last changed
     std::vector<ReplicaPeer> followers;

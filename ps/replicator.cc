@@ -80,6 +80,7 @@ struct Replicator::Join {
 struct Replicator::Entry {
   std::shared_ptr<const std::string> record;
   std::shared_ptr<Join> join;
+  absl::Time shipped;  // when Ship queued it: the age of the queue's head is the lag
 };
 
 struct Replicator::Stream {
@@ -87,7 +88,7 @@ struct Replicator::Stream {
   // Guarded by Replicator::mu_.
   std::deque<Entry> queue;
   uint64_t queued_bytes = 0;
-  uint64_t held = 0, failed_calls = 0;
+  uint64_t held = 0, failed_calls = 0, sent_calls = 0, sent_bytes = 0;
   bool stop = false;
   absl::CondVar cv;
 };
@@ -162,8 +163,9 @@ void Replicator::Ship(std::string record, Done done) {
     if (!streams_.empty()) {
       auto join = std::make_shared<Join>(static_cast<int>(streams_.size()), std::move(done));
       auto shared = std::make_shared<const std::string>(std::move(record));
+      const absl::Time now = absl::Now();
       for (auto& [id, stream] : streams_) {
-        stream->queue.push_back({shared, join});
+        stream->queue.push_back({shared, join, now});
         stream->queued_bytes += shared->size();
         stream->cv.Signal();
       }
@@ -234,7 +236,9 @@ void Replicator::Run(Stream* stream) {
       }
       failures = 0;
       backoff = options_.min_backoff;
+      ++stream->sent_calls;
       for (size_t i = 0; i < batch; ++i) {
+        stream->sent_bytes += stream->queue.front().record->size();
         stream->queued_bytes -= stream->queue.front().record->size();
         held.push_back(std::move(stream->queue.front().join));
         stream->queue.pop_front();
@@ -247,6 +251,7 @@ void Replicator::Run(Stream* stream) {
 
 std::vector<Replicator::FollowerStats> Replicator::Stats() const {
   absl::MutexLock lock(&mu_);
+  const absl::Time now = absl::Now();
   std::vector<FollowerStats> out;
   for (const auto& [id, stream] : streams_) {
     FollowerStats& f = out.emplace_back();
@@ -255,6 +260,9 @@ std::vector<Replicator::FollowerStats> Replicator::Stats() const {
     f.queued_bytes = stream->queued_bytes;
     f.held_records = stream->held;
     f.failed_calls = stream->failed_calls;
+    f.sent_calls = stream->sent_calls;
+    f.sent_bytes = stream->sent_bytes;
+    f.lag = stream->queue.empty() ? absl::ZeroDuration() : now - stream->queue.front().shipped;
   }
   return out;
 }
