@@ -58,8 +58,8 @@ absl::Status Membership::TakeLagReport(const PodHeartbeatRequest& report, absl::
     LOG(WARNING) << "ACK SET: " << f.follower() << " removed from the ack set of " << primary
                  << "'s vshards at epoch " << map_.epoch() << ": " << primary << " reports it "
                  << f.lag_ms() << " ms behind (" << f.records() << " records, " << f.bytes()
-                 << " bytes, " << f.failed_calls() << " failed calls; bound "
-                 << max_lag_ms << " ms); those vshards have fewer copies until re-replication";
+                 << " bytes, " << f.failed_calls() << " failed calls; bound " << max_lag_ms
+                 << " ms); those vshards have fewer copies until re-replication";
   }
   LOG(WARNING) << removed << " vshard copies left the ack sets of " << primary << " ("
                << absl::StrJoin(removed_pods, ", ") << ")";

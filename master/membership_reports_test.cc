@@ -90,11 +90,13 @@ TEST_F(LagReportTest, LaggingFollowerLeavesTheReportersAckSetsDurably) {
   for (uint32_t v = 0; v < 4; ++v) EXPECT_TRUE(FollowersOf(map, v).empty()) << v;
   // The other primaries' ack sets are untouched: ps-1 still ships to ps-2, ps-2 to ps-0.
   for (uint32_t v = 4; v < 8; ++v) EXPECT_EQ(FollowersOf(map, v), std::vector<std::string>{"ps-2"});
-  for (uint32_t v = 8; v < 12; ++v) EXPECT_EQ(FollowersOf(map, v), std::vector<std::string>{"ps-0"});
+  for (uint32_t v = 8; v < 12; ++v)
+    EXPECT_EQ(FollowersOf(map, v), std::vector<std::string>{"ps-0"});
   EXPECT_EQ(membership_->ack_set_removals_lag(), 4u);
   EXPECT_EQ(membership_->ack_set_removals_lease(), 0u);
   // ps-1 no longer follows ps-0's vshards.
-  for (const FollowedVShards& f : membership_->AssignmentOf("ps-1")->assignment.replication().following()) {
+  for (const FollowedVShards& f :
+       membership_->AssignmentOf("ps-1")->assignment.replication().following()) {
     EXPECT_NE(f.primary(), "ps-0");
   }
 

@@ -69,8 +69,8 @@ class MasterAgentImpl final : public MasterAgent {
       const absl::Time due = absl::Now() + wait;
       bool stopped = false, early = false;
       for (;;) {
-        const absl::Duration max_lag = registered_ ? core_->replication_stats().max_lag
-                                                   : absl::ZeroDuration();
+        const absl::Duration max_lag =
+            registered_ ? core_->replication_stats().max_lag : absl::ZeroDuration();
         absl::Duration step = due - absl::Now();
         if (max_lag > absl::ZeroDuration()) {
           step = std::min(step, std::max(absl::Milliseconds(5), max_lag / 4));
@@ -226,7 +226,7 @@ class MasterAgentImpl final : public MasterAgent {
   absl::Duration heartbeat_interval_ = absl::Seconds(1);
   uint64_t catalog_version_ = 0;
   bool reported_early_ = false;  // the last heartbeat was sent early for a lagging follower
-  std::thread thread_;  // last: starts after everything above is constructed
+  std::thread thread_;           // last: starts after everything above is constructed
 };
 
 }  // namespace

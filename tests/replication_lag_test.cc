@@ -171,7 +171,8 @@ TEST_F(ReplicationLagTest, UnreachableFollowerIsReportedAndDroppedThenPushesFlow
   EXPECT_GT(s.replication().removed_lag(), 0u);
   EXPECT_EQ(s.replication().removed_lease(), 0u);  // ps-1 is alive: not a lease loss
   EXPECT_EQ(s.replication().failovers(), 0u);
-  EXPECT_EQ(s.replication().under_replicated_vshards(), pods_[0]->core().ownership()->owned_count());
+  EXPECT_EQ(s.replication().under_replicated_vshards(),
+            pods_[0]->core().ownership()->owned_count());
   for (const PodInfo& p : s.pods()) EXPECT_EQ(p.state(), PodInfo::LIVE) << p.pod_id();
   // ps-0 has no follower left; further pushes do not wait.
   WaitFor([&] { return pods_[0]->core().replication_stats().followers.empty(); });
