@@ -71,6 +71,13 @@ class ReplicationLagTest : public testing::Test {
     auto master = MasterServer::Start(mo);
     ASSERT_TRUE(master.ok()) << master.status();
     master_ = *std::move(master);
+    // The table first: a pod's registration brings the catalog.
+    CreateTableRequest req;
+    req.mutable_spec()->set_name("emb");
+    req.mutable_spec()->set_dim(kDim);
+    req.mutable_spec()->mutable_optimizer()->set_kind(OptimizerSpec::SGD);
+    CreateTableResponse created;
+    ASSERT_TRUE(master_->core().CreateTable(req, &created).ok());
     gate_ = std::make_shared<GateSender>(NewGrpcReplicaSender(ChannelMaker(), absl::Seconds(5)));
     for (int i = 0; i < 2; ++i) {
       PsServerOptions po;
@@ -79,22 +86,21 @@ class ReplicationLagTest : public testing::Test {
       auto pod = PsServer::Start(po, *ShardOwnership::Create(kVShards, 0, {}));
       ASSERT_TRUE(pod.ok()) << pod.status();
       pods_.push_back(*std::move(pod));
+    }
+    // ps-1 registers first, so ps-0's registration already names its follower's address
+    // (heartbeats, every 10 s here, would bring it otherwise).
+    agents_.resize(2);
+    for (int i : {1, 0}) {
       MasterAgentOptions ao;
       ao.master = absl::StrCat("127.0.0.1:", master_->port());
       ao.pod_id = absl::StrCat("ps-", i);
-      ao.address = absl::StrCat("127.0.0.1:", pods_.back()->port());
+      ao.address = absl::StrCat("127.0.0.1:", pods_[i]->port());
       ao.num_vshards = kVShards;
-      auto agent = MasterAgent::Start(ao, &pods_.back()->core());
+      auto agent = MasterAgent::Start(ao, &pods_[i]->core());
       ASSERT_TRUE(agent.ok()) << agent.status();
-      agents_.push_back(*std::move(agent));
+      agents_[i] = *std::move(agent);
+      WaitFor([&] { return agents_[i]->registered(); });
     }
-    CreateTableRequest req;
-    req.mutable_spec()->set_name("emb");
-    req.mutable_spec()->set_dim(kDim);
-    req.mutable_spec()->mutable_optimizer()->set_kind(OptimizerSpec::SGD);
-    CreateTableResponse resp;
-    ASSERT_TRUE(master_->core().CreateTable(req, &resp).ok());
-    // Both pods registered, hold the table, and ps-0 ships to ps-1.
     WaitFor([&] {
       for (auto& pod : pods_) {
         if (pod->core().store().FindTable("emb") == nullptr) return false;
