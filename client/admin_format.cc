@@ -290,7 +290,7 @@ std::string FormatReplication(const StatusResponse& s) {
       "replication: R=", r.factor(), ", ack ", r.ack_leader() ? "leader" : "all", ", max lag ",
       r.max_lag_ms(), " ms; ", r.under_replicated_vshards(), " vshards under-replicated; ",
       r.failovers(), " failovers; followers removed from ack sets: ", r.removed_lease(),
-      " vshard copies by lease loss, ", r.removed_lag(), " by lag\n");
+      " vshard copies lost (lease or data), ", r.removed_lag(), " lagging\n");
   if (r.lags_size() > 0) absl::StrAppend(&out, FormatLags(r.lags()));
   return out;
 }

@@ -192,8 +192,8 @@ TEST(AdminFormatTest, StatusShowsReplication) {
   const std::string out = FormatStatus(s);
   for (const char* want :
        {"replication: R=2, ack all, max lag 3000 ms; 12 vshards under-replicated; 2 failovers",
-        "8 vshard copies by lease loss, 4 by lag", "PRIMARY", "ps-0", "ps-1", "3 records", "100",
-        "9", "120 ms ago"}) {
+        "8 vshard copies lost (lease or data), 4 lagging", "PRIMARY", "ps-0", "ps-1", "3 records",
+        "100", "9", "120 ms ago"}) {
     EXPECT_NE(out.find(want), std::string::npos) << "missing '" << want << "' in:\n" << out;
   }
 }

@@ -92,7 +92,6 @@ absl::Status DenseCalls::Push(const std::vector<std::string>& names,
   for (size_t i = 0; i < todo.size(); ++i) todo[i] = i;
   for (int round = 0;; ++round) {
     auto r = router_->current();
-    const PushKey key = keys_->Next();
     std::vector<std::unique_ptr<Rpc<DensePushRequest, PushResponse>>> rpcs;
     std::vector<std::vector<size_t>> tensors_of_rpc;
     std::vector<int> rpc_of_pod(r->map.num_pods(), -1);
@@ -102,7 +101,8 @@ absl::Status DenseCalls::Push(const std::vector<std::string>& names,
         rpc_of_pod[pod] = static_cast<int>(rpcs.size());
         rpcs.push_back(MakeRpc<DensePushRequest, PushResponse>(r->pods[pod], r->map.epoch()));
         rpcs.back()->req.set_epoch(r->map.epoch());
-        *rpcs.back()->req.mutable_key() = key;
+        // A key per pod: a follower holds its primary's records with their keys.
+        *rpcs.back()->req.mutable_key() = keys_->Next();
         auto* rpc = rpcs.back().get();
         rpc->on_ok = [this, rpc] {
           keys_->Acknowledged(rpc->req.key(), rpc->resp.duplicate(), rpc->attempt);

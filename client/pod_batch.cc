@@ -129,8 +129,8 @@ std::vector<PodRequest> PullBatch::Finish() {
   return out;
 }
 
-PushBatch::PushBatch(const ShardMap& map, const PushKey& key)
-    : map_(map), key_(key), requests_(map.num_pods()) {}
+PushBatch::PushBatch(const ShardMap& map, std::function<PushKey()> key_of_part)
+    : map_(map), key_of_part_(std::move(key_of_part)), requests_(map.num_pods()) {}
 
 void PushBatch::Add(const std::string& table, uint32_t dim, float learning_rate,
                     absl::Span<const int64_t> ids, const float* grads) {
@@ -156,7 +156,7 @@ void PushBatch::Add(const std::string& table, uint32_t dim, float learning_rate,
       [&](uint32_t pod) {
         const int r = RequestOf(requests_, pod, [&](PushRequest& req) {
           req.set_epoch(map_.epoch());
-          *req.mutable_key() = key_;
+          *req.mutable_key() = key_of_part_();
         });
         TableGrads* t = requests_.reqs[r].add_tables();
         t->set_table(table);
@@ -182,6 +182,7 @@ std::vector<PodRequest> PushBatch::Finish() {
   std::vector<PodRequest> out(requests_.reqs.size());
   for (size_t r = 0; r < out.size(); ++r) {
     out[r].pod = requests_.pods[r];
+    out[r].key = requests_.reqs[r].key();
     out[r].request = wire::EncodePushRequest(&requests_.reqs[r]);
   }
   requests_ = PodRequests<PushRequest>(map_.num_pods());

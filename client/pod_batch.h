@@ -18,6 +18,7 @@
 #include <grpcpp/support/byte_buffer.h>
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <utility>
@@ -33,6 +34,7 @@ namespace ps::internal {
 // One pod's part of a call, ready to send.
 struct PodRequest {
   uint32_t pod = 0;                      // the map's pod index
+  PushKey key;                           // pushes: the key the request carries
   grpc::ByteBuffer request;              // a PullRequest or PushRequest, encoded
   std::shared_ptr<PullScatter> scatter;  // pulls: where the answer's rows go
 };
@@ -70,8 +72,11 @@ class PullBatch {
 
 class PushBatch {
  public:
-  // Requests under `map` (which must outlive the batch), every one carrying `key`.
-  PushBatch(const ShardMap& map, const PushKey& key);
+  // Requests under `map` (which must outlive the batch); each pod's request carries the
+  // key `key_of_part()` returns when that pod's first id is added (one key per pod part:
+  // a pod that follows another pod's vshards holds that pod's records too, keys included,
+  // so the parts of one call must not share a key).
+  PushBatch(const ShardMap& map, std::function<PushKey()> key_of_part);
 
   // Adds the gradients of `ids` for `table`: grads + k * dim floats for ids[k], summed
   // over repeated ids; learning_rate > 0 overrides the table's. `grads` is copied here.
@@ -83,7 +88,7 @@ class PushBatch {
 
  private:
   const ShardMap& map_;
-  const PushKey key_;
+  const std::function<PushKey()> key_of_part_;
   PodRequests<PushRequest> requests_;
 };
 

@@ -130,7 +130,11 @@ TEST(PodBatchTest, PushSumsDuplicatesAndCarriesTheKey) {
   key.set_worker_id(7);
   key.set_incarnation(2);
   key.set_sequence(11);
-  PushBatch batch(map, key);
+  PushBatch batch(map, [&key] {
+    PushKey k = key;
+    key.set_sequence(key.sequence() + 1);
+    return k;
+  });
   batch.Add("t", 3, 0.5f, ids, grads.data());
   const std::vector<int64_t> other = {1, 2, 3};
   const std::vector<float> other_grads(6, 1.0f);
@@ -138,11 +142,18 @@ TEST(PodBatchTest, PushSumsDuplicatesAndCarriesTheKey) {
 
   std::map<int64_t, std::vector<float>> got;
   size_t u_rows = 0;
-  for (PodRequest& part : batch.Finish()) {
+  std::set<uint64_t> sequences;  // one key per pod part
+  std::vector<PodRequest> parts = batch.Finish();
+  EXPECT_GT(parts.size(), 1u);
+  for (PodRequest& part : parts) {
     EXPECT_EQ(part.scatter, nullptr);
     const PushRequest req = Decode<PushRequest>(std::move(part.request));
     EXPECT_EQ(req.epoch(), 9u);
-    EXPECT_EQ(req.key().SerializeAsString(), key.SerializeAsString());
+    EXPECT_EQ(req.key().SerializeAsString(), part.key.SerializeAsString());
+    EXPECT_EQ(req.key().worker_id(), 7u);
+    EXPECT_EQ(req.key().incarnation(), 2u);
+    EXPECT_GE(req.key().sequence(), 11u);
+    EXPECT_TRUE(sequences.insert(req.key().sequence()).second) << req.key().sequence();
     for (const TableGrads& t : req.tables()) {
       const std::vector<int64_t> sent = Unpack(t.ids());
       const uint32_t dim = t.table() == "t" ? 3 : 2;

@@ -47,6 +47,7 @@ absl::StatusOr<std::shared_ptr<const Routing>> RoutingFromMap(const ClientOption
   ASSIGN_OR_RETURN(routing->map,
                    ShardMap::FromOwners(std::move(owner), static_cast<uint32_t>(resp.pods_size()),
                                         resp.epoch()));
+  routing->replication = std::max<uint32_t>(1, resp.replication());
   return std::shared_ptr<const Routing>(std::move(routing));
 }
 
@@ -98,6 +99,15 @@ void Router::RefreshNow() {
   }
   for (auto& w : waiters) w();
   inflight_->End();
+}
+
+bool Router::FailedOver(const Pod& pod, uint64_t seen_epoch) const {
+  auto r = current();
+  if (r->replication < 2 || r->map.epoch() <= seen_epoch) return false;
+  for (size_t i = 0; i < r->pods.size(); ++i) {
+    if (r->pods[i]->id == pod.id) return !r->up[i];
+  }
+  return true;  // gone from the map
 }
 
 std::shared_ptr<Pod> Router::Resolve(const std::shared_ptr<Pod>& pod) const {

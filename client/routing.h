@@ -31,6 +31,8 @@ struct Routing {
   // map). Calls to every pod (create, stats, the catalog at Connect) skip the others: a
   // drained pod that was removed stays in the master's list as LOST.
   std::vector<bool> up;
+  // The master's replication factor R (1: a static map, or no followers).
+  uint32_t replication = 1;
 };
 
 // The static map of options.servers (pod i started --shard=i/N). INVALID_ARGUMENT for a
@@ -71,6 +73,12 @@ class Router {
   // The pod with `pod`'s id in the current routing (its address may have changed), or
   // `pod` itself if that id is gone or has no address.
   std::shared_ptr<Pod> Resolve(const std::shared_ptr<Pod>& pod) const;
+
+  // Whether the vshards `pod` led at `seen_epoch` failed over: the current routing is
+  // newer, replicated (R >= 2), and `pod` is in it no longer up (its lease ran out: the
+  // master promoted its followers). A pod that is up answers for itself (it knows the
+  // keys it applied; a pod back without its data, or deposed, refuses with WrongShard).
+  bool FailedOver(const Pod& pod, uint64_t seen_epoch) const;
 
  private:
   // On the timer thread: a blocking call to the master (it answers in a few ms, or fails

@@ -41,13 +41,18 @@ struct RpcState {
   std::unique_ptr<grpc::ClientContext> ctx;  // of the current attempt
   int attempt = 0;                           // attempts finished
   int reroutes = 0;                          // map changes this part of the call has followed
-  absl::Status status;                       // the final outcome
+  // An attempt of this part of the call (or of the part it was re-routed from) failed with
+  // a retryable code: a pod may have applied it (its fate is unknown). A re-route of such a
+  // push keeps its key (client/rpc_runner.h).
+  bool fate_unknown = false;
+  absl::Status status;  // the final outcome
   // If set, runs on the completion thread when the RPC succeeds, before the Op learns of
   // it; its error becomes the RPC's. A pull scatters its rows here, while they are in
   // cache.
   std::function<absl::Status()> on_ok;
-  // Pull and push RPCs: after the pod refused ids it does not own (so applied nothing),
-  // routes the request again under the refreshed map, as new RPCs of `op`.
+  // Pull and push RPCs: after the pod refused ids it does not own, or after the vshards of
+  // an unreachable pod failed over (Router::FailedOver), routes the request again under
+  // the refreshed map, as new RPCs of `op`.
   std::function<void(const std::shared_ptr<Op>& op)> reroute;
   // Set for blocking fan-outs (RpcRunner::RunAll): the queue the calling thread drains;
   // null: the client's completion threads.

@@ -31,6 +31,9 @@ bool RpcRunner::AfterAttempt(RpcState* rpc, const grpc::Status& s, const std::sh
     Done(rpc, op.get(), rpc->on_ok ? rpc->on_ok() : absl::OkStatus());
     return true;
   }
+  if (RetryPolicy::IsRetryable(static_cast<absl::StatusCode>(s.error_code()))) {
+    rpc->fate_unknown = true;
+  }
   if (policy_->ShouldRetry(static_cast<absl::StatusCode>(s.error_code()), rpc->attempt)) {
     counters_->retries.fetch_add(1, std::memory_order_relaxed);
     return false;
@@ -39,30 +42,39 @@ bool RpcRunner::AfterAttempt(RpcState* rpc, const grpc::Status& s, const std::sh
       s, absl::StrCat("pod ", rpc->pod->id, " (", rpc->pod->address, ")"), rpc->attempt);
   if (router_->follows_master() && rpc->reroute && rpc->reroutes < options_.max_reroutes &&
       WrongShardOf(status).has_value()) {
-    counters_->reroutes.fetch_add(1, std::memory_order_relaxed);
-    // The refresh ends on the timer thread; the re-routing (which may finish the call and
-    // run its Then callback) runs on a completion thread, as every completion does.
-    router_->Refresh(rpc->epoch, [this, rpc, op] {
-      completions_->Run([this, rpc, op] {
-        rpc->reroute(op);  // adds its RPCs to the op before this one is done
-        Done(rpc, op.get(), absl::OkStatus());
-      });
-    });
+    // The refresh ends on the timer thread; the re-routing runs on a completion thread.
+    router_->Refresh(rpc->epoch, [this, rpc, op] { Reroute(rpc, op); });
     return true;
   }
   Done(rpc, op.get(), status);
   return true;
 }
 
-void RpcRunner::Retry(RpcState* rpc, std::function<void()> resend) {
+void RpcRunner::Reroute(RpcState* rpc, const std::shared_ptr<Op>& op) {
+  counters_->reroutes.fetch_add(1, std::memory_order_relaxed);
+  // The re-routing (which may finish the call and run its Then callback) runs on a
+  // completion thread, as every completion does.
+  completions_->Run([this, rpc, op] {
+    rpc->reroute(op);  // adds its RPCs to the op before this one is done
+    Done(rpc, op.get(), absl::OkStatus());
+  });
+}
+
+void RpcRunner::Retry(RpcState* rpc, const std::shared_ptr<Op>& op, std::function<void()> resend) {
   auto again = [this, rpc, resend = std::move(resend)] {
     rpc->pod = router_->Resolve(rpc->pod);
     resend();
   };
   const absl::Duration backoff = policy_->Backoff(rpc->attempt);
   if (router_->follows_master() && RetryPolicy::RefreshMapBefore(rpc->attempt + 1)) {
-    timer_->After(backoff, [this, rpc, again = std::move(again)]() mutable {
-      router_->Refresh(rpc->epoch, std::move(again));
+    timer_->After(backoff, [this, rpc, op, again = std::move(again)]() mutable {
+      router_->Refresh(rpc->epoch, [this, rpc, op, again = std::move(again)] {
+        if (rpc->reroute && rpc->reroutes < options_.max_reroutes &&
+            router_->FailedOver(*rpc->pod, rpc->epoch)) {
+          return Reroute(rpc, op);
+        }
+        again();
+      });
     });
   } else {
     timer_->After(backoff, std::move(again));

@@ -7,10 +7,18 @@
 //   Before the attempts the policy names (the third on) a client that follows a master
 //   refreshes the map first, so a pod restarted at a new address is found. A push keeps
 //   its key: the pod applies it once.
+// - Failover (R >= 2): when that refresh shows that the pod's vshards failed over to their
+//   followers (Router::FailedOver: the master holds the pod lost), an RPC with
+//   a `reroute` is routed again under the new map instead of waiting for the old primary.
+//   Its fate is unknown, so a push keeps its key at the new primaries: each was the
+//   vshard's follower and holds the old primary's records with their keys, so it applies
+//   the push once (or answers that it has it).
 // - A wrong-shard refusal (the WrongShard detail, proto/wrong_shard.h: a vshard moved; the
 //   pod applied nothing), for RPCs with a `reroute`: after a map refresh, reroute(op)
 //   routes the request's ids again as new RPCs of the same call (a push under a new key),
-//   up to max_reroutes times. A FAILED_PRECONDITION without the detail is final.
+//   up to max_reroutes times (a push under a new key, unless its fate was unknown with
+//   R >= 2: a deposed primary's refusal does not say its followers lack the record, so the
+//   key goes along). A FAILED_PRECONDITION without the detail is final.
 // - Anything else is the RPC's final status, named after its pod ("pod <id> (<address>)")
 //   and, after retries, "[after N attempts]" (RetryPolicy::Final).
 // Backoff waits run on the timer thread, never on a completion thread; a re-route runs on
@@ -97,7 +105,7 @@ class RpcRunner {
         method, rpc,
         [this, method, rpc, op = std::move(op)](grpc::Status s) mutable {
           if (AfterAttempt(rpc, s, op)) return;
-          Retry(rpc, [this, method, rpc, op = std::move(op)]() mutable {
+          Retry(rpc, op, [this, method, rpc, op]() mutable {
             rpc->resp.Clear();
             Attempt(method, rpc, std::move(op));
           });
@@ -109,8 +117,11 @@ class RpcRunner {
   // otherwise true, the RPC having been reported to `op` or handed to a re-route.
   bool AfterAttempt(RpcState* rpc, const grpc::Status& s, const std::shared_ptr<Op>& op);
   // Runs `resend` after the policy's backoff (and a map refresh when the policy says so),
-  // with rpc->pod resolved again by id.
-  void Retry(RpcState* rpc, std::function<void()> resend);
+  // with rpc->pod resolved again by id; or, when the refresh shows a failover of the pod's
+  // vshards, re-routes the RPC (see the file comment).
+  void Retry(RpcState* rpc, const std::shared_ptr<Op>& op, std::function<void()> resend);
+  // Hands `rpc` to its reroute (on a completion thread) and ends it.
+  void Reroute(RpcState* rpc, const std::shared_ptr<Op>& op);
   // Reports the RPC's final status to `op` and ends its InFlight count.
   void Done(RpcState* rpc, Op* op, const absl::Status& status);
   std::unique_ptr<grpc::ClientContext> NewContext() const;

@@ -45,11 +45,13 @@ class SparseCalls {
   // max_reroutes - `reroutes` further map changes.
   std::vector<std::shared_ptr<RawRpc>> PullRpcs(std::vector<PodRequest> parts, const Routing& r,
                                                 int reroutes);
-  std::vector<std::shared_ptr<RawRpc>> PushRpcs(std::vector<PodRequest> parts, const PushKey& key,
-                                                const Routing& r, int reroutes);
-  // The pod refused the whole request (FAILED_PRECONDITION: it applied none of it): its
-  // ids are grouped again under the current map and sent as new RPCs of `op` (a push
-  // under a new key).
+  // Each part carries its own key (PodRequest::key); `fate_unknown` as RpcState's.
+  std::vector<std::shared_ptr<RawRpc>> PushRpcs(std::vector<PodRequest> parts, const Routing& r,
+                                                int reroutes, bool fate_unknown);
+  // The pod refused the whole request (FAILED_PRECONDITION: it applied none of it), or
+  // its vshards failed over: its ids are grouped again under the current map and sent as
+  // new RPCs of `op` (a push under new keys, or its own key if its fate is unknown with
+  // R >= 2: client/rpc_runner.h).
   void ReroutePull(PullRpc* rpc, const std::shared_ptr<Op>& op);
   void ReroutePush(PushRpc* rpc, const std::shared_ptr<Op>& op);
 

@@ -10,8 +10,7 @@ namespace ps::internal {
 Handle SparseCalls::Push(std::vector<PushSpec> specs) {
   counters_->pushes.fetch_add(1, std::memory_order_relaxed);
   auto r = router_->current();
-  const PushKey key = keys_->Next();
-  PushBatch batch(r->map, key);  // every pod's part of the call under one key
+  PushBatch batch(r->map, [this] { return keys_->Next(); });  // a key per pod part
   for (const PushSpec& spec : specs) {
     auto dim = catalog_->TableDim(spec.table);
     if (!dim.ok()) return Handle(Op::Failed(dim.status()));
@@ -24,15 +23,15 @@ Handle SparseCalls::Push(std::vector<PushSpec> specs) {
     if (!finite.ok()) return Handle(Op::Failed(std::move(finite)));
     batch.Add(spec.table, *dim, spec.learning_rate, spec.ids, spec.grads);
   }
-  auto rpcs = PushRpcs(batch.Finish(), key, *r, 0);
+  auto rpcs = PushRpcs(batch.Finish(), *r, 0, /*fate_unknown=*/false);
   auto op = std::make_shared<Op>(static_cast<int>(rpcs.size()));
   runner_->BeginAll(kRawPush, std::move(rpcs), op);
   return Handle(op);
 }
 
 std::vector<std::shared_ptr<RawRpc>> SparseCalls::PushRpcs(std::vector<PodRequest> parts,
-                                                           const PushKey& key, const Routing& r,
-                                                           int reroutes) {
+                                                           const Routing& r, int reroutes,
+                                                           bool fate_unknown) {
   std::vector<std::shared_ptr<RawRpc>> rpcs;
   rpcs.reserve(parts.size());
   for (PodRequest& part : parts) {
@@ -41,7 +40,8 @@ std::vector<std::shared_ptr<RawRpc>> SparseCalls::PushRpcs(std::vector<PodReques
     rpc->epoch = r.map.epoch();
     rpc->req = std::move(part.request);
     rpc->reroutes = reroutes;
-    rpc->key = key;
+    rpc->fate_unknown = fate_unknown;
+    rpc->key = part.key;
     PushRpc* raw = rpc.get();
     rpc->on_ok = [this, raw]() -> absl::Status {
       PushResponse resp;
@@ -66,10 +66,15 @@ void SparseCalls::ReroutePush(PushRpc* rpc, const std::shared_ptr<Op>& op) {
     return op->RpcDone(absl::InternalError("cannot re-route a push: its request is unreadable"));
   }
   auto r = router_->current();
-  // Applied nowhere, so a new key: the destination never saw the old one, and "one key,
-  // one content per pod" holds.
-  const PushKey key = keys_->Next();
-  PushBatch batch(r->map, key);
+  // Refused by a pod that never had it: applied nowhere, so new keys (the destinations
+  // never saw the old one, and "one key, one content per pod" holds). But if an attempt's
+  // fate was unknown with R >= 2, a pod may have applied it and shipped it to its
+  // followers, one of which leads the vshards now (failover), knowing the key from the
+  // shipped record: the key goes along, so that pod applies it once.
+  const bool keep_key = rpc->fate_unknown && r->replication >= 2;
+  std::function<PushKey()> key_of_part = [this] { return keys_->Next(); };
+  if (keep_key) key_of_part = [key = rpc->key] { return key; };
+  PushBatch batch(r->map, std::move(key_of_part));
   std::vector<int64_t> ids;
   for (const TableGrads& t : req.tables()) {
     const size_t n = t.ids().size() / sizeof(int64_t);
@@ -80,7 +85,10 @@ void SparseCalls::ReroutePush(PushRpc* rpc, const std::shared_ptr<Op>& op) {
     batch.Add(t.table(), dim, t.learning_rate(), ids,
               reinterpret_cast<const float*>(t.grads().data()));
   }
-  auto rpcs = PushRpcs(batch.Finish(), key, *r, rpc->reroutes + 1);
+  auto rpcs = PushRpcs(batch.Finish(), *r, rpc->reroutes + 1, keep_key);
+  if (keep_key) {
+    for (auto& sent : rpcs) sent->attempt = rpc->attempt;  // the same push, retried
+  }
   op->Add(static_cast<int>(rpcs.size()));
   runner_->BeginAll(kRawPush, std::move(rpcs), op);
 }

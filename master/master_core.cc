@@ -63,7 +63,9 @@ absl::Status MasterCore::Load() {
 
 absl::Status MasterCore::RegisterPod(const RegisterPodRequest& req, RegisterPodResponse* resp) {
   bool joined_empty = false;
-  RETURN_IF_ERROR(membership_.RegisterPod(req, resp, &joined_empty));
+  std::vector<std::string> tell;  // roles changed by a lost volume: told at once
+  RETURN_IF_ERROR(membership_.RegisterPod(req, resp, &joined_empty, &tell));
+  NotifyPods(tell);
   // A pod that owns nothing joined (new, or undrained): spread the vshards onto it.
   if (joined_empty) balancer_.RequestRebalance();
   return absl::OkStatus();
@@ -126,11 +128,14 @@ absl::Status MasterCore::ReportTask(const ReportTaskRequest& req, ReportTaskResp
 absl::Status MasterCore::ExpireLeases() {
   const absl::Time now = CurrentTime(options_);
   // After a failover the pods whose role changed learn it now, not at their next heartbeat.
-  std::vector<std::string> tell = membership_.ExpireLeases(now);
-  std::vector<std::thread> threads;
-  for (const std::string& pod : tell) threads.emplace_back([this, pod] { moves_.NotifyPod(pod); });
-  for (std::thread& t : threads) t.join();
+  NotifyPods(membership_.ExpireLeases(now));
   return jobs_.ExpireLeases(now);
+}
+
+void MasterCore::NotifyPods(const std::vector<std::string>& pods) {
+  std::vector<std::thread> threads;
+  for (const std::string& pod : pods) threads.emplace_back([this, pod] { moves_.NotifyPod(pod); });
+  for (std::thread& t : threads) t.join();
 }
 
 absl::Status MasterCore::EnforceRetention() {

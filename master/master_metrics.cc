@@ -60,9 +60,10 @@ void AddMasterMetrics(MasterCore* core, MetricsRegistry* registry) {
     w->Sample({}, r.failovers());
     w->Family("ps_master_ack_set_removals_total",
               "Vshard copies taken out of ack sets since the master started, by cause: the "
-              "follower's lease ran out, or its primary reported it lagging or unreachable.",
+              "the follower was lost (its lease ran out, or it came back without its data), or its "
+              "primary reported it lagging or unreachable.",
               C);
-    w->Sample({{"cause", "lease"}}, r.removed_lease());
+    w->Sample({{"cause", "lost"}}, r.removed_lease());
     w->Sample({{"cause", "lag"}}, r.removed_lag());
     w->Family("ps_master_under_replicated_vshards", "Vshards with fewer copies than the factor.",
               G);

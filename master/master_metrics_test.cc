@@ -120,7 +120,7 @@ TEST_F(MasterMetricsTest, JobSeriesFollowTheTasks) {
 TEST_F(MasterMetricsTest, ReplicationSeriesExistWithoutReplication) {
   EXPECT_TRUE(Has("ps_master_replication_factor 1"));
   EXPECT_TRUE(Has("ps_master_failovers_total 0"));
-  EXPECT_TRUE(Has("ps_master_ack_set_removals_total{cause=\"lease\"} 0"));
+  EXPECT_TRUE(Has("ps_master_ack_set_removals_total{cause=\"lost\"} 0"));
   EXPECT_TRUE(Has("ps_master_ack_set_removals_total{cause=\"lag\"} 0"));
   EXPECT_TRUE(Has("ps_master_under_replicated_vshards 0"));
 }
@@ -174,7 +174,7 @@ TEST(MasterReplicationMetricsTest, LagReportsAndAckSetRemovals) {
     EXPECT_TRUE(has("ps_master_ack_set_removals_total{cause=\"lag\"} 0"));
     report(1000);
     EXPECT_TRUE(has("ps_master_ack_set_removals_total{cause=\"lag\"} 2")) << registry.Render();
-    EXPECT_TRUE(has("ps_master_ack_set_removals_total{cause=\"lease\"} 0"));
+    EXPECT_TRUE(has("ps_master_ack_set_removals_total{cause=\"lost\"} 0"));
     EXPECT_TRUE(has("ps_master_under_replicated_vshards 2"));
     EXPECT_TRUE(has("ps_master_failovers_total 0"));
   }

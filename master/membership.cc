@@ -105,7 +105,7 @@ void Membership::FillAssignment(const std::string& pod_id, PodAssignment* out) c
 }
 
 absl::Status Membership::RegisterPod(const RegisterPodRequest& req, RegisterPodResponse* resp,
-                                     bool* joined_empty) {
+                                     bool* joined_empty, std::vector<std::string>* tell) {
   if (req.pod_id().empty() || req.pod_id().size() > 128 || req.address().empty()) {
     return absl::InvalidArgumentError(
         absl::StrCat("RegisterPod needs a pod_id (1..128 characters) and an address; got pod_id '",
@@ -129,11 +129,16 @@ absl::Status Membership::RegisterPod(const RegisterPodRequest& req, RegisterPodR
                      " ms left); refusing the same identity from ", req.address(),
                      ". If the old pod is gone, retry after its lease expires."));
   }
+  if (known && StorageLost(it->second.record, req)) {
+    RETURN_IF_ERROR(LoseStorage(it->second.record, req, now, tell));
+  }
   const bool address_changed = !known || it->second.record.address() != req.address();
   if (address_changed) {
     PodRecord record;  // a new process: not drained (any more)
     record.set_pod_id(req.pod_id());
     record.set_address(req.address());
+    record.set_storage_id(req.storage_id().empty() && known ? it->second.record.storage_id()
+                                                            : req.storage_id());
     ShardMapRecord map = map_;
     map.set_epoch(map.epoch() + 1);
     StoreBatch batch;
@@ -144,6 +149,8 @@ absl::Status Membership::RegisterPod(const RegisterPodRequest& req, RegisterPodR
               << map_.epoch();
     // A pod that owns nothing joined (new, or undrained): spread the vshards onto it.
     if (joined_empty != nullptr) *joined_empty = OwnedBy(req.pod_id()) == 0;
+  } else if (!req.storage_id().empty() && it->second.record.storage_id() != req.storage_id()) {
+    RETURN_IF_ERROR(RecordStorage(req.pod_id(), req.storage_id()));
   }
   Pod& pod = pods_[req.pod_id()];
   pod.lease_deadline = now + options_.lease;

@@ -50,8 +50,12 @@ class Membership {
   // The pod RPCs of proto/master.proto: OK or the most specific error, nothing changed on
   // error. RegisterPod sets `*joined_empty` (when not null) to whether a pod at a new address
   // that owns no vshards joined (a new pod, or a drained one back): worth a rebalance.
+  // A pod that registers with another storage id than the one recorded (its volume was
+  // lost; membership_replicas.cc) has its copies forgotten as ExpireLeases does, at once;
+  // the pods whose role that changed are appended to `*tell` (when not null).
   absl::Status RegisterPod(const RegisterPodRequest& req, RegisterPodResponse* resp,
-                           bool* joined_empty) ABSL_LOCKS_EXCLUDED(mu_);
+                           bool* joined_empty, std::vector<std::string>* tell = nullptr)
+      ABSL_LOCKS_EXCLUDED(mu_);
   absl::Status PodHeartbeat(const PodHeartbeatRequest& req, PodHeartbeatResponse* resp)
       ABSL_LOCKS_EXCLUDED(mu_);
   absl::Status LeavePod(const LeavePodRequest& req, LeavePodResponse* resp)
@@ -68,10 +72,14 @@ class Membership {
   // Promotions since this master started, and the longest time from a primary's last
   // heartbeat to its vshards' promotion.
   uint64_t failovers() const { return failovers_.load(); }
-  // Vshard copies taken out of ack sets since this master started: by a lease loss, and by
-  // a primary's report of a lagging or unreachable follower (membership_reports.cc).
+  // Vshard copies taken out of ack sets since this master started: by the follower's loss
+  // (FailOver: its lease ran out, or its data was lost), and by a primary's report of a lagging or
+  // unreachable follower (membership_reports.cc).
   uint64_t ack_set_removals_lease() const { return removed_lease_.load(); }
   uint64_t ack_set_removals_lag() const { return removed_lag_.load(); }
+  // Registrations whose data was not what the pod had (a lost volume) since this master
+  // started.
+  uint64_t storage_losses() const { return storage_losses_.load(); }
   // Fills the status's epoch, num_vshards and pods as of `now`.
   void Describe(absl::Time now, StatusResponse* resp) const ABSL_LOCKS_EXCLUDED(mu_);
   // A copy of the map and the pods now, for planning drains, rebalances and checkpoints.
@@ -159,6 +167,18 @@ class Membership {
   // The latest lag reports, for status and shards.
   void AddLags(absl::Time now, google::protobuf::RepeatedPtrField<ReplicaLag>* out) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Whether `req` brings other data than pod `record` had: another storage id than the
+  // recorded one, or a fresh one where none was recorded (a pod that registered before).
+  static bool StorageLost(const PodRecord& record, const RegisterPodRequest& req);
+  // The pod of `record` lost its data (StorageLost): logged and counted; with replication
+  // it leaves every ack set and its vshards are promoted as for an expired lease (FailOver,
+  // one synced write), the pods to tell appended to `*tell` (when not null). Store errors
+  // as they come, nothing changed.
+  absl::Status LoseStorage(const PodRecord& record, const RegisterPodRequest& req, absl::Time now,
+                           std::vector<std::string>* tell) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Records `storage_id` as pod `pod_id`'s (synced).
+  absl::Status RecordStorage(const std::string& pod_id, const std::string& storage_id)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Writes `batch` with the map as `map` (epoch already bumped), then installs the map.
   absl::Status WriteMap(StoreBatch batch, ShardMapRecord map) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
@@ -181,6 +201,7 @@ class Membership {
   };
   // Primary -> its latest report (memory only: a restarted master waits for the next one).
   std::map<std::string, LagReport> lag_reports_ ABSL_GUARDED_BY(mu_);
+  std::atomic<uint64_t> storage_losses_{0};
 };
 
 }  // namespace ps

@@ -109,4 +109,48 @@ absl::StatusOr<std::vector<std::string>> Membership::FailOver(const std::vector<
   return std::vector<std::string>(tell.begin(), tell.end());
 }
 
+bool Membership::StorageLost(const PodRecord& record, const RegisterPodRequest& req) {
+  if (req.storage_id().empty()) return false;  // an older pod: nothing reported
+  if (!record.storage_id().empty()) return record.storage_id() != req.storage_id();
+  return req.fresh_storage();
+}
+
+absl::Status Membership::LoseStorage(const PodRecord& record, const RegisterPodRequest& req,
+                                     absl::Time now, std::vector<std::string>* tell) {
+  const std::string& pod_id = record.pod_id();
+  LOG(ERROR) << "LOST STORAGE: pod " << pod_id << " registered with storage id " << req.storage_id()
+             << (req.fresh_storage() ? " (created by its start)" : "") << ", not the "
+             << (record.storage_id().empty() ? "data it had" : record.storage_id())
+             << ": its data dir was lost or replaced, so every copy it held is gone";
+  storage_losses_.fetch_add(1);
+  if (config_.replication() < 2) {
+    const uint32_t owned = OwnedBy(pod_id);
+    if (owned > 0) {
+      LOG(ERROR) << "with --replication=1 the rows of the " << owned << " vshards " << pod_id
+                 << " owns are lost; it serves them from its empty data (restore a checkpoint "
+                    "to get them back)";
+    }
+    return absl::OkStatus();
+  }
+  // Its copies are gone now, whether or not its lease ran out: the same step as a lease
+  // loss, without the wait (the lease check is skipped: the pod is registering).
+  ASSIGN_OR_RETURN(std::vector<std::string> changed, FailOver({pod_id}, now));
+  if (tell != nullptr) {
+    for (std::string& p : changed) {
+      if (p != pod_id) tell->push_back(std::move(p));  // it learns from its registration
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Membership::RecordStorage(const std::string& pod_id, const std::string& storage_id) {
+  PodRecord record = pods_[pod_id].record;
+  record.set_storage_id(storage_id);
+  StoreBatch batch;
+  batch.Put(keys::Pod(pod_id), record);
+  RETURN_IF_ERROR(store_->Write(batch));
+  pods_[pod_id].record = std::move(record);
+  return absl::OkStatus();
+}
+
 }  // namespace ps

@@ -1,7 +1,8 @@
 // Membership with replication (R = 2, 3 pods), over an in-memory store and a fake clock:
 // the first map's followers, the roles pods are told, failover on a primary's lease loss
 // (durable: a reopened master has it), a lost follower leaving the ack set, and what stays
-// refused (moves, another R for the data dir).
+// refused (moves, another R for the data dir), and a pod that comes back without its data
+// (another storage id) losing its copies at once.
 #include <algorithm>
 
 #include "gtest/gtest.h"
@@ -36,12 +37,16 @@ class ReplicasTest : public testing::Test {
     ASSERT_TRUE(membership_->Load(now_ + options_.lease).ok());
   }
 
-  absl::Status Register(const std::string& id, const std::string& address) {
+  absl::Status Register(const std::string& id, const std::string& address,
+                        const std::string& storage_id = "", bool fresh = false,
+                        std::vector<std::string>* tell = nullptr) {
     RegisterPodRequest req;
     req.set_pod_id(id);
     req.set_address(address);
+    req.set_storage_id(storage_id);
+    req.set_fresh_storage(fresh);
     RegisterPodResponse resp;
-    return membership_->RegisterPod(req, &resp, nullptr);
+    return membership_->RegisterPod(req, &resp, nullptr, tell);
   }
   void Heartbeat(const std::string& id, const std::string& address) {
     PodHeartbeatRequest req;
@@ -134,6 +139,67 @@ TEST_F(ReplicasTest, NoLiveFollowerLeavesTheVShardWithItsPrimary) {
   const ShardMapResponse map = Map();
   for (uint32_t v = 0; v < 4; ++v) EXPECT_EQ(OwnerOf(map, v), "ps-0") << v;
   for (uint32_t v = 4; v < 8; ++v) EXPECT_EQ(OwnerOf(map, v), "ps-2") << v;  // ps-1's, moved
+}
+
+TEST_F(ReplicasTest, PodBackWithAnotherStorageLosesItsCopiesAtOnce) {
+  // The pods' first registrations with their storage ids (SetUp's carried none).
+  for (int i = 0; i < 3; ++i) {
+    ASSERT_TRUE(
+        Register(absl::StrCat("ps-", i), absl::StrCat("h:", i), absl::StrCat("disk-", i)).ok());
+  }
+  const uint64_t epoch = Map().epoch();
+  EXPECT_EQ(membership_->storage_losses(), 0u);
+  // ps-0 restarts with its data (same id, same address, lease live): nothing changes.
+  ASSERT_TRUE(Register("ps-0", "h:0", "disk-0").ok());
+  EXPECT_EQ(Map().epoch(), epoch);
+  EXPECT_EQ(membership_->storage_losses(), 0u);
+
+  // ps-0 restarts at once, its volume gone (a new database): its lease is still live, but
+  // its follower ps-1 leads its vshards now, and it leaves ps-2's ack set.
+  std::vector<std::string> tell;
+  ASSERT_TRUE(Register("ps-0", "h:0", "disk-0b", /*fresh=*/true, &tell).ok());
+  std::sort(tell.begin(), tell.end());
+  EXPECT_EQ(tell, (std::vector<std::string>{"ps-1", "ps-2"}));
+  EXPECT_EQ(membership_->storage_losses(), 1u);
+  EXPECT_EQ(membership_->failovers(), 1u);
+  const ShardMapResponse map = Map();
+  EXPECT_EQ(map.epoch(), epoch + 1);
+  for (uint32_t v = 0; v < 4; ++v) {
+    EXPECT_EQ(OwnerOf(map, v), "ps-1") << v;
+    EXPECT_TRUE(FollowersOf(map, v).empty()) << v;
+  }
+  for (uint32_t v = 8; v < 12; ++v) EXPECT_TRUE(FollowersOf(map, v).empty()) << v;
+  const PodAssignment a = AssignmentOf("ps-0");
+  EXPECT_EQ(a.owned_vshards_size(), 0);  // it holds nothing until re-replication
+  EXPECT_TRUE(a.replication().following().empty());
+
+  // The new id is recorded durably: the same registration again, or after a master
+  // restart, loses nothing more.
+  ASSERT_TRUE(Register("ps-0", "h:0", "disk-0b", /*fresh=*/false).ok());
+  Open();
+  ASSERT_TRUE(Register("ps-0", "h:0", "disk-0b", /*fresh=*/false).ok());
+  EXPECT_EQ(Map().epoch(), epoch + 1);
+  EXPECT_EQ(membership_->storage_losses(), 0u);  // counted since this master started
+  // At a new address too, after its lease: another id is a loss, the same one is not.
+  now_ += absl::Seconds(2);
+  ASSERT_TRUE(Register("ps-1", "h:1", "disk-1").ok());
+  ASSERT_TRUE(Register("ps-2", "h:2", "disk-2").ok());
+  ASSERT_TRUE(Register("ps-0", "h:0b", "disk-0b").ok());
+  EXPECT_EQ(membership_->storage_losses(), 0u);
+  ASSERT_TRUE(Register("ps-1", "h:1", "disk-1c", /*fresh=*/true).ok());
+  EXPECT_EQ(membership_->storage_losses(), 1u);
+}
+
+TEST_F(ReplicasTest, FreshDataWhereNoStorageIdWasRecordedIsALoss) {
+  // SetUp registered the pods without ids (an older pod). ps-1 comes back with a fresh
+  // database: it had data, so its copies are gone; ps-2 comes back with an existing one.
+  ASSERT_TRUE(Register("ps-2", "h:2", "disk-2", /*fresh=*/false).ok());
+  EXPECT_EQ(membership_->storage_losses(), 0u);
+  ASSERT_TRUE(Register("ps-1", "h:1", "disk-1", /*fresh=*/true).ok());
+  EXPECT_EQ(membership_->storage_losses(), 1u);
+  const ShardMapResponse map = Map();
+  for (uint32_t v = 4; v < 8; ++v) EXPECT_EQ(OwnerOf(map, v), "ps-2") << v;
+  for (uint32_t v = 0; v < 4; ++v) EXPECT_TRUE(FollowersOf(map, v).empty()) << v;
 }
 
 TEST_F(ReplicasTest, MovesAndAnotherFactorAreRefused) {

@@ -12,6 +12,8 @@
 #include "absl/synchronization/notification.h"
 #include "common/rpc/grpc_status.h"
 #include "proto/master.grpc.pb.h"
+#include "ps/storage/pod_storage.h"
+#include "ps/storage/storage_db.h"
 
 namespace ps {
 namespace {
@@ -22,6 +24,8 @@ class MasterAgentImpl final : public MasterAgent {
       : options_(options),
         core_(core),
         stub_(Master::NewStub(channels.Make(options.master))),
+        storage_id_(core->storage() != nullptr ? core->storage()->storage_id() : NewStorageId()),
+        fresh_storage_(core->storage() == nullptr || core->storage()->storage_created()),
         thread_([this] { Run(); }) {}
 
   ~MasterAgentImpl() override { Stop(); }
@@ -136,6 +140,8 @@ class MasterAgentImpl final : public MasterAgent {
     req.set_pod_id(options_.pod_id);
     req.set_address(options_.address);
     req.set_num_vshards(options_.num_vshards);
+    req.set_storage_id(storage_id_);
+    req.set_fresh_storage(fresh_storage_);
     RegisterPodResponse resp;
     grpc::ClientContext ctx;
     SetDeadline(&ctx);
@@ -143,9 +149,9 @@ class MasterAgentImpl final : public MasterAgent {
     if (!s.ok()) return s;
     registered_ = true;
     LOG(INFO) << "pod " << options_.pod_id << " registered with master " << options_.master
-              << " at " << options_.address;
-    RenewLease(sent, resp.assignment());
-    return Apply(resp.assignment());
+              << " at " << options_.address << " (storage id " << storage_id_
+              << (fresh_storage_ ? ", created by this start)" : ")");
+    return Apply(sent, resp.assignment());
   }
 
   absl::Status Heartbeat() {
@@ -167,12 +173,13 @@ class MasterAgentImpl final : public MasterAgent {
     SetDeadline(&ctx);
     absl::Status s = FromGrpcStatus(stub_->PodHeartbeat(&ctx, req, &resp));
     if (!s.ok()) return s;
-    RenewLease(sent, resp.assignment());
-    return Apply(resp.assignment());
+    return Apply(sent, resp.assignment());
   }
 
-  // Installs the assignment if it differs from the core's ownership, and syncs the catalog.
-  absl::Status Apply(const PodAssignment& a) {
+  // Installs the assignment if it differs from the core's ownership, then renews the write
+  // lease (in that order: a deposed primary back from a pause must never hold a fresh
+  // lease with the vshards it no longer leads), and syncs the catalog.
+  absl::Status Apply(absl::Time sent, const PodAssignment& a) {
     heartbeat_interval_ = std::max(absl::Milliseconds(10), absl::Milliseconds(a.lease_ms()) / 3);
     Assignment assignment;
     assignment.set_epoch(a.epoch());
@@ -184,6 +191,7 @@ class MasterAgentImpl final : public MasterAgent {
     ApplyAssignmentResponse applied;
     // Ignored when older than what the master already sent the pod directly.
     if (absl::Status s = core_->ApplyAssignment(assignment, &applied); !s.ok()) return s;
+    RenewLease(sent, a);
     if (a.catalog_version() != catalog_version_) return SyncCatalog(a.catalog_version());
     return absl::OkStatus();
   }
@@ -220,6 +228,10 @@ class MasterAgentImpl final : public MasterAgent {
   const MasterAgentOptions options_;
   PsCore* const core_;
   std::unique_ptr<Master::Stub> stub_;
+  // The data identity reported at registration: the database's storage id, or for a pod
+  // in memory one drawn for this process (its data does not outlive it).
+  const std::string storage_id_;
+  const bool fresh_storage_;
   absl::Notification stop_;
   std::atomic<bool> registered_{false};
   // Used by the agent thread only.

@@ -2,6 +2,10 @@
 // lease by heartbeat, applies the vshard ownership the master assigns (a new epoch or a
 // changed set) to the PsCore, and creates the master's catalog tables on the pod.
 //
+// Registration reports the identity of the pod's data (its database's storage id, or one
+// drawn per process for a pod in memory), so the master can tell a pod that lost its volume
+// from one that restarted with it (proto/master.proto, RegisterPodRequest.storage_id).
+//
 // Everything runs on one background thread, so a pod starts serving at once, whether or
 // not the master is up: until the first registration succeeds it owns no vshard and
 // refuses data requests with FAILED_PRECONDITION, which clients retry after refreshing

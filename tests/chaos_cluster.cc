@@ -1,5 +1,6 @@
 #include "tests/chaos_cluster.h"
 
+#include <filesystem>
 #include <utility>
 
 #include "absl/strings/numbers.h"
@@ -13,6 +14,7 @@ using integration::StartServerProcess;
 
 Cluster::Cluster(ClusterOptions options) : options_(std::move(options)) {
   pods_.resize(options_.pods);
+  pod_ports_.resize(options_.pods, 0);
 }
 
 Cluster::~Cluster() {
@@ -27,14 +29,16 @@ Cluster::~Cluster() {
 }
 
 absl::Status Cluster::StartMaster() {
-  const std::vector<std::string> argv = {
-      options_.master_binary,
-      "--data_dir=" + Path("master-data"),
-      absl::StrCat("--num_vshards=", options_.num_vshards),
-      absl::StrCat("--num_ps=", options_.pods),
-      absl::StrCat("--lease_ms=", options_.lease_ms),
-      absl::StrCat("--max_task_failures=", options_.max_task_failures),
-      "--shutdown_grace_ms=200"};
+  std::vector<std::string> argv = {options_.master_binary,
+                                   "--data_dir=" + Path("master-data"),
+                                   absl::StrCat("--num_vshards=", options_.num_vshards),
+                                   absl::StrCat("--num_ps=", options_.pods),
+                                   absl::StrCat("--lease_ms=", options_.lease_ms),
+                                   absl::StrCat("--max_task_failures=", options_.max_task_failures),
+                                   "--shutdown_grace_ms=200"};
+  if (options_.replication > 1) {
+    argv.push_back(absl::StrCat("--replication=", options_.replication));
+  }
   absl::Status last;
   // The first start takes any port; a restart needs the same one, which the killed
   // process's socket may hold for a moment.
@@ -61,23 +65,46 @@ void Cluster::KillMaster() {
 
 std::string Cluster::PodId(uint32_t i) const { return absl::StrCat("ps-", i); }
 
-absl::Status Cluster::StartPod(uint32_t i) {
-  const std::vector<std::string> argv = {options_.server_binary,
-                                         "--master=" + master_address_,
-                                         "--pod_id=" + PodId(i),
-                                         absl::StrCat("--num_vshards=", options_.num_vshards),
-                                         "--data_dir=" + Path(PodId(i) + "-data"),
-                                         "--durability=" + options_.durability,
-                                         "--materialize_ms=300",
-                                         "--shutdown_grace_ms=200"};
-  auto port = StartServerProcess(argv, 0, Path(PodId(i) + ".port"),
-                                 Path(absl::StrCat(PodId(i), "-", processes_started_++, ".log")),
-                                 options_.start_timeout, &pods_[i]);
-  return port.status();
+absl::Status Cluster::StartPod(uint32_t i, bool same_port) {
+  std::vector<std::string> argv = {options_.server_binary,
+                                   "--master=" + master_address_,
+                                   "--pod_id=" + PodId(i),
+                                   absl::StrCat("--num_vshards=", options_.num_vshards),
+                                   "--data_dir=" + Path(PodId(i) + "-data"),
+                                   "--durability=" + options_.durability,
+                                   "--materialize_ms=300",
+                                   "--shutdown_grace_ms=200"};
+  argv.insert(argv.end(), options_.server_flags.begin(), options_.server_flags.end());
+  const int port = same_port ? pod_ports_[i] : 0;
+  absl::Status last;
+  for (int attempt = 0; attempt < 20; ++attempt) {
+    auto started =
+        StartServerProcess(argv, port, Path(PodId(i) + ".port"),
+                           Path(absl::StrCat(PodId(i), "-", processes_started_++, ".log")),
+                           options_.start_timeout, &pods_[i]);
+    if (started.ok()) {
+      pod_ports_[i] = *started;
+      return absl::OkStatus();
+    }
+    last = started.status();
+    pods_[i]->Kill();
+    if (port == 0) break;
+    absl::SleepFor(absl::Milliseconds(250));
+  }
+  return last;
 }
 
 void Cluster::KillPod(uint32_t i) {
   if (pods_[i] != nullptr) pods_[i]->Kill();
+}
+
+void Cluster::SignalPod(uint32_t i, int sig) {
+  if (pods_[i] != nullptr) pods_[i]->Signal(sig);
+}
+
+void Cluster::LosePodData(uint32_t i) {
+  std::error_code ignored;
+  std::filesystem::remove_all(Path(PodId(i) + "-data"), ignored);
 }
 
 absl::Status Cluster::StartWorker(uint32_t slot, uint64_t worker_id, const std::string& job,

@@ -35,6 +35,10 @@ struct ClusterOptions {
   // ps-master --max_task_failures. Every worker kill counts a failure against its task;
   // a chaos run kills on purpose, so a task must not fail for that.
   uint32_t max_task_failures = 1000;
+  // ps-master --replication (copies of each vshard; 1: one, as before).
+  uint32_t replication = 1;
+  // More ps-server flags (e.g. --flush_ms for periodic durability).
+  std::vector<std::string> server_flags;
   // The wait for a started server's port (a pod replays its log first).
   absl::Duration start_timeout = absl::Seconds(120);
 };
@@ -50,9 +54,15 @@ class Cluster {
   void KillMaster();
   const std::string& master_address() const { return master_address_; }
 
-  // Pod `i` (ps-i, data dir `dir`/ps-i) starts or restarts.
-  absl::Status StartPod(uint32_t i);
+  // Pod `i` (ps-i, data dir `dir`/ps-i) starts or restarts: at a new port, or with
+  // `same_port` at the port it had (as a StatefulSet pod keeps its name), retried while
+  // the killed process's socket lingers.
+  absl::Status StartPod(uint32_t i, bool same_port = false);
   void KillPod(uint32_t i);
+  // Sends `sig` to pod i (SIGSTOP / SIGCONT: a paused pod).
+  void SignalPod(uint32_t i, int sig);
+  // Deletes pod i's data dir (kill it first): its next start is a pod with a lost volume.
+  void LosePodData(uint32_t i);
   std::string PodId(uint32_t i) const;
 
   // Starts a worker in `slot` (replacing a killed one) training `job`; worker_id 0 for a
@@ -79,6 +89,7 @@ class Cluster {
   std::string master_address_;
   std::unique_ptr<integration::ChildProcess> master_;
   std::vector<std::unique_ptr<integration::ChildProcess>> pods_;
+  std::vector<int> pod_ports_;
   std::vector<std::unique_ptr<integration::ChildProcess>> workers_;
   uint32_t processes_started_ = 0;
 };

@@ -2,6 +2,11 @@
 // push, restarts it on the same data dir, and verifies that every acknowledged push is
 // applied exactly once (periodic durability: lost pushes only within --flush_ms).
 //
+// With --replication=R (R >= 1) it runs a cluster instead: ps-master and --pods pods, the
+// C++ client following the master's map, and kills of pods in turn, with --lose_disk their
+// data dirs deleted too (tests/cluster_crash.h). Without it, one pod and no master, as
+// below.
+//
 // Each push of client c with sequence s adds 1 (SGD, lr 1, gradient -1, zero-initialized
 // rows) to its own marker row (c << 32 | s) and to 8 distinct rows of a shared set of 64,
 // which every client touches. At the end (after one more kill and restart), a marker of 1
@@ -32,6 +37,7 @@
 #include "absl/time/clock.h"
 #include "common/base/binary_init.h"
 #include "proto/ps.grpc.pb.h"
+#include "tests/cluster_crash.h"
 #include "tests/process.h"
 
 DEFINE_string(durability, "process", "ps-server --durability: process, machine or periodic.");
@@ -48,6 +54,21 @@ DEFINE_string(server_flags, "",
               "More ps-server flags, space-separated (e.g. \"--memory_budget_mb=0.25 "
               "--lazy_start\"): the same checks under eviction or a lazy start.");
 DEFINE_bool(keep_dir, false, "Keep the data dir and server logs (their path is printed).");
+DEFINE_uint32(replication, 0,
+              "0: one pod, no master (the modes above). R >= 1: a cluster (ps-master "
+              "--replication=R and --pods pods) pushed through the C++ client; each kill "
+              "waits for the master to see the pod lost (with R >= 2 its vshards fail over "
+              "to their followers), then restarts it at a new address.");
+DEFINE_uint32(pods, 3, "Pods of the cluster (--replication >= 1).");
+DEFINE_int32(lease_ms, 1000, "ps-master --lease_ms (--replication >= 1).");
+DEFINE_bool(lose_disk, false,
+            "With --replication >= 1: each kill also deletes the pod's data dir, and the pod "
+            "comes back at once at its address with an empty one (a lost volume). Before each "
+            "such loss the test waits until the master shows every vshard with R copies.");
+DEFINE_double(heal_timeout_s, 120,
+              "With --lose_disk: the longest wait for every vshard to have R copies again "
+              "(re-replication) before the next loss; the run fails after it.");
+DEFINE_string(master, "", "ps-master binary (default: ps-master beside this program).");
 
 namespace {
 
@@ -215,6 +236,37 @@ int Main() {
     LOG(ERROR) << "bad flags (see --help)";
     return 2;
   }
+  if (FLAGS_replication >= 1) {
+    if (FLAGS_replication > FLAGS_pods || FLAGS_pods < 1 || FLAGS_lease_ms < 1) {
+      LOG(ERROR) << "--replication must be at most --pods, --lease_ms >= 1 (see --help)";
+      return 2;
+    }
+    ps::integration::ClusterCrashOptions o;
+    o.master_binary = FLAGS_master;
+    if (o.master_binary.empty()) {
+      o.master_binary =
+          (std::filesystem::read_symlink("/proc/self/exe").parent_path() / "ps-master").string();
+    }
+    o.server_binary = server_binary;
+    o.replication = FLAGS_replication;
+    o.pods = FLAGS_pods;
+    o.durability = FLAGS_durability;
+    o.flush_ms = FLAGS_flush_ms;
+    o.materialize_ms = FLAGS_materialize_ms;
+    o.lease_ms = FLAGS_lease_ms;
+    o.kills = FLAGS_kills;
+    o.lose_disk = FLAGS_lose_disk;
+    o.seconds = FLAGS_seconds;
+    o.clients = FLAGS_clients;
+    o.seed = FLAGS_seed;
+    o.heal_timeout_s = FLAGS_heal_timeout_s;
+    o.keep_dir = FLAGS_keep_dir;
+    return ps::integration::RunClusterCrash(o);
+  }
+  if (FLAGS_lose_disk) {
+    LOG(ERROR) << "--lose_disk needs --replication >= 1 (a cluster)";
+    return 2;
+  }
   auto dir = std::make_unique<ps::integration::TempDir>("ps-crash-test");
   if (dir->path().empty()) return 2;
   const int port = FreePort();
@@ -377,7 +429,7 @@ int main(int argc, char** argv) {
                  "ps-crash-test: SIGKILLs a durable ps-server at random moments while clients "
                  "push, restarts it on the same data dir, verifies exactly-once.\n"
                  "Usage: ps-crash-test --durability=process|machine|periodic --kills=N "
-                 "--seed=S --seconds=T",
+                 "--seed=S --seconds=T [--replication=R --pods=P [--lose_disk]]",
                  __FILE__);
   return Main();
 }

@@ -160,6 +160,10 @@ class PodStorage {
                                 const std::function<absl::Status(const StoredRow&)>& fn);
 
   const RecoveryStats& recovery() const { return recovery_; }
+  // The database's identity and whether this start created it (StorageDb::storage_id,
+  // StorageDb::created): what the pod reports to the master at registration.
+  const std::string& storage_id() const { return db_->storage_id(); }
+  bool storage_created() const { return db_->created(); }
   // Whether every stored row is in memory (false during a lazy start's background load,
   // and always with a memory budget).
   bool rows_loaded() const { return loaded_; }

@@ -18,6 +18,7 @@
 #include <algorithm>
 #include <cstring>
 #include <filesystem>
+#include <random>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/strings/match.h"
@@ -266,6 +267,8 @@ struct StorageDb::Rep {
   rocksdb::Options rows_file_options;  // for SstFileWriter (IngestRows)
   std::string ingest_dir;
   uint64_t next_ingest = 0;
+  std::string storage_id;  // meta "storage_id"
+  bool created = false;    // this Open created the database
 
   ~Rep() {
     for (auto* h : handles) db->DestroyColumnFamilyHandle(h);
@@ -468,12 +471,19 @@ absl::Status StorageDb::Rep::OpenLogFiles(const StorageDbOptions& options) {
   return absl::OkStatus();
 }
 
-// A new database gets the format marker (synced); an existing one must carry it.
+// A new database gets the format marker and a new storage id (one synced write); an
+// existing one must carry the marker, and gets its storage id the first time a version
+// that writes one opens it.
 absl::Status StorageDb::Rep::CheckFormat(bool fresh) {
+  created = fresh;
+  rocksdb::WriteOptions sync;
+  sync.sync = true;
   if (fresh) {
-    rocksdb::WriteOptions sync;
-    sync.sync = true;
-    return FromRocks(db->Put(sync, meta, "format", kFormat), "cannot initialize the pod database");
+    storage_id = NewStorageId();
+    rocksdb::WriteBatch batch;
+    batch.Put(meta, "format", kFormat);
+    batch.Put(meta, "storage_id", storage_id);
+    return FromRocks(db->Write(sync, &batch), "cannot initialize the pod database");
   }
   std::string format;
   const rocksdb::Status s = db->Get(rocksdb::ReadOptions(), meta, "format", &format);
@@ -482,7 +492,23 @@ absl::Status StorageDb::Rep::CheckFormat(bool fresh) {
         absl::StrCat("data dir ", dir, " holds a RocksDB database that is not a ps-server pod's (",
                      s.ok() ? absl::StrCat("format '", format, "'") : s.ToString(), ")"));
   }
-  return absl::OkStatus();
+  const rocksdb::Status id = db->Get(rocksdb::ReadOptions(), meta, "storage_id", &storage_id);
+  if (id.IsNotFound()) {
+    storage_id = NewStorageId();
+    return FromRocks(db->Put(sync, meta, "storage_id", storage_id),
+                     "cannot store the pod database's storage id");
+  }
+  return FromRocks(id, "cannot read the pod database's storage id");
+}
+
+const std::string& StorageDb::storage_id() const { return rep_->storage_id; }
+bool StorageDb::created() const { return rep_->created; }
+
+std::string NewStorageId() {
+  std::random_device os;  // reads the OS's entropy (/dev/urandom)
+  std::string id;
+  for (int i = 0; i < 4; ++i) absl::StrAppend(&id, absl::Hex(uint32_t{os()}, absl::kZeroPad8));
+  return id;
 }
 
 StorageDb::StorageDb(std::unique_ptr<Rep> rep) : rep_(std::move(rep)) {}

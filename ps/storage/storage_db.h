@@ -8,6 +8,7 @@
 //         "dense/<name>"  -> the normalized DenseSpec (protobuf)
 //         "dedup"         -> PushDedup::Serialize() as of the last log truncation
 //         "log_base"      -> u64be: log records below it were deleted
+//         "storage_id"    -> 32 hex digits, random, written when the database is created
 //   rows  u32be table number, u64be id^2^63 -> u64 step, dim weights, slot floats
 //         ff ff ff ff, dense name           -> u64 step, weights, slot floats
 //   log   u64be log sequence number         -> one push record (ps/storage/log_record.h): written
@@ -107,6 +108,10 @@ struct StoredRow {
   absl::Span<const float> values;  // weights then slots
 };
 
+// 128 random bits from the OS as 32 hex digits: a new database's storage id, and the data
+// identity of a pod in memory (drawn once per process). Thread-safe.
+std::string NewStorageId();
+
 class StorageDb {
  public:
   // Opens the database in options.dir, creating it if the directory is missing or empty.
@@ -118,6 +123,15 @@ class StorageDb {
   // is emptied and created again.
   static absl::StatusOr<std::unique_ptr<StorageDb>> Open(const StorageDbOptions& options);
   ~StorageDb();
+
+  // This database's identity: 128 random bits (32 hex digits) drawn when it was created
+  // (or, for a database an older version created, the first time it was opened by one
+  // that writes it), stored in meta. A pod reports it to the master at registration, so a
+  // data dir that was lost and started afresh is told apart from the one the pod had.
+  // Constant after Open; thread-safe.
+  const std::string& storage_id() const;
+  // Whether this Open created the database (the directory was missing or empty).
+  bool created() const;
 
   // Catalog. PutTable stores the spec under `table_no`; both write synchronously (fsync)
   // before returning, since a table's log records are useless without it.

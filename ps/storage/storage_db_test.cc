@@ -288,6 +288,47 @@ TEST_F(StorageDbTest, NewDatabaseGetsTheFormatMarker) {
   EXPECT_EQ(ReadRaw(empty)["meta"]["format"], "ps-server-1");
 }
 
+TEST_F(StorageDbTest, StorageIdIsDrawnAtCreationAndKeptAcrossOpens) {
+  std::string id;
+  {
+    auto db = OpenDb();
+    ASSERT_NE(db, nullptr);
+    EXPECT_TRUE(db->created());
+    id = db->storage_id();
+  }
+  EXPECT_EQ(id.size(), 32u);
+  EXPECT_EQ(id.find_first_not_of("0123456789abcdef"), std::string::npos) << id;
+  EXPECT_EQ(ReadRaw(dir_)["meta"]["storage_id"], id);
+  {
+    auto again = OpenDb();
+    ASSERT_NE(again, nullptr);
+    EXPECT_FALSE(again->created());
+    EXPECT_EQ(again->storage_id(), id);
+  }
+  // The same directory lost and started afresh is another database.
+  std::filesystem::remove_all(dir_);
+  auto fresh = OpenDb();
+  ASSERT_NE(fresh, nullptr);
+  EXPECT_TRUE(fresh->created());
+  EXPECT_NE(fresh->storage_id(), id);
+}
+
+TEST_F(StorageDbTest, DatabaseOfAnOlderVersionGetsAStorageIdOnce) {
+  WriteRaw(dir_, kFamilies, {{"meta", {{"format", "ps-server-1"}}}});
+  std::string id;
+  {
+    auto db = OpenDb();
+    ASSERT_NE(db, nullptr);
+    EXPECT_FALSE(db->created());
+    id = db->storage_id();
+    EXPECT_EQ(id.size(), 32u);
+  }
+  EXPECT_EQ(ReadRaw(dir_)["meta"]["storage_id"], id);
+  auto again = OpenDb();
+  ASSERT_NE(again, nullptr);
+  EXPECT_EQ(again->storage_id(), id);
+}
+
 TEST_F(StorageDbTest, EmptyDirectoryNameIsInvalid) {
   EXPECT_EQ(StorageDb::Open(Options("")).status().code(), absl::StatusCode::kInvalidArgument);
 }
