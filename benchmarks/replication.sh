@@ -7,6 +7,8 @@
 #     machine is shared and noisy): ps-bench --target=grpc through the master, push of 1024
 #     ids x dim 64, Adagrad, 8 in flight, rows created first. Prints each run, the medians
 #     and R=2 / R=1 (goal >= 0.6).
+#     ACK=leader runs R=2 with --replication_ack=leader (the order lock and the follower's
+#     work, without waiting for it).
 #   benchmarks/replication.sh failover [KILLS=5] [LEASE_MS=1000]
 #     time from a primary's SIGKILL to pushes accepted again: --replication=2, a client
 #     (Python SDK, benchmarks/push_probe.py) pushing 256-id batches in a loop, ps-0 killed;
@@ -45,7 +47,7 @@ start_cluster() {
   local run="$DIR/$1" r="$2" lease="$3"
   mkdir -p "$run"
   "$BIN/ps-master" --data_dir="$run/master" --num_ps=2 --num_vshards="$VSHARDS" \
-    --replication="$r" --host=127.0.0.1 --port=0 --port_file="$run/master.port" \
+    --replication="$r" --replication_ack="${ACK:-all}" --host=127.0.0.1 --port=0 --port_file="$run/master.port" \
     --lease_ms="$lease" >"$run/master.log" 2>&1 &
   PIDS+=($!)
   MASTER="127.0.0.1:$(wait_port "$run/master.port")"
