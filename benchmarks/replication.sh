@@ -106,7 +106,7 @@ failover() {
     local probe=$!
     PIDS+=($probe)
     for _ in $(seq 1 300); do
-      [[ $(wc -l <"$run/probe.txt" 2>/dev/null || echo 0) -ge 20 ]] && break
+      [[ -f "$run/probe.txt" && $(wc -l <"$run/probe.txt") -ge 20 ]] && break
       sleep 0.1
     done
     local t_kill
