@@ -112,10 +112,13 @@ void Replicator::SetFollowers(const std::string& pod_id, uint64_t epoch,
     pod_id_ = pod_id;
     epoch_ = std::max(epoch_, epoch);
     for (auto it = streams_.begin(); it != streams_.end();) {
-      const bool kept = std::any_of(followers.begin(), followers.end(), [&](const ReplicaPeer& p) {
-        return p.pod_id() == it->first && p.address() == it->second->peer.address();
-      });
-      if (kept) {
+      auto same = std::find_if(followers.begin(), followers.end(),
+                               [&](const ReplicaPeer& p) { return p.pod_id() == it->first; });
+      if (same != followers.end()) {
+        // Still a follower: a new address (e.g. it registered after this pod was told of
+        // it) keeps the stream and its queue; the records were never delivered, so they
+        // must not count as held.
+        it->second->peer = *same;
         ++it;
         continue;
       }
@@ -192,6 +195,7 @@ void Replicator::Run(Stream* stream) {
   uint64_t failures = 0;
   for (;;) {
     ReplicateRecordsRequest req;
+    ReplicaPeer peer;
     size_t batch = 0;
     {
       absl::MutexLock lock(&mu_);
@@ -209,9 +213,10 @@ void Replicator::Run(Stream* stream) {
       }
       req.set_epoch(epoch_);
       req.set_primary(pod_id_);
+      peer = stream->peer;  // SetFollowers may change its address
     }
     ReplicateRecordsResponse resp;
-    absl::Status s = sender_->Send(stream->peer, req, &resp);
+    absl::Status s = sender_->Send(peer, req, &resp);
     std::vector<std::shared_ptr<Join>> held;
     {
       absl::MutexLock lock(&mu_);
