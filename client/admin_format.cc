@@ -42,6 +42,23 @@ std::string FormatJobs(const StatusResponse& s) {
   return FormatColumns(rows);
 }
 
+// "3 records, 1.2 KB, 40 ms behind" for a follower's lag.
+std::string Behind(const FollowerLag& f) {
+  return absl::StrCat(f.records(), " records, ", absl::StrFormat("%.1f KB", f.bytes() / 1024.0),
+                      ", ", f.lag_ms(), " ms");
+}
+
+std::string FormatLags(const google::protobuf::RepeatedPtrField<ReplicaLag>& lags) {
+  std::vector<std::vector<std::string>> rows = {
+      {"PRIMARY", "FOLLOWER", "BEHIND", "HELD", "FAILED CALLS", "REPORTED"}};
+  for (const ReplicaLag& l : lags) {
+    rows.push_back({l.primary(), l.lag().follower(), Behind(l.lag()),
+                    absl::StrCat(l.lag().held_records()), absl::StrCat(l.lag().failed_calls()),
+                    absl::StrCat(l.reported_ms_ago(), " ms ago")});
+  }
+  return FormatColumns(rows);
+}
+
 std::string FormatTaskList(const google::protobuf::RepeatedPtrField<Task>& tasks, bool failed) {
   std::vector<std::vector<std::string>> rows = {{"JOB", "TASK", "KIND", "EPOCH", "RECORDS",
                                                  "ATTEMPT", "FAILURES",
@@ -133,6 +150,7 @@ std::string FormatStatus(const StatusResponse& s, const PodStats& stats) {
                     op.error(), "\n");
   }
   if (s.moves_size() > 0) absl::StrAppend(&out, "\nMOVES\n", FormatMoves(s.moves()));
+  if (s.has_replication()) absl::StrAppend(&out, "\n", FormatReplication(s));
   if (s.has_last_checkpoint()) {
     const CheckpointInfo& c = s.last_checkpoint();
     absl::StrAppend(&out, "\nlast checkpoint ", c.checkpoint_id(), ": ", c.dir(), " (",
@@ -173,24 +191,83 @@ std::string FormatShards(const ShardMapResponse& m) {
   }
   std::string out =
       absl::StrCat("epoch ", m.epoch(), ", ", m.num_vshards(), " vshards\n", FormatColumns(rows));
+  if (m.replication() >= 2) {
+    // Consecutive vshards with the same primary and followers share a row.
+    auto name = [&](uint32_t i) {
+      return static_cast<int>(i) < m.pods_size() ? m.pods(i).pod_id() : absl::StrCat("#", i);
+    };
+    std::map<std::string, std::map<std::string, const FollowerLag*>> lag;  // primary, follower
+    for (const ReplicaLag& l : m.lags()) lag[l.primary()][l.lag().follower()] = &l.lag();
+    std::vector<std::vector<std::string>> reps = {
+        {"VSHARDS", "PRIMARY", "FOLLOWERS (ACK SET)", "COPIES", "FOLLOWERS BEHIND"}};
+    std::vector<uint32_t> run;
+    std::vector<std::string> key;
+    auto flush = [&] {
+      if (run.empty()) return;
+      std::vector<std::string> behind;
+      for (size_t i = 1; i < key.size(); ++i) {
+        auto p = lag.find(key[0]);
+        const FollowerLag* f = nullptr;
+        if (p != lag.end() && p->second.count(key[i]) > 0) f = p->second.at(key[i]);
+        behind.push_back(absl::StrCat(key[i], ": ", f == nullptr ? "not reported" : Behind(*f)));
+      }
+      reps.push_back({FormatRanges(run), key[0],
+                      key.size() > 1 ? absl::StrJoin(key.begin() + 1, key.end(), ",") : "-",
+                      absl::StrCat(key.size(), "/", m.replication()),
+                      behind.empty() ? "-" : absl::StrJoin(behind, "; ")});
+      run.clear();
+    };
+    for (int v = 0; v < m.owner_size(); ++v) {
+      std::vector<std::string> k = {name(m.owner(v))};
+      if (v < m.followers_size()) {
+        for (uint32_t f : m.followers(v).pods()) k.push_back(name(f));
+      }
+      if (k != key || (!run.empty() && run.back() + 1 != static_cast<uint32_t>(v))) flush();
+      key = std::move(k);
+      run.push_back(v);
+    }
+    flush();
+    absl::StrAppend(&out, "\nREPLICAS (R=", m.replication(), ", ", m.failovers(),
+                    " failovers since the master started)\n", FormatColumns(reps));
+  }
   if (m.moves_size() > 0) absl::StrAppend(&out, "\nMOVES IN PROGRESS\n", FormatMoves(m.moves()));
   return out;
 }
 
-std::string FormatTables(const ListTablesResponse& t, const StatusResponse& s) {
+void AddTableTotals(const DescribeResponse& pod, TableTotals* totals) {
+  ++totals->pods;
+  for (const TableInfo& t : pod.tables()) {
+    TableInfo& sum = totals->tables[t.spec().name()];
+    sum.set_rows(sum.rows() + t.rows());
+    sum.set_memory_bytes(sum.memory_bytes() + t.memory_bytes());
+    sum.set_admitted(sum.admitted() + t.admitted());
+    sum.set_pending_admission(sum.pending_admission() + t.pending_admission());
+    sum.set_dropped_gradients(sum.dropped_gradients() + t.dropped_gradients());
+    sum.set_evicted(sum.evicted() + t.evicted());
+  }
+}
+
+std::string FormatTables(const ListTablesResponse& t, const StatusResponse& s,
+                         const TableTotals& totals) {
   if (t.tables_size() == 0 && t.dense_size() == 0) {
     return absl::StrCat("catalog version ", t.catalog_version(), "\nno tables\n");
   }
   std::map<std::string, uint64_t> version;
   for (const TableProgress& p : s.tables()) version[p.name()] = p.version();
   std::vector<std::vector<std::string>> rows = {
-      {"NAME", "KIND", "SHAPE", "INITIALIZER", "OPTIMIZER", "LR", "VERSION"}};
+      {"NAME", "KIND", "SHAPE", "INITIALIZER", "OPTIMIZER", "LR", "VERSION", "ROWS", "ADMITTED",
+       "PENDING ADMISSION", "DROPPED GRADIENTS", "EVICTED"}};
   for (const TableSpec& spec : t.tables()) {
+    auto it = totals.tables.find(spec.name());
+    const TableInfo none;
+    const TableInfo& sum = it == totals.tables.end() ? none : it->second;
     rows.push_back({spec.name(), "embedding", absl::StrCat("dim ", spec.dim()),
                     InitializerSpec::Kind_Name(spec.initializer().kind()),
                     OptimizerSpec::Kind_Name(spec.optimizer().kind()),
                     absl::StrCat(spec.optimizer().learning_rate()),
-                    absl::StrCat(version[spec.name()])});
+                    absl::StrCat(version[spec.name()]), absl::StrCat(sum.rows()),
+                    absl::StrCat(sum.admitted()), absl::StrCat(sum.pending_admission()),
+                    absl::StrCat(sum.dropped_gradients()), absl::StrCat(sum.evicted())});
   }
   for (const DenseSpec& spec : t.dense()) {
     rows.push_back({spec.name(), "dense", absl::StrJoin(spec.shape(), "x"),
@@ -199,7 +276,23 @@ std::string FormatTables(const ListTablesResponse& t, const StatusResponse& s) {
                     absl::StrCat(spec.optimizer().learning_rate()),
                     absl::StrCat(version[spec.name()])});
   }
-  return absl::StrCat("catalog version ", t.catalog_version(), "\n", FormatColumns(rows));
+  const uint32_t copies = std::max(1u, s.replication().factor());
+  return absl::StrCat("catalog version ", t.catalog_version(), "\n", FormatColumns(rows),
+                      "rows and counters: sum over ", totals.pods, " pods",
+                      copies > 1 ? absl::StrCat(" (each row held by ", copies, " of them)") : "",
+                      "\n");
+}
+
+std::string FormatReplication(const StatusResponse& s) {
+  if (!s.has_replication()) return "";
+  const ReplicationInfo& r = s.replication();
+  std::string out = absl::StrCat(
+      "replication: R=", r.factor(), ", ack ", r.ack_leader() ? "leader" : "all", ", max lag ",
+      r.max_lag_ms(), " ms; ", r.under_replicated_vshards(), " vshards under-replicated; ",
+      r.failovers(), " failovers; followers removed from ack sets: ", r.removed_lease(),
+      " vshard copies lost (lease or data), ", r.removed_lag(), " lagging\n");
+  if (r.lags_size() > 0) absl::StrAppend(&out, FormatLags(r.lags()));
+  return out;
 }
 
 std::string FormatWorkers(const StatusResponse& s) {

@@ -21,6 +21,15 @@ std::string FormatRanges(const std::vector<uint32_t>& vshards);
 
 // Pod id -> the pod's own Stats, for the pods that answered.
 using PodStats = std::map<std::string, StatsResponse>;
+// Table name -> its TableInfo counters (rows, admitted, pending_admission,
+// dropped_gradients, evicted) summed over the pods that answered Describe; `pods` is how
+// many did.
+struct TableTotals {
+  std::map<std::string, TableInfo> tables;
+  int pods = 0;
+};
+// Adds one pod's Describe answer to `totals`.
+void AddTableTotals(const DescribeResponse& pod, TableTotals* totals);
 
 // Each returns the text ps-admin prints for its command (ending in a newline).
 // status: everything at a glance; `stats` adds rows, memory and request rates per pod.
@@ -28,9 +37,14 @@ std::string FormatStatus(const StatusResponse& s, const PodStats& stats = {});
 std::string FormatPods(const StatusResponse& s, const PodStats& stats = {});  // part of status
 std::string FormatShards(const ShardMapResponse& m);                          // shards
 std::string FormatMoves(const google::protobuf::RepeatedPtrField<MoveInfo>& moves);
-std::string FormatTables(const ListTablesResponse& t, const StatusResponse& s);  // tables
-std::string FormatWorkers(const StatusResponse& s);                              // workers
-std::string FormatTasks(const StatusResponse& s);                                // tasks
+// tables: the catalog, each table's version, and its lifecycle counters over the pods.
+std::string FormatTables(const ListTablesResponse& t, const StatusResponse& s,
+                         const TableTotals& totals = {});
+// The replication part of status (R >= 2: counters, under-replicated vshards, each
+// follower's lag); "" without replication.
+std::string FormatReplication(const StatusResponse& s);
+std::string FormatWorkers(const StatusResponse& s);  // workers
+std::string FormatTasks(const StatusResponse& s);    // tasks
 // jobs: every job the master keeps, with its times and the retention that deletes it.
 std::string FormatJobList(const StatusResponse& s);
 // delete-job: what was deleted.

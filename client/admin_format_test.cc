@@ -141,5 +141,96 @@ TEST(AdminFormatTest, JobsShowTimesAndRetention) {
             "job ctr deleted (was SUCCEEDED: 4/4 tasks done, 0 failed, 0 training records)\n");
 }
 
+TEST(AdminFormatTest, ShardsShowReplicasAndLag) {
+  ShardMapResponse m;
+  m.set_epoch(5);
+  m.set_num_vshards(6);
+  m.set_replication(2);
+  m.set_failovers(1);
+  for (const char* id : {"ps-0", "ps-1", "ps-2"}) m.add_pods()->set_pod_id(id);
+  // 0-1: ps-0 -> ps-1; 2-3: ps-1 -> ps-2; 4: ps-2 -> ps-0; 5: ps-2 alone (under-replicated).
+  const uint32_t owner[] = {0, 0, 1, 1, 2, 2};
+  const int follower[] = {1, 1, 2, 2, 0, -1};
+  for (int v = 0; v < 6; ++v) {
+    m.add_owner(owner[v]);
+    Followers* f = m.add_followers();
+    if (follower[v] >= 0) f->add_pods(follower[v]);
+  }
+  ReplicaLag* lag = m.add_lags();
+  lag->set_primary("ps-0");
+  lag->mutable_lag()->set_follower("ps-1");
+  lag->mutable_lag()->set_records(12);
+  lag->mutable_lag()->set_bytes(2048);
+  lag->mutable_lag()->set_lag_ms(35);
+  const std::string out = FormatShards(m);
+  for (const char* want :
+       {"REPLICAS (R=2, 1 failovers", "0-1      ps-0     ps-1", "2/2",
+        "ps-1: 12 records, 2.0 KB, 35 ms", "2-3      ps-1     ps-2", "ps-2: not reported",
+        "4        ps-2     ps-0", "5        ps-2     -                    1/2"}) {
+    EXPECT_NE(out.find(want), std::string::npos) << "missing '" << want << "' in:\n" << out;
+  }
+}
+
+TEST(AdminFormatTest, StatusShowsReplication) {
+  StatusResponse s;
+  EXPECT_EQ(FormatReplication(s), "");
+  EXPECT_EQ(FormatStatus(s).find("replication"), std::string::npos);
+  ReplicationInfo* r = s.mutable_replication();
+  r->set_factor(2);
+  r->set_max_lag_ms(3000);
+  r->set_failovers(2);
+  r->set_removed_lease(8);
+  r->set_removed_lag(4);
+  r->set_under_replicated_vshards(12);
+  ReplicaLag* lag = r->add_lags();
+  lag->set_primary("ps-0");
+  lag->mutable_lag()->set_follower("ps-1");
+  lag->mutable_lag()->set_records(3);
+  lag->mutable_lag()->set_failed_calls(9);
+  lag->mutable_lag()->set_held_records(100);
+  lag->set_reported_ms_ago(120);
+  const std::string out = FormatStatus(s);
+  for (const char* want :
+       {"replication: R=2, ack all, max lag 3000 ms; 12 vshards under-replicated; 2 failovers",
+        "8 vshard copies lost (lease or data), 4 lagging", "PRIMARY", "ps-0", "ps-1", "3 records",
+        "100", "9", "120 ms ago"}) {
+    EXPECT_NE(out.find(want), std::string::npos) << "missing '" << want << "' in:\n" << out;
+  }
+}
+
+TEST(AdminFormatTest, TablesSumLifecycleCountersOverPods) {
+  ListTablesResponse t;
+  t.set_catalog_version(3);
+  TableSpec* spec = t.add_tables();
+  spec->set_name("emb");
+  spec->set_dim(8);
+  TableSpec* other = t.add_tables();
+  other->set_name("fresh");
+  other->set_dim(4);
+  TableTotals totals;
+  for (uint64_t k : {1, 10}) {
+    DescribeResponse d;
+    TableInfo* info = d.add_tables();
+    info->mutable_spec()->set_name("emb");
+    info->set_rows(100 * k);
+    info->set_admitted(2 * k);
+    info->set_pending_admission(3 * k);
+    info->set_dropped_gradients(4 * k);
+    info->set_evicted(5 * k);
+    AddTableTotals(d, &totals);
+  }
+  StatusResponse s;
+  s.mutable_replication()->set_factor(2);
+  const std::string out = FormatTables(t, s, totals);
+  for (const char* want : {"ADMITTED", "PENDING ADMISSION", "DROPPED GRADIENTS", "EVICTED",
+                           "1100  22        33                 44                 55",
+                           "sum over 2 pods (each row held by 2 of them)"}) {
+    EXPECT_NE(out.find(want), std::string::npos) << "missing '" << want << "' in:\n" << out;
+  }
+  // A table no pod reported shows zeros.
+  EXPECT_NE(out.find("0     0         0                  0                  0"), std::string::npos)
+      << out;
+}
+
 }  // namespace
 }  // namespace ps

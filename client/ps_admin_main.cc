@@ -37,9 +37,13 @@ constexpr char kUsage[] =
     "ps-admin: operate a cluster through its master.\n"
     "Usage: ps-admin --master=HOST:PORT [--json] COMMAND\n"
     "Commands:\n"
-    "  status      cluster at a glance: pods, workers, jobs, failed tasks\n"
-    "  shards      the shard map: epoch and each pod's vshards\n"
-    "  tables      the table catalog with each table's version (pushes)\n"
+    "  status      cluster at a glance: pods, workers, jobs, failed tasks; with replication,\n"
+    "              failovers, ack-set removals, under-replicated vshards, followers' lag\n"
+    "  shards      the shard map: epoch and each pod's vshards; with replication, each\n"
+    "              vshard's primary, followers (its ack set) and how far they are behind\n"
+    "  tables      the table catalog with each table's version (pushes), and per table the\n"
+    "              rows, admitted, pending admission, dropped gradients and evicted rows\n"
+    "              summed over the live pods\n"
     "  workers     registered workers, their incarnations, states and leases\n"
     "  tasks       job progress, tasks in progress and failed tasks\n"
     "  jobs        every job the master keeps: state, progress, when created and finished,\n"
@@ -112,6 +116,23 @@ ps::PodStats CollectPodStats(const ps::StatusResponse& s, const ps::ChannelMaker
     if (stub->Stats(&ctx, ps::StatsRequest(), &st).ok()) stats[p.pod_id()] = st;
   }
   return stats;
+}
+
+// Each live pod's tables (Describe: rows and lifecycle counters), summed per table, one
+// call per pod with the usual deadline. A pod that does not answer is left out (the
+// output says over how many pods the sums run).
+ps::TableTotals CollectTableTotals(const ps::StatusResponse& s, const ps::ChannelMaker& channels) {
+  ps::TableTotals totals;
+  for (const ps::PodInfo& p : s.pods()) {
+    if (p.state() != ps::PodInfo::LIVE || p.address().empty()) continue;
+    auto stub = ps::ParameterServer::NewStub(channels.Make(p.address()));
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() +
+                     std::chrono::milliseconds(FLAGS_timeout_ms));
+    ps::DescribeResponse d;
+    if (stub->Describe(&ctx, ps::DescribeRequest(), &d).ok()) ps::AddTableTotals(d, &totals);
+  }
+  return totals;
 }
 
 // Prints `msg` as JSON (--json) or as the text `format` makes of it.
@@ -187,7 +208,7 @@ int Main(const std::vector<std::string>& args) {
     if (!FLAGS_json && !admin.Call("status", &Master::Stub::Status, ps::StatusRequest(), &s)) {
       return 1;
     }
-    return Print(t, [&] { return ps::FormatTables(t, s); });
+    return Print(t, [&] { return ps::FormatTables(t, s, CollectTableTotals(s, *channels)); });
   }
   if (cmd == "drain") {
     ps::DrainRequest req;

@@ -40,6 +40,13 @@ DEFINE_string(replication_ack, "all",
               "and every live follower hold it (durably, in each pod's --durability mode); "
               "'leader' once the primary does (faster, but a push acknowledged just before "
               "the primary's loss may be lost).");
+DEFINE_int64(replication_max_lag_ms, 3000,
+             "With --replication >= 2: a follower that its primary reports this far behind "
+             "(its oldest record not yet acknowledged has waited this long: unreachable from "
+             "the primary, or too slow) leaves the ack set of that primary's vshards "
+             "(epoch + 1, logged, counted), so pushes stop waiting for it; pushes wait for a "
+             "dead or cut-off follower about this long. A follower whose lease runs out "
+             "leaves at once.");
 DEFINE_int64(lease_ms, 10000,
              "Pods and workers that send no heartbeat for this long are LOST; a lost worker's "
              "tasks go back to the queue.");
@@ -196,6 +203,11 @@ int Main() {
     return 2;
   }
   options.core.replication_ack_leader = FLAGS_replication_ack == "leader";
+  if (FLAGS_replication_max_lag_ms < 1) {
+    LOG(ERROR) << "--replication_max_lag_ms must be >= 1, not " << FLAGS_replication_max_lag_ms;
+    return 2;
+  }
+  options.core.replication_max_lag = absl::Milliseconds(FLAGS_replication_max_lag_ms);
   options.core.max_task_failures = FLAGS_max_task_failures;
   options.core.vshards_per_move = FLAGS_vshards_per_move;
   options.core.fence_rows = FLAGS_fence_rows;

@@ -57,6 +57,38 @@ void AddMasterMetrics(MasterCore* core, MetricsRegistry* registry) {
     w->Sample({{"outcome", "failed"}}, rr.failures);
     w->Family("ps_master_rereplication_rows_total", "Rows copied by committed follower copies.", C);
     w->Sample({}, rr.rows);
+    // Replication (issue 16); the factor is 1 and the rest 0 without it.
+    const ReplicationInfo& r = s.replication();
+    w->Family("ps_master_replication_factor", "Copies of each vshard (1: no replication).", G);
+    w->Sample({}, std::max(1u, r.factor()));
+    w->Family("ps_master_failovers_total",
+              "Primaries replaced by a follower since the master started (one per promoted "
+              "pod and lease loss).",
+              C);
+    w->Sample({}, r.failovers());
+    w->Family("ps_master_ack_set_removals_total",
+              "Vshard copies taken out of ack sets since the master started, by cause: the "
+              "the follower was lost (its lease ran out, or it came back without its data), or its "
+              "primary reported it lagging or unreachable.",
+              C);
+    w->Sample({{"cause", "lost"}}, r.removed_lease());
+    w->Sample({{"cause", "lag"}}, r.removed_lag());
+    w->Family("ps_master_under_replicated_vshards", "Vshards with fewer copies than the factor.",
+              G);
+    w->Sample({}, r.under_replicated_vshards());
+    w->Family("ps_master_replication_lag_seconds",
+              "A follower's lag as its primary last reported it (its oldest record not yet "
+              "acknowledged).",
+              G);
+    for (const ReplicaLag& l : r.lags()) {
+      w->Sample({{"primary", l.primary()}, {"follower", l.lag().follower()}},
+                l.lag().lag_ms() / 1000.0);
+    }
+    w->Family("ps_master_replication_lag_records",
+              "Records a follower had not yet acknowledged, as its primary last reported.", G);
+    for (const ReplicaLag& l : r.lags()) {
+      w->Sample({{"primary", l.primary()}, {"follower", l.lag().follower()}}, l.lag().records());
+    }
 
     // Vshard moves (live migration): in progress, and the last drain / rebalance.
     int copying = 0;

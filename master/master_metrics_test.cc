@@ -117,5 +117,69 @@ TEST_F(MasterMetricsTest, JobSeriesFollowTheTasks) {
   EXPECT_TRUE(Has("ps_master_jobs{state=\"succeeded\"} 0"));
 }
 
+TEST_F(MasterMetricsTest, ReplicationSeriesExistWithoutReplication) {
+  EXPECT_TRUE(Has("ps_master_replication_factor 1"));
+  EXPECT_TRUE(Has("ps_master_failovers_total 0"));
+  EXPECT_TRUE(Has("ps_master_ack_set_removals_total{cause=\"lost\"} 0"));
+  EXPECT_TRUE(Has("ps_master_ack_set_removals_total{cause=\"lag\"} 0"));
+  EXPECT_TRUE(Has("ps_master_under_replicated_vshards 0"));
+}
+
+// R = 2 over two pods (ps-0 owns vshards 0-1, followed by ps-1; ps-1 owns 2-3, followed by
+// ps-0): ps-0 reports ps-1 under the bound, then beyond it.
+TEST(MasterReplicationMetricsTest, LagReportsAndAckSetRemovals) {
+  std::string dir = std::filesystem::temp_directory_path() / "master_metrics_test.XXXXXX";
+  ASSERT_NE(mkdtemp(dir.data()), nullptr);
+  {
+    MasterOptions o;
+    o.data_dir = dir;
+    o.num_vshards = 4;
+    o.num_ps = 2;
+    o.replication = 2;
+    o.lease = absl::Seconds(60);
+    o.replication_max_lag = absl::Seconds(1);
+    o.retention_interval = absl::ZeroDuration();
+    auto core = MasterCore::Open(o);
+    ASSERT_TRUE(core.ok()) << core.status();
+    MetricsRegistry registry;
+    AddMasterMetrics(core->get(), &registry);
+    auto has = [&](const std::string& line) {
+      return absl::StrContains(absl::StrCat("\n", registry.Render()),
+                               absl::StrCat("\n", line, "\n"));
+    };
+    for (int i = 0; i < 2; ++i) {
+      RegisterPodRequest req;
+      req.set_pod_id(absl::StrCat("ps-", i));
+      req.set_address(absl::StrCat("h:", i));
+      RegisterPodResponse resp;
+      ASSERT_TRUE((*core)->RegisterPod(req, &resp).ok());
+    }
+    EXPECT_TRUE(has("ps_master_replication_factor 2")) << registry.Render();
+    EXPECT_TRUE(has("ps_master_under_replicated_vshards 0")) << registry.Render();
+    auto report = [&](uint64_t lag_ms) {
+      PodHeartbeatRequest req;
+      req.set_pod_id("ps-0");
+      req.set_address("h:0");
+      FollowerLag* f = req.add_followers();
+      f->set_follower("ps-1");
+      f->set_records(5);
+      f->set_lag_ms(lag_ms);
+      PodHeartbeatResponse resp;
+      ASSERT_TRUE((*core)->PodHeartbeat(req, &resp).ok());
+    };
+    report(250);
+    EXPECT_TRUE(has("ps_master_replication_lag_seconds{primary=\"ps-0\",follower=\"ps-1\"} 0.25"))
+        << registry.Render();
+    EXPECT_TRUE(has("ps_master_replication_lag_records{primary=\"ps-0\",follower=\"ps-1\"} 5"));
+    EXPECT_TRUE(has("ps_master_ack_set_removals_total{cause=\"lag\"} 0"));
+    report(1000);
+    EXPECT_TRUE(has("ps_master_ack_set_removals_total{cause=\"lag\"} 2")) << registry.Render();
+    EXPECT_TRUE(has("ps_master_ack_set_removals_total{cause=\"lost\"} 0"));
+    EXPECT_TRUE(has("ps_master_under_replicated_vshards 2"));
+    EXPECT_TRUE(has("ps_master_failovers_total 0"));
+  }
+  std::filesystem::remove_all(dir);
+}
+
 }  // namespace
 }  // namespace ps

@@ -66,6 +66,11 @@ struct MasterOptions {
   // copies and fills new followers (rereplicator.h); it also runs when a pod registers or
   // fails over. Zero: no thread (tests call MasterCore::Rereplicate themselves).
   absl::Duration rereplicate_interval = absl::Seconds(10);
+  // A follower whose primary reports it this far behind (its oldest unacknowledged record
+  // has waited this long: unreachable from the primary, or too slow) leaves the ack set of
+  // that primary's vshards, so pushes stop waiting for it. Not so short that a busy
+  // follower's normal batching trips it; well under the lease, which drops a dead pod.
+  absl::Duration replication_max_lag = absl::Seconds(3);
   // Where cluster checkpoints go (ckpt-<id> below it, on each pod's filesystem and the
   // master's); empty: Checkpoint is refused.
   std::string checkpoint_dir;

@@ -172,8 +172,15 @@ absl::Status Membership::PodHeartbeat(const PodHeartbeatRequest& req, PodHeartbe
                                                       req.address(), "; register again"));
   }
   if (it->second.lost_logged) LOG(INFO) << "pod " << req.pod_id() << " is back";
-  it->second.lease_deadline = Now() + options_.lease;
+  const absl::Time now = Now();
+  it->second.lease_deadline = now + options_.lease;
   it->second.lost_logged = false;
+  if (config_.replication() >= 2) {
+    if (absl::Status s = TakeLagReport(req, now); !s.ok()) {
+      // The heartbeat still renews the lease; the next one reports the lag again.
+      LOG(ERROR) << "pod " << req.pod_id() << "'s report of lagging followers not applied: " << s;
+    }
+  }
   FillAssignment(req.pod_id(), resp->mutable_assignment());
   return absl::OkStatus();
 }
@@ -276,6 +283,7 @@ absl::Status Membership::GetShardMap(const GetShardMapRequest&, ShardMapResponse
     for (const std::string& p : set.pods()) f->add_pods(index[p]);
   }
   resp->set_failovers(failovers_.load());
+  if (config_.replication() >= 2) AddLags(now, resp->mutable_lags());
   for (MoveInfo& info : MovesInFlightLocked()) *resp->add_moves() = std::move(info);
   return absl::OkStatus();
 }
@@ -285,6 +293,7 @@ void Membership::Describe(absl::Time now, StatusResponse* resp) const {
   resp->set_epoch(map_.epoch());
   resp->set_num_vshards(config_.num_vshards());
   for (const std::string& id : KnownPodIds()) *resp->add_pods() = DescribePod(id, now);
+  if (config_.replication() >= 2) DescribeReplication(now, resp->mutable_replication());
 }
 
 ClusterView Membership::View() const {

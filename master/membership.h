@@ -72,6 +72,11 @@ class Membership {
   // Promotions since this master started, and the longest time from a primary's last
   // heartbeat to its vshards' promotion.
   uint64_t failovers() const { return failovers_.load(); }
+  // Vshard copies taken out of ack sets since this master started: by the follower's loss
+  // (FailOver: its lease ran out, or its data was lost), and by a primary's report of a lagging or
+  // unreachable follower (membership_reports.cc).
+  uint64_t ack_set_removals_lease() const { return removed_lease_.load(); }
+  uint64_t ack_set_removals_lag() const { return removed_lag_.load(); }
   // Registrations whose data was not what the pod had (a lost volume) since this master
   // started.
   uint64_t storage_losses() const { return storage_losses_.load(); }
@@ -161,6 +166,18 @@ class Membership {
   absl::StatusOr<std::vector<std::string>> FailOver(const std::vector<std::string>& lost,
                                                     absl::Time now)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Keeps the followers' lag that `report` (a primary's heartbeat) gives, and takes each
+  // follower whose lag reached options_.replication_max_lag out of the ack sets of the
+  // vshards the reporter owns: one synced write, epoch + 1, logged and counted. On a store
+  // error nothing changed (the next heartbeat reports it again).
+  absl::Status TakeLagReport(const PodHeartbeatRequest& report, absl::Time now)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The status's replication part (R >= 2): factor, counters, copies short of R, the lags.
+  void DescribeReplication(absl::Time now, ReplicationInfo* out) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The latest lag reports, for status and shards.
+  void AddLags(absl::Time now, google::protobuf::RepeatedPtrField<ReplicaLag>* out) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Whether `req` brings other data than pod `record` had: another storage id than the
   // recorded one, or a fresh one where none was recorded (a pod that registered before).
   static bool StorageLost(const PodRecord& record, const RegisterPodRequest& req);
@@ -188,6 +205,13 @@ class Membership {
   std::map<uint64_t, MoveRecord> moves_ ABSL_GUARDED_BY(mu_);  // in flight: at most one
   std::atomic<uint64_t> lease_losses_{0};
   std::atomic<uint64_t> failovers_{0};
+  std::atomic<uint64_t> removed_lease_{0}, removed_lag_{0};
+  struct LagReport {
+    absl::Time at;
+    std::vector<FollowerLag> followers;
+  };
+  // Primary -> its latest report (memory only: a restarted master waits for the next one).
+  std::map<std::string, LagReport> lag_reports_ ABSL_GUARDED_BY(mu_);
   std::atomic<uint64_t> storage_losses_{0};
 };
 

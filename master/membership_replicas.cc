@@ -22,6 +22,7 @@ void Membership::FillReplication(const std::string& pod_id, ReplicationRole* out
   out->set_factor(config_.replication());
   out->set_ack_leader(options_.replication_ack_leader);
   out->set_lease_ms(absl::ToInt64Milliseconds(options_.lease));
+  out->set_max_lag_ms(absl::ToInt64Milliseconds(options_.replication_max_lag));
   std::set<std::string> followers;
   std::map<std::string, std::vector<uint32_t>> following;  // primary -> vshards
   for (int v = 0; v < map_.followers_size(); ++v) {
@@ -96,6 +97,7 @@ absl::StatusOr<std::vector<std::string>> Membership::FailOver(const std::vector<
                  << " vshards of " << absl::StrJoin(lost, ", ") << " at epoch " << map_.epoch();
   }
   if (dropped > 0) {
+    removed_lease_.fetch_add(dropped);
     LOG(WARNING) << absl::StrJoin(lost, ", ") << " left the ack sets of " << dropped
                  << " vshard copies at epoch " << map_.epoch()
                  << "; those vshards have fewer copies until re-replication";

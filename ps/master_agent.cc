@@ -4,6 +4,7 @@
 #include <grpcpp/grpcpp.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <thread>
 
@@ -52,10 +53,48 @@ class MasterAgentImpl final : public MasterAgent {
   }
 
  private:
+  // A replicated primary with a follower at least its role's max lag behind: the master
+  // should hear of it now, not at the next regular heartbeat (pushes wait for it).
+  bool FollowerLagging() const {
+    const PsCore::ReplicationStats r = core_->replication_stats();
+    if (r.max_lag <= absl::ZeroDuration()) return false;
+    for (const Replicator::FollowerStats& f : r.followers) {
+      if (f.lag >= r.max_lag) return true;
+    }
+    return false;
+  }
+
   void Run() {
     absl::Duration wait = absl::ZeroDuration();
     int failures = 0;
-    while (!stop_.WaitForNotificationWithTimeout(wait)) {
+    for (;;) {
+      // Sleep until the next heartbeat is due, looking at the followers' lag meanwhile
+      // (every quarter of the bound; a local read) when this pod is a replicated primary.
+      const absl::Time due = absl::Now() + wait;
+      bool stopped = false, early = false;
+      for (;;) {
+        const absl::Duration max_lag =
+            registered_ ? core_->replication_stats().max_lag : absl::ZeroDuration();
+        absl::Duration step = due - absl::Now();
+        if (max_lag > absl::ZeroDuration()) {
+          step = std::min(step, std::max(absl::Milliseconds(5), max_lag / 4));
+        }
+        if (stop_.WaitForNotificationWithTimeout(std::max(absl::ZeroDuration(), step))) {
+          stopped = true;
+          break;
+        }
+        if (absl::Now() >= due) break;
+        if (max_lag > absl::ZeroDuration() && FollowerLagging()) {
+          early = true;
+          break;
+        }
+      }
+      if (stopped) break;
+      if (early && !reported_early_) {
+        LOG(WARNING) << "a follower is behind the replication bound: reporting it to the master "
+                        "now (pushes wait for it until the master takes it out of the ack set)";
+      }
+      reported_early_ = early;
       absl::Status s = registered_ ? Heartbeat() : Register();
       if (s.ok()) {
         if (failures > 0) LOG(INFO) << "master " << options_.master << " reachable again";
@@ -120,6 +159,15 @@ class MasterAgentImpl final : public MasterAgent {
     PodHeartbeatRequest req;
     req.set_pod_id(options_.pod_id);
     req.set_address(options_.address);
+    for (const Replicator::FollowerStats& f : core_->replication_stats().followers) {
+      FollowerLag* lag = req.add_followers();
+      lag->set_follower(f.pod_id);
+      lag->set_records(f.queued_records);
+      lag->set_bytes(f.queued_bytes);
+      lag->set_lag_ms(absl::ToInt64Milliseconds(f.lag));
+      lag->set_failed_calls(f.failed_calls);
+      lag->set_held_records(f.held_records);
+    }
     PodHeartbeatResponse resp;
     grpc::ClientContext ctx;
     SetDeadline(&ctx);
@@ -189,7 +237,8 @@ class MasterAgentImpl final : public MasterAgent {
   // Used by the agent thread only.
   absl::Duration heartbeat_interval_ = absl::Seconds(1);
   uint64_t catalog_version_ = 0;
-  std::thread thread_;  // last: starts after everything above is constructed
+  bool reported_early_ = false;  // the last heartbeat was sent early for a lagging follower
+  std::thread thread_;           // last: starts after everything above is constructed
 };
 
 }  // namespace

@@ -212,7 +212,11 @@ class PsCore {
     // follow from the sender (yet), e.g. while a copy fills them.
     uint64_t rows_left_out = 0;
     uint64_t lease_refusals = 0;
+    // A follower this far behind is to be reported to the master at once (the role's
+    // max_lag_ms; zero: none given).
+    absl::Duration max_lag;
   };
+  // A snapshot of the above. Thread-safe.
   ReplicationStats replication_stats() const;
 
   ModelStore& store() { return store_; }
@@ -403,6 +407,7 @@ class PsCore {
     std::string pod_id;
     uint32_t factor = 1;
     bool ack_leader = false;
+    absl::Duration max_lag;
     std::vector<std::string> primary_of;  // per vshard: the primary this pod follows, or ""
     uint64_t role_epoch = 0;              // epoch at which primary_of last changed
     std::vector<ReplicaPeer> followers;

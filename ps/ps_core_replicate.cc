@@ -144,6 +144,7 @@ PsCore::RoleChange PsCore::ApplyRole(const Assignment& req, const ShardOwnership
   role_.pod_id = r.pod_id();
   role_.factor = std::max(1u, r.factor());
   role_.ack_leader = r.ack_leader();
+  role_.max_lag = absl::Milliseconds(r.max_lag_ms());
   role_.primary_of = std::move(primary_of);
   role_.followers = followers;
   out.followers = std::move(followers);
@@ -402,6 +403,7 @@ PsCore::ReplicationStats PsCore::replication_stats() const {
   {
     absl::ReaderMutexLock lock(const_cast<absl::Mutex*>(&migrate_mu_));
     out.factor = role_.factor;
+    out.max_lag = role_.max_lag;
     for (const std::string& p : role_.primary_of) out.following += !p.empty();
   }
   if (replicator_ != nullptr) out.followers = replicator_->Stats();

@@ -10,6 +10,50 @@ void One(MetricsWriter* w, const char* name, const char* help, MetricType type, 
   w->Sample({}, v);
 }
 
+// Replication (issue 16): the primary's stream to each follower (labelled by follower;
+// its counters start again when the stream does), the follower's side, the write lease.
+void AddReplication(const PsCore::ReplicationStats& r, MetricsWriter* w) {
+  constexpr MetricType C = MetricType::kCounter, G = MetricType::kGauge;
+  One(w, "ps_replication_factor", "Copies of each vshard in the cluster (1: no replication).", G,
+      r.factor);
+  One(w, "ps_replication_following_vshards", "Vshards this pod holds as a follower.", G,
+      r.following);
+  One(w, "ps_replication_followers", "Followers this pod ships its records to (its ack set).", G,
+      r.followers.size());
+  using F = Replicator::FollowerStats;
+  auto family = [&](const char* name, const char* help, MetricType type, auto value) {
+    w->Family(name, help, type);
+    for (const F& f : r.followers) w->Sample({{"follower", f.pod_id}}, value(f));
+  };
+  family("ps_replication_lag_records", "Records shipped to a follower and not yet acknowledged.", G,
+         [](const F& f) { return static_cast<double>(f.queued_records); });
+  family("ps_replication_lag_bytes", "Bytes of those records.", G,
+         [](const F& f) { return static_cast<double>(f.queued_bytes); });
+  family("ps_replication_lag_seconds",
+         "How long the oldest record not yet acknowledged by a follower has waited.", G,
+         [](const F& f) { return absl::ToDoubleSeconds(f.lag); });
+  family("ps_replication_batches_total", "ReplicateRecords calls a follower answered.", C,
+         [](const F& f) { return static_cast<double>(f.sent_calls); });
+  family("ps_replication_sent_bytes_total", "Record bytes a follower acknowledged.", C,
+         [](const F& f) { return static_cast<double>(f.sent_bytes); });
+  family("ps_replication_acked_records_total", "Records a follower acknowledged.", C,
+         [](const F& f) { return static_cast<double>(f.held_records); });
+  family("ps_replication_failed_calls_total",
+         "ReplicateRecords calls to a follower that failed (each retried).", C,
+         [](const F& f) { return static_cast<double>(f.failed_calls); });
+  One(w, "ps_replicated_records_received_total", "Records received from primaries (follower).", C,
+      r.records_received);
+  One(w, "ps_replicated_records_applied_total",
+      "Records applied from primaries (follower; a batch sent again is not applied twice).", C,
+      r.records_applied);
+  One(w, "ps_replicated_batches_refused_total",
+      "Batches refused from primaries: not the primary this pod follows, an older epoch, a "
+      "table not yet known.",
+      C, r.refused_batches);
+  One(w, "ps_write_lease_refusals_total",
+      "Changes refused because this primary's master lease ran out.", C, r.lease_refusals);
+}
+
 }  // namespace
 
 void AddPsCoreMetrics(PsCore* core, MetricsRegistry* registry) {
@@ -49,6 +93,7 @@ void AddPsCoreMetrics(PsCore* core, MetricsRegistry* registry) {
     const auto own = core->ownership();
     One(w, "ps_shard_map_epoch", "Epoch of the shard map the pod serves.", G, own->epoch());
     One(w, "ps_owned_vshards", "Virtual shards this pod owns.", G, own->owned_count());
+    AddReplication(core->replication_stats(), w);
 
     if (core->storage() == nullptr) return;
     One(w, "ps_log_records_total", "Push records written to the durable log.", C, s.log_records());

@@ -80,6 +80,7 @@ struct Replicator::Join {
 struct Replicator::Entry {
   std::shared_ptr<const std::string> record;
   std::shared_ptr<Join> join;
+  absl::Time shipped;  // when Ship queued it: the age of the queue's head is the lag
 };
 
 struct Replicator::Stream {
@@ -88,7 +89,7 @@ struct Replicator::Stream {
   std::deque<Entry> queue;
   uint64_t queued_bytes = 0;
   uint64_t shipped = 0;  // records ever queued (held + queue.size() while running)
-  uint64_t held = 0, failed_calls = 0;
+  uint64_t held = 0, failed_calls = 0, sent_calls = 0, sent_bytes = 0;
   bool stop = false;
   absl::CondVar cv;
 };
@@ -188,8 +189,9 @@ void Replicator::Ship(std::string record, Done done) {
     if (!streams_.empty()) {
       auto join = std::make_shared<Join>(static_cast<int>(streams_.size()), std::move(done));
       auto shared = std::make_shared<const std::string>(std::move(record));
+      const absl::Time now = absl::Now();
       for (auto& [id, stream] : streams_) {
-        stream->queue.push_back({shared, join});
+        stream->queue.push_back({shared, join, now});
         stream->queued_bytes += shared->size();
         ++stream->shipped;
         stream->cv.Signal();
@@ -242,6 +244,7 @@ void Replicator::Run(Stream* stream) {
   uint64_t failures = 0;
   for (;;) {
     ReplicateRecordsRequest req;
+    ReplicaPeer peer;
     size_t batch = 0;
     {
       absl::MutexLock lock(&mu_);
@@ -259,9 +262,10 @@ void Replicator::Run(Stream* stream) {
       }
       req.set_epoch(epoch_);
       req.set_primary(pod_id_);
+      peer = stream->peer;  // SetFollowers may change its address
     }
     ReplicateRecordsResponse resp;
-    absl::Status s = sender_->Send(stream->peer, req, &resp);
+    absl::Status s = sender_->Send(peer, req, &resp);
     std::vector<std::shared_ptr<Join>> held;
     {
       absl::MutexLock lock(&mu_);
@@ -286,7 +290,9 @@ void Replicator::Run(Stream* stream) {
       }
       failures = 0;
       backoff = options_.min_backoff;
+      ++stream->sent_calls;
       for (size_t i = 0; i < batch; ++i) {
+        stream->sent_bytes += stream->queue.front().record->size();
         stream->queued_bytes -= stream->queue.front().record->size();
         held.push_back(std::move(stream->queue.front().join));
         stream->queue.pop_front();
@@ -299,6 +305,7 @@ void Replicator::Run(Stream* stream) {
 
 std::vector<Replicator::FollowerStats> Replicator::Stats() const {
   absl::MutexLock lock(&mu_);
+  const absl::Time now = absl::Now();
   std::vector<FollowerStats> out;
   for (const auto& [id, stream] : streams_) {
     FollowerStats& f = out.emplace_back();
@@ -307,6 +314,9 @@ std::vector<Replicator::FollowerStats> Replicator::Stats() const {
     f.queued_bytes = stream->queued_bytes;
     f.held_records = stream->held;
     f.failed_calls = stream->failed_calls;
+    f.sent_calls = stream->sent_calls;
+    f.sent_bytes = stream->sent_bytes;
+    f.lag = stream->queue.empty() ? absl::ZeroDuration() : now - stream->queue.front().shipped;
   }
   return out;
 }

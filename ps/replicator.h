@@ -97,6 +97,9 @@ class Replicator {
     uint64_t queued_bytes = 0;
     uint64_t held_records = 0;  // acknowledged by it since its stream started
     uint64_t failed_calls = 0;
+    uint64_t sent_calls = 0;  // ReplicateRecords calls that succeeded
+    uint64_t sent_bytes = 0;  // record bytes those calls carried
+    absl::Duration lag;       // how long its oldest queued record has waited (0: none)
   };
   std::vector<FollowerStats> Stats() const ABSL_LOCKS_EXCLUDED(mu_);
 

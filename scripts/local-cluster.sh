@@ -115,7 +115,8 @@ start_master() {
   "$BIN/ps-master" --host=127.0.0.1 --port="$port" --port_file="$DIR/master.port" \
     --metrics_port=0 --metrics_port_file="$DIR/master.metrics_port" \
     --data_dir="$DIR/master" --num_ps="$NUM_PS" --num_vshards="$NUM_VSHARDS" \
-    --lease_ms="$LEASE_MS" --threads="$MASTER_THREADS" \
+    --lease_ms="$LEASE_MS" --threads="$MASTER_THREADS" --replication="$REPLICATION" \
+    --replication_ack="$REPLICATION_ACK" --replication_max_lag_ms="$REPLICATION_MAX_LAG_MS" \
     --checkpoint_dir="$DIR/checkpoints" "${tokens[@]}" \
     --shutdown_grace_ms="$MASTER_SHUTDOWN_GRACE_MS" >>"$DIR/master.log" 2>&1 &
   record master $!

@@ -388,6 +388,31 @@ def main():
     prod = render(os.path.join(K8S, "overlays", "production"))
     cfg = [d for d in prod if d["kind"] == "ConfigMap"][0]["data"]
     check(cfg["DURABILITY"] == "machine", "production: durability machine")
+    # Replication: two copies of each vshard, on PS pods that never share a node.
+    check(int(cfg.get("REPLICATION", "1")) == 2, "production: REPLICATION=2")
+    pmaster = [d for d in prod if d["kind"] == "StatefulSet" and
+               d["metadata"]["name"] == cfg["MASTER_SERVICE"]][0]
+    margs = [expand(a, cfg) for a in pmaster["spec"]["template"]["spec"]["containers"][0]["args"]]
+    check(flag(margs, "replication") == "2", f"production/master: --replication=2 ({margs})")
+    check(flag(margs, "replication_ack") == "all", "production/master: --replication_ack=all")
+    pps = [d for d in prod if d["kind"] == "StatefulSet" and
+           d["metadata"]["name"] == cfg["PS_POD_PREFIX"]][0]
+    ptmpl = pps["spec"]["template"]
+    anti = (ptmpl["spec"].get("affinity", {}).get("podAntiAffinity", {})
+            .get("requiredDuringSchedulingIgnoredDuringExecution", []))
+    check(any(t.get("topologyKey") == "kubernetes.io/hostname" and
+              t.get("labelSelector", {}).get("matchLabels", {}).items()
+              <= ptmpl["metadata"]["labels"].items() for t in anti),
+          "production/ps: required pod anti-affinity on the host name selects the PS pods")
+    spread = ptmpl["spec"].get("topologySpreadConstraints", [])
+    check(any(t.get("topologyKey") == "topology.kubernetes.io/zone" and
+              t.get("labelSelector", {}).get("matchLabels", {}).items()
+              <= ptmpl["metadata"]["labels"].items() for t in spread),
+          "production/ps: PS pods spread over zones")
+    check(int(cfg["NUM_PS"]) >= int(cfg.get("REPLICATION", "1")),
+          "production: at least REPLICATION PS pods")
+    base_cfg = read_env(os.path.join(K8S, "base", "cluster.env"))
+    check(base_cfg.get("REPLICATION") == "1", "base: REPLICATION=1 (one copy, the default)")
     if failures:
         print(f"{len(failures)} check(s) failed")
         return 1

@@ -192,6 +192,85 @@ TEST_F(ObservabilityTest, MetricsFollowTrafficAndAPodDeregistersOnSigterm) {
   EXPECT_EQ(Sample(m, "ps_master_lease_losses_total{kind=\"pod\"}"), 0);
 }
 
+// Replication (R = 2, two pods, each following the other): the pods' stream and follower
+// series and the master's replication series follow a push, and ps-admin shows each
+// vshard's replicas (shards), the replication summary (status) and the tables' counters.
+TEST_F(ObservabilityTest, ReplicationSeriesAndAdminViews) {
+  // A long lag bound: a follower whose address reaches its primary a heartbeat late is not
+  // what this test is about.
+  auto [master_port, master_metrics] =
+      Start("master", {PS_MASTER_BINARY, "--data_dir=" + Path("master-db"), "--num_ps=2",
+                       "--num_vshards=16", "--replication=2", "--lease_ms=3000",
+                       "--replication_max_lag_ms=60000", "--shutdown_grace_ms=200"});
+  ASSERT_GT(master_metrics, 0);
+  const std::string master = absl::StrCat("127.0.0.1:", master_port);
+  std::map<std::string, int> pod_metrics;
+  for (const std::string id : {"ps-0", "ps-1"}) {
+    pod_metrics[id] =
+        Start(id, {PS_SERVER_BINARY, "--master=" + master, "--pod_id=" + id, "--num_vshards=16",
+                   "--data_dir=" + Path(id), "--shutdown_grace_ms=500"})
+            .second;
+    ASSERT_GT(pod_metrics[id], 0);
+  }
+  for (const auto& [id, port] : pod_metrics) ASSERT_TRUE(WaitReady(port)) << id;
+  std::string m = Scrape(master_metrics);
+  EXPECT_EQ(Sample(m, "ps_master_replication_factor"), 2) << m;
+  EXPECT_EQ(Sample(m, "ps_master_under_replicated_vshards"), 0);
+  EXPECT_EQ(Sample(m, "ps_master_failovers_total"), 0);
+  EXPECT_EQ(Sample(m, "ps_master_ack_set_removals_total{cause=\"lag\"}"), 0);
+
+  ClientOptions options;
+  options.master = master;
+  auto client = PsClient::Connect(options);
+  ASSERT_TRUE(client.ok()) << client.status();
+  TableSpec spec;
+  spec.set_name("user");
+  spec.set_dim(4);
+  ASSERT_TRUE((*client)->CreateTable(spec).ok());
+  std::vector<int64_t> ids;
+  for (int64_t i = 1; i <= 64; ++i) ids.push_back(i);  // on both pods
+  std::vector<float> grads(ids.size() * 4, 0.5f);
+  ASSERT_TRUE((*client)->Push({{"user", ids, grads.data()}}).ok());
+
+  // Acknowledged: each pod's follower holds its part, nothing is waiting.
+  double acked = 0, applied = 0;
+  for (const auto& [id, port] : pod_metrics) {
+    const std::string pod = Scrape(port);
+    const std::string other = id == "ps-0" ? "ps-1" : "ps-0";
+    EXPECT_EQ(Sample(pod, "ps_replication_factor"), 2) << pod;
+    EXPECT_EQ(Sample(pod, "ps_replication_followers"), 1) << pod;
+    EXPECT_GT(Sample(pod, "ps_replication_following_vshards"), 0) << pod;
+    const std::string label = "{follower=\"" + other + "\"}";
+    EXPECT_EQ(Sample(pod, "ps_replication_lag_records" + label), 0) << pod;
+    EXPECT_GE(Sample(pod, "ps_replication_failed_calls_total" + label), 0) << pod;
+    acked += Sample(pod, "ps_replication_acked_records_total" + label);
+    applied += Sample(pod, "ps_replicated_records_applied_total");
+    EXPECT_EQ(Sample(pod, "ps_write_lease_refusals_total"), 0);
+  }
+  EXPECT_GE(acked, 2);  // one record per pod's part of the push
+  EXPECT_EQ(applied, acked);
+
+  auto admin = [&](const std::string& command) {
+    static int runs = 0;
+    auto c = ChildProcess::Start({PS_ADMIN_BINARY, "--master=" + master, command},
+                                 Path(absl::StrCat("repl-admin", runs++, ".out")));
+    if (!c.ok() || !(*c)->WaitExit(absl::Seconds(60))) return std::string("did not run");
+    return integration::FileTail((*c)->log_path());
+  };
+  const std::string shards = admin("shards");
+  EXPECT_TRUE(absl::StrContains(shards, "REPLICAS (R=2")) << shards;
+  EXPECT_TRUE(absl::StrContains(shards, "ps-0     ps-1")) << shards;
+  EXPECT_TRUE(absl::StrContains(shards, "ps-1     ps-0")) << shards;
+  const std::string status = admin("status");
+  EXPECT_TRUE(absl::StrContains(status, "replication: R=2, ack all")) << status;
+  EXPECT_TRUE(absl::StrContains(status, "0 vshards under-replicated")) << status;
+  const std::string tables = admin("tables");
+  EXPECT_TRUE(absl::StrContains(tables, "DROPPED GRADIENTS")) << tables;
+  // 64 rows, each on its primary and its follower.
+  EXPECT_TRUE(absl::StrContains(tables, "  128  ")) << tables;
+  EXPECT_TRUE(absl::StrContains(tables, "sum over 2 pods (each row held by 2 of them)")) << tables;
+}
+
 TEST_F(ObservabilityTest, MutualTlsAndTokenAcrossTheCluster) {
   TestCerts certs;
   if (!certs.ok()) GTEST_SKIP() << "openssl is missing";
