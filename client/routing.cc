@@ -47,6 +47,13 @@ absl::StatusOr<std::shared_ptr<const Routing>> RoutingFromMap(const ClientOption
   ASSIGN_OR_RETURN(routing->map,
                    ShardMap::FromOwners(std::move(owner), static_cast<uint32_t>(resp.pods_size()),
                                         resp.epoch()));
+  if (resp.followers_size() > 0) {  // replication: where read-only pulls may fall back
+    std::vector<std::vector<uint32_t>> followers;
+    followers.reserve(resp.followers_size());
+    for (const Followers& f : resp.followers())
+      followers.emplace_back(f.pods().begin(), f.pods().end());
+    RETURN_IF_ERROR(routing->map.SetFollowers(std::move(followers)));
+  }
   return std::shared_ptr<const Routing>(std::move(routing));
 }
 

@@ -11,6 +11,10 @@
 //   pod applied nothing), for RPCs with a `reroute`: after a map refresh, reroute(op)
 //   routes the request's ids again as new RPCs of the same call (a push under a new key),
 //   up to max_reroutes times. A FAILED_PRECONDITION without the detail is final.
+// - An unreachable pod (UNAVAILABLE, DEADLINE_EXCEEDED), for RPCs with a `fallback` (the
+//   read-only pulls of a replicated map): fallback(op) sends the ids to followers of their
+//   vshards as new RPCs of the call, once, before any retry; without a follower the RPC
+//   retries as usual.
 // - Anything else is the RPC's final status, named after its pod ("pod <id> (<address>)")
 //   and, after retries, "[after N attempts]" (RetryPolicy::Final).
 // Backoff waits run on the timer thread, never on a completion thread; a re-route runs on
