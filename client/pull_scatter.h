@@ -13,11 +13,9 @@
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
 #include "proto/ps.pb.h"
+#include "proto/value_type.h"
 
 namespace ps::internal {
-
-// Bytes of one value of `type` (FLOAT32: 4, BFLOAT16 and FLOAT16: 2).
-inline size_t ValueTypeBytes(ValueType type) { return type == FLOAT32 ? 4 : 2; }
 
 // Where one pull RPC's rows go: for entry e of its request (one table), the answer's row
 // k is written to entries[e].out + entries[e].dest[k] * the entry's out_row_bytes. The

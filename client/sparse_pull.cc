@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "client/sparse_calls.h"
+#include "proto/value_type.h"
 
 namespace ps::internal {
 
@@ -34,7 +35,7 @@ absl::Status CheckOutputs(const PullSpec& spec, ValueType type) {
 
 Handle SparseCalls::Pull(std::vector<PullSpec> specs, const PullOptions& options) {
   counters_->pulls.fetch_add(1, std::memory_order_relaxed);
-  if (!ValueType_IsValid(options.value_type)) {
+  if (ValueTypeBytes(options.value_type) == 0) {
     return Handle(Op::Failed(absl::InvalidArgumentError(
         absl::StrCat("pull asks for unknown value_type ", options.value_type))));
   }

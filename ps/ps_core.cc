@@ -20,6 +20,7 @@
 #include "embedding/spec.h"
 #include "google/protobuf/io/coded_stream.h"
 #include "proto/packed.h"
+#include "proto/value_type.h"
 #include "proto/wrong_shard.h"
 
 namespace ps {
@@ -307,19 +308,6 @@ absl::Status PsCore::Pull(const PullRequest& req, PullResponse* resp) {
 
 namespace {
 
-// Bytes of one value of `type` on the wire; 0 for a type this pod does not know.
-size_t ValueBytes(int type) {
-  switch (type) {
-    case FLOAT32:
-      return sizeof(float);
-    case BFLOAT16:
-    case FLOAT16:
-      return sizeof(uint16_t);
-    default:
-      return 0;
-  }
-}
-
 // Rows a compact pull copies into float32 scratch at a time before narrowing them: the
 // scratch stays small (<= 256 KiB) and in cache, whatever the pull's size.
 constexpr size_t kNarrowChunkFloats = size_t{64} << 10;
@@ -330,7 +318,7 @@ absl::Status PsCore::Pull(const PullRequest& req, PullSink* sink) {
   auto own = ownership();
   sink->SetEpoch(own->epoch());
   if (req.tables_size() == 0) return absl::InvalidArgumentError("pull names no tables");
-  const size_t value_bytes = ValueBytes(req.value_type());
+  const size_t value_bytes = ValueTypeBytes(req.value_type());
   if (value_bytes == 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("pull asks for value_type ", req.value_type(),
@@ -362,7 +350,8 @@ absl::Status PsCore::Pull(const PullRequest& req, PullSink* sink) {
     for (const TableIdsView& p : prepared) RETURN_IF_ERROR(p.table->Load(p.ids));
   }
   absl::Status read_error;
-  std::vector<float> scratch;
+  // Reused by this thread's compact pulls: at most kNarrowChunkFloats floats (256 KiB).
+  static thread_local std::vector<float> scratch;
   for (TableIdsView& p : prepared) {
     const size_t dim = p.table->dim();
     char* values = sink->AddEntry(p.table->spec().name(), p.ids.size() * dim * value_bytes);

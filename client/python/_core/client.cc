@@ -148,7 +148,8 @@ pyb::bytes Client::GetDense(const std::string& name) {
 
 absl::Status Client::PlanPull(const std::shared_ptr<PsClient>& c, const pyb::list& tables,
                               const pyb::list& ids, const pyb::list& outs, ValueType value_type,
-                              std::vector<PullSpec>* specs, pyb::list* rows, pyb::list* keep) {
+                              bool widen, std::vector<PullSpec>* specs, pyb::list* rows,
+                              pyb::list* keep) {
   const size_t n = SameLength(tables, ids, "pull: ids");
   SameLength(tables, outs, "pull: out");
   specs->reserve(n);
@@ -162,7 +163,7 @@ absl::Status Client::PlanPull(const std::shared_ptr<PsClient>& c, const pyb::lis
                                         static_cast<ssize_t>(*dim)};
     pyb::object out = outs[i];
     PullSpec spec{std::move(table), id_span};
-    if (value_type == FLOAT32 || (!out.is_none() && IsFloat32Array(out))) {
+    if (value_type == FLOAT32 || (out.is_none() ? widen : IsFloat32Array(out))) {
       if (out.is_none()) out = NewFloats(shape);
       spec.out = OutRows(out, id_span.size(), *dim, what);  // widened if compact
     } else {
@@ -191,14 +192,16 @@ ValueType CheckedValueType(int value_type) {
 }  // namespace
 
 std::unique_ptr<Handle> Client::PullAsync(const pyb::list& tables, const pyb::list& ids,
-                                          const pyb::list& outs, bool read_only, int value_type) {
+                                          const pyb::list& outs, bool read_only, int value_type,
+                                          bool widen) {
   auto c = Get();
   PullOptions options;
   options.read_only = read_only;
   options.value_type = CheckedValueType(value_type);
   std::vector<PullSpec> specs;
   pyb::list rows, keep;
-  absl::Status planned = PlanPull(c, tables, ids, outs, options.value_type, &specs, &rows, &keep);
+  absl::Status planned =
+      PlanPull(c, tables, ids, outs, options.value_type, widen, &specs, &rows, &keep);
   if (!planned.ok()) return Handle::Failed(std::move(planned), callbacks_);
   auto state = std::make_shared<CallState>(callbacks_->notifier());
   {
@@ -212,14 +215,14 @@ std::unique_ptr<Handle> Client::PullAsync(const pyb::list& tables, const pyb::li
 }
 
 pyb::list Client::Pull(const pyb::list& tables, const pyb::list& ids, const pyb::list& outs,
-                       bool read_only, int value_type) {
+                       bool read_only, int value_type, bool widen) {
   auto c = Get();
   PullOptions options;
   options.read_only = read_only;
   options.value_type = CheckedValueType(value_type);
   std::vector<PullSpec> specs;
   pyb::list rows, keep;
-  ThrowIfError(PlanPull(c, tables, ids, outs, options.value_type, &specs, &rows, &keep));
+  ThrowIfError(PlanPull(c, tables, ids, outs, options.value_type, widen, &specs, &rows, &keep));
   absl::Status s;
   {
     pyb::gil_scoped_release unlocked;
@@ -446,9 +449,9 @@ void BindClient(pyb::module_& m) {
       .def("get_table", &Client::GetTable, pyb::arg("name"))
       .def("get_dense", &Client::GetDense, pyb::arg("name"))
       .def("pull", &Client::Pull, pyb::arg("tables"), pyb::arg("ids"), pyb::arg("outs"),
-           pyb::arg("read_only"), pyb::arg("value_type") = 0)
+           pyb::arg("read_only"), pyb::arg("value_type") = 0, pyb::arg("widen") = false)
       .def("pull_async", &Client::PullAsync, pyb::arg("tables"), pyb::arg("ids"), pyb::arg("outs"),
-           pyb::arg("read_only"), pyb::arg("value_type") = 0)
+           pyb::arg("read_only"), pyb::arg("value_type") = 0, pyb::arg("widen") = false)
       .def("push", &Client::Push, pyb::arg("tables"), pyb::arg("ids"), pyb::arg("grads"),
            pyb::arg("learning_rate"))
       .def("push_async", &Client::PushAsync, pyb::arg("tables"), pyb::arg("ids"), pyb::arg("grads"),

@@ -200,29 +200,32 @@ def _out_array(out, what):
 
 
 class _PullType:
-    """What `dtype` of a pull asks for (PsClient.pull): the wire's ps.ValueType, the
-    torch dtype of the rows to return (None: numpy), and whether numpy rows are the raw
-    16-bit values (float16) or float32 (float32, or bfloat16 widened: numpy has no
-    bfloat16)."""
+    """What `dtype` of a pull asks for (PsClient.pull): the wire's ps.ValueType and the
+    torch dtype of the rows to return (None: numpy; numpy has no bfloat16, so numpy
+    bfloat16 rows come widened to float32)."""
 
     def __init__(self, dtype):
-        self.value_type, self.torch_dtype, self.np_half = ps_pb2.FLOAT32, None, False
+        self.value_type, self.torch_dtype, self.widen = ps_pb2.FLOAT32, None, False
         if dtype is None:
             return
         name = str(dtype)
         if name.startswith("torch."):
             name, self.torch_dtype = name[len("torch."):], dtype
-        else:
-            name = np.dtype(dtype).name if name != "bfloat16" else name
+        elif name != "bfloat16":
+            try:
+                name = np.dtype(dtype).name
+            except TypeError:
+                name = None
         if name == "float32":
             self.torch_dtype = None
         elif name == "bfloat16":
             self.value_type = ps_pb2.BFLOAT16
+            self.widen = self.torch_dtype is None  # new numpy rows: float32, widened
         elif name == "float16":
-            self.value_type, self.np_half = ps_pb2.FLOAT16, self.torch_dtype is None
+            self.value_type = ps_pb2.FLOAT16
         else:
             raise ValueError(f"pull dtype {dtype!r}: one of float32, bfloat16 (torch.bfloat16 or "
-                             f"'bfloat16'), float16 (np.float16 or torch.float16)")
+                             f"'bfloat16'), float16 (np.float16, 'float16' or torch.float16)")
 
     def out(self, out, what):
         """The caller's out as the array _core fills (a 16-bit torch tensor: its int16
@@ -484,7 +487,7 @@ class PsClient:
         float32."""
         kind = _PullType(dtype)
         rows = self._core.pull([table], [routing.as_ids(ids)], [kind.out(out, "pull")],
-                               bool(read_only), kind.value_type)[0]
+                               bool(read_only), kind.value_type, kind.widen)[0]
         return out if out is not None else kind.rows(rows)
 
     def pull_multi(self, requests, read_only=False, out=None, dtype=None):
@@ -492,7 +495,7 @@ class PsClient:
         out: {table: array} to fill (tables not in it get new arrays). dtype: as pull's."""
         kind = _PullType(dtype)
         tables, ids, outs = self._pull_args(requests, out, kind)
-        rows = self._core.pull(tables, ids, outs, bool(read_only), kind.value_type)
+        rows = self._core.pull(tables, ids, outs, bool(read_only), kind.value_type, kind.widen)
         return self._pulled(tables, rows, out, kind)
 
     def push(self, table, ids, grads, learning_rate=0.0):
@@ -543,7 +546,7 @@ class PsClient:
         call is done; they must not change meanwhile. dtype: as pull's."""
         kind = _PullType(dtype)
         h = self._core.pull_async([table], [routing.as_ids(ids)], [kind.out(out, "pull")],
-                                  bool(read_only), kind.value_type)
+                                  bool(read_only), kind.value_type, kind.widen)
         if h.value is not None:
             h.value = out if out is not None else kind.rows(h.value[0])
         return h
@@ -552,7 +555,7 @@ class PsClient:
         """pull_multi, asynchronous: a Handle whose result() is {table: rows}."""
         kind = _PullType(dtype)
         tables, ids, outs = self._pull_args(requests, out, kind)
-        h = self._core.pull_async(tables, ids, outs, bool(read_only), kind.value_type)
+        h = self._core.pull_async(tables, ids, outs, bool(read_only), kind.value_type, kind.widen)
         if h.value is not None:
             h.value = self._pulled(tables, h.value, out, kind)
         return h

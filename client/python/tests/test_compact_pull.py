@@ -7,6 +7,7 @@ create_table's admission / eviction / clipping spec reaches the pods and round-t
 import os
 import signal
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -209,10 +210,10 @@ def test_lifecycle_arguments_are_checked():
 @pytest.fixture
 def replicated(tmp_path):
     """Two durable pods under ps-master --replication=2 (each follows the other's vshards),
-    with a master lease long enough that a stopped pod is not failed over during the test:
-    only the client's fallback can serve its vshards then."""
+    with a master lease (30 s) long enough that a stopped pod is not failed over during the
+    test (>= 20 s after it stops): only the client's fallback can serve its vshards then."""
     from conftest import Cluster
-    c = Cluster(tmp_path, num_ps=2, lease_ms=60000, master_args=["--replication=2"])
+    c = Cluster(tmp_path, num_ps=2, lease_ms=30000, master_args=["--replication=2"])
     try:
         c.start()
         yield c
@@ -225,13 +226,32 @@ def replicated(tmp_path):
 
 def test_read_only_pull_falls_back_to_a_follower(replicated):
     with PsClient(master=replicated.master.address, worker_id=12, incarnation=1) as setup:
+        # The first pod's first assignment names its follower before that one registered
+        # (no address); it learns the address at its next heartbeat (lease / 3). Until
+        # both pods are at the same epoch a push would wait for a follower it cannot reach.
+        deadline = time.monotonic() + 120
+        while True:
+            epochs = [d.epoch for d in setup.describe().values()]
+            if len(epochs) == 2 and len(set(epochs)) == 1:
+                break
+            assert time.monotonic() < deadline, f"pods never agreed on an epoch: {epochs}"
+            time.sleep(0.2)
         setup.create_table("replicated", 4, optimizer="sgd", learning_rate=1.0)
         ids = np.arange(0, 400, dtype=np.int64)
-        setup.push("replicated", ids, np.ones((len(ids), 4), np.float32))  # on both copies
+        # One push per pod (acknowledged once both copies hold it). A push of one key
+        # spanning both pods deadlocks under mutual followers today: each pod's follower
+        # side finds the key "being applied" by that pod's own part (an issue-16 bug).
+        pods = setup.shard_map.pods_of("replicated", ids)
+        for p in np.unique(pods):
+            part = ids[pods == p]
+            setup.push("replicated", part, np.ones((len(part), 4), np.float32))
         want = setup.pull("replicated", ids, read_only=True)
-    # A reader that gives up on a silent pod soon (the fallback comes after one attempt).
+    # A reader that gives up on a silent pod soon (the fallback comes after one attempt),
+    # and a trainer that gives up at once; both connected before the pod stops.
     with PsClient(master=replicated.master.address, worker_id=13, incarnation=1,
-                  deadline_s=3.0, max_attempts=2) as c:
+                  deadline_s=3.0, max_attempts=2) as c, \
+            PsClient(master=replicated.master.address, worker_id=14, incarnation=1,
+                     deadline_s=1.0, max_attempts=1) as trainer:
         m = c.shard_map
         stopped = replicated.pods[0]
         down = m.pod_ids.index("ps-0")
@@ -247,6 +267,6 @@ def test_read_only_pull_falls_back_to_a_follower(replicated):
             assert c.client_stats()["read_fallbacks"] >= before + 2
             # A training pull may create rows: the primary's alone, which does not answer.
             with pytest.raises(PsError):
-                c.pull("replicated", on_stopped)
+                trainer.pull("replicated", on_stopped)
         finally:
             os.kill(stopped.popen.pid, signal.SIGCONT)
