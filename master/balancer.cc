@@ -61,7 +61,9 @@ absl::Status Balancer::Run(const std::string& kind, const MovePlan& plan, Respon
   }
   uint32_t moved = 0;
   for (const PlannedMove& m : plan.moves) {
-    absl::StatusOr<MoveInfo> done = runner_->MoveVShards(m.source, m.destination, m.vshards);
+    absl::StatusOr<MoveInfo> done =
+        m.follower ? runner_->FillFollower(m.source, m.destination, m.vshards, m.replaces)
+                   : runner_->MoveVShards(m.source, m.destination, m.vshards);
     absl::MutexLock lock(&mu_);
     if (!done.ok()) {
       operation_.set_error(std::string(done.status().message()));

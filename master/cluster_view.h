@@ -20,6 +20,9 @@ struct ClusterView {
 
   uint64_t epoch = 0;
   std::vector<std::string> owner;  // owner[v]: the id of the pod owning vshard v
+  // With replication (R >= 2): followers[v], the ack set of vshard v; empty at R = 1.
+  std::vector<std::vector<std::string>> followers;
+  uint32_t replication = 1;
   // Pods named by the map or registered, in natural order (ps-2 before ps-10).
   std::vector<std::string> known;
   std::map<std::string, Pod> registered;  // by pod id
@@ -35,6 +38,12 @@ struct ClusterView {
   bool Target(const std::string& id) const {
     auto it = registered.find(id);
     return it != registered.end() && it->second.live && !it->second.drained;
+  }
+  // Vshards `id` owns or follows: the copies it holds.
+  uint32_t CopiesHeldBy(const std::string& id) const {
+    uint32_t n = OwnedBy(id);
+    for (const auto& set : followers) n += std::count(set.begin(), set.end(), id);
+    return n;
   }
   uint32_t OwnedBy(const std::string& id) const {
     return static_cast<uint32_t>(std::count(owner.begin(), owner.end(), id));

@@ -23,7 +23,8 @@ MasterCore::MasterCore(const MasterOptions& options, std::unique_ptr<MasterStore
       jobs_(options_, store_.get(), &counters_),
       moves_(options_, &membership_),
       checkpoints_(options_, store_.get(), &counters_, &membership_, &operation_mu_),
-      balancer_(options_, &membership_, &moves_, &operation_mu_) {}
+      balancer_(options_, &membership_, &moves_, &operation_mu_),
+      rereplicator_(options_, &membership_, &moves_, &operation_mu_) {}
 
 absl::StatusOr<std::unique_ptr<MasterCore>> MasterCore::Open(const MasterOptions& options) {
   RETURN_IF_ERROR(ValidateMasterOptions(options));
@@ -34,6 +35,9 @@ absl::StatusOr<std::unique_ptr<MasterCore>> MasterCore::Open(const MasterOptions
   auto core = absl::WrapUnique(new MasterCore(with_defaults, std::move(store), config));
   RETURN_IF_ERROR(core->Load());
   core->balancer_.StartAutoRebalance();
+  if (config.replication() >= 2 && options.rereplicate_interval > absl::ZeroDuration()) {
+    core->rereplicator_.Start(options.rereplicate_interval);
+  }
   if (options.retention_interval > absl::ZeroDuration()) {
     MasterCore* raw = core.get();
     core->retention_.Start(options.retention_interval, [raw] {
@@ -66,6 +70,7 @@ absl::Status MasterCore::RegisterPod(const RegisterPodRequest& req, RegisterPodR
   RETURN_IF_ERROR(membership_.RegisterPod(req, resp, &joined_empty));
   // A pod that owns nothing joined (new, or undrained): spread the vshards onto it.
   if (joined_empty) balancer_.RequestRebalance();
+  rereplicator_.Wake();  // a pod that may take (or, back, needs) copies
   return absl::OkStatus();
 }
 
@@ -130,6 +135,7 @@ absl::Status MasterCore::ExpireLeases() {
   std::vector<std::thread> threads;
   for (const std::string& pod : tell) threads.emplace_back([this, pod] { moves_.NotifyPod(pod); });
   for (std::thread& t : threads) t.join();
+  if (!tell.empty()) rereplicator_.Wake();  // ack sets shrank: copies to make
   return jobs_.ExpireLeases(now);
 }
 

@@ -51,6 +51,7 @@
 #include "master/move_runner.h"
 #include "master/periodic.h"
 #include "master/pod_control.h"
+#include "master/rereplicator.h"
 #include "proto/master.pb.h"
 #include "proto/master_state.pb.h"
 
@@ -102,6 +103,10 @@ class MasterCore {
   // for tests. ABORTED while another move runs; the error of the failed step otherwise.
   absl::StatusOr<MoveInfo> MoveVShards(const std::string& source, const std::string& destination,
                                        const std::vector<uint32_t>& vshards);
+  // One re-replication round now (rereplicator.h; its thread runs them at R >= 2); public
+  // for tests. And its counts since Open, for metrics and status. Thread-safe.
+  absl::Status Rereplicate() { return rereplicator_.RunOnce(); }
+  Rereplicator::Stats rereplication_stats() const { return rereplicator_.stats(); }
   // Leases that ran out since Open (pods, workers); for metrics. Thread-safe.
   uint64_t pod_lease_losses() const { return membership_.lease_losses(); }
   uint64_t worker_lease_losses() const { return jobs_.lease_losses(); }
@@ -126,8 +131,9 @@ class MasterCore {
   JobDispatcher jobs_;
   MoveRunner moves_;
   Checkpoints checkpoints_;
-  Balancer balancer_;   // stops its thread while the parts above exist
-  Periodic retention_;  // last: destroyed first, stopping its thread while the rest exists
+  Balancer balancer_;          // stops its thread while the parts above exist
+  Rereplicator rereplicator_;  // likewise
+  Periodic retention_;         // last: destroyed first, stopping its thread while the rest exists
 };
 
 }  // namespace ps

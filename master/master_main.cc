@@ -207,6 +207,9 @@ int Main() {
   options.core.worker_retention = absl::Seconds(FLAGS_worker_retention_s);
   // Retention runs as often as leases are checked, at most every 10 s: O(jobs + workers).
   options.core.retention_interval = std::min(absl::Seconds(10), options.core.lease);
+  // Re-replication rounds every lease (and at each registration or failover): a follower
+  // dropped at a lease loss is replaced about a lease later.
+  options.core.rereplicate_interval = options.core.lease;
   // SIGTERM/SIGINT are taken by a thread that runs the graceful shutdown.
   ps::ShutdownSignal shutdown_signal;
   // After ShutdownSignal: loading credentials starts gRPC's threads.

@@ -49,6 +49,15 @@ void AddMasterMetrics(MasterCore* core, MetricsRegistry* registry) {
     w->Sample({{"kind", "pod"}}, core->pod_lease_losses());
     w->Sample({{"kind", "worker"}}, core->worker_lease_losses());
 
+    // Re-replication (R >= 2): follower copies that filled a vshard short of R copies.
+    const Rereplicator::Stats rr = core->rereplication_stats();
+    w->Family("ps_master_rereplication_copies_total",
+              "Follower copies run by re-replication, by outcome.", C);
+    w->Sample({{"outcome", "committed"}}, rr.copies);
+    w->Sample({{"outcome", "failed"}}, rr.failures);
+    w->Family("ps_master_rereplication_rows_total", "Rows copied by committed follower copies.", C);
+    w->Sample({}, rr.rows);
+
     // Vshard moves (live migration): in progress, and the last drain / rebalance.
     int copying = 0;
     double max_fence = 0;

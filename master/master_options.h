@@ -62,6 +62,10 @@ struct MasterOptions {
   // ack set does too (false, the default): "leader" is faster but a push acknowledged just
   // before the primary's loss may be lost.
   bool replication_ack_leader = false;
+  // With replication >= 2, how often a background thread looks for vshards short of R
+  // copies and fills new followers (rereplicator.h); it also runs when a pod registers or
+  // fails over. Zero: no thread (tests call MasterCore::Rereplicate themselves).
+  absl::Duration rereplicate_interval = absl::Seconds(10);
   // Where cluster checkpoints go (ckpt-<id> below it, on each pod's filesystem and the
   // master's); empty: Checkpoint is refused.
   std::string checkpoint_dir;

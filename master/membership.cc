@@ -286,6 +286,9 @@ ClusterView Membership::View() const {
   ClusterView view;
   view.epoch = map_.epoch();
   view.owner.assign(map_.owner().begin(), map_.owner().end());
+  view.replication = std::max(1u, config_.replication());
+  for (const ReplicaSet& set : map_.followers())
+    view.followers.emplace_back(set.pods().begin(), set.pods().end());
   view.known = KnownPodIds();
   for (const auto& [id, pod] : pods_) {
     ClusterView::Pod& p = view.registered[id];

@@ -82,14 +82,23 @@ class Membership {
     std::string source_address, destination_address;
   };
   // Records a move of `vshards` from `source` to `destination` (both live) and bumps the
-  // epoch: the pods' assignments now carry it. ABORTED while another move is in flight;
+  // epoch: the pods' assignments now carry it. With `follower` it is a follower copy
+  // (master/rereplicator.h): at the commit `destination` joins the vshards' ack sets (in
+  // place of `replaces` when given, which must be in each) and `source` keeps them. At
+  // R >= 2 an owner move's destination must not be in a vshard's ack set (copies stay on
+  // distinct pods); its followers stay. ABORTED while another move is in flight;
   // INVALID_ARGUMENT without vshards or with source == destination; UNAVAILABLE for a pod
-  // that is not live; FAILED_PRECONDITION for a vshard `source` does not own.
+  // that is not live; FAILED_PRECONDITION for a vshard `source` does not own, a follower
+  // copy at R = 1, or a destination or `replaces` the ack sets rule out.
   absl::StatusOr<StartedMove> BeginMove(const std::string& source, const std::string& destination,
-                                        const std::vector<uint32_t>& vshards)
-      ABSL_LOCKS_EXCLUDED(mu_);
-  // Commits move `id`: its vshards belong to its destination, epoch + 1, the record deleted,
-  // in one synced write. Returns the new epoch. INTERNAL when `id` is not in flight.
+                                        const std::vector<uint32_t>& vshards, bool follower = false,
+                                        const std::string& replaces = "") ABSL_LOCKS_EXCLUDED(mu_);
+  // Commits move `id`: its vshards belong to its destination (a follower copy: the
+  // destination joins their ack sets), epoch + 1, the record deleted, in one synced write.
+  // Returns the new epoch. INTERNAL when `id` is not in flight; FAILED_PRECONDITION (nothing
+  // written; abort it) when its source no longer owns the vshards (a failover came
+  // between: the copy may miss what the new primary took), or for a follower copy whose
+  // destination is no longer live.
   absl::StatusOr<uint64_t> CommitMove(uint64_t id) ABSL_LOCKS_EXCLUDED(mu_);
   struct AbortedMove {
     MoveRecord move;
@@ -134,6 +143,8 @@ class Membership {
   uint32_t OwnedBy(const std::string& pod_id) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   bool Live(const std::string& pod_id, absl::Time now) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   std::vector<MoveInfo> MovesInFlightLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Whether `pod_id` is in vshard v's ack set.
+  bool InAckSet(uint32_t v, const std::string& pod_id) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The replication role of `pod_id` (R >= 2): its followers (the ack set of the vshards it
   // owns) with their addresses, and the vshards it follows, by primary.
   void FillReplication(const std::string& pod_id, ReplicationRole* out) const

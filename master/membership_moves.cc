@@ -1,5 +1,6 @@
 // Membership: the move in flight. The protocol around these map changes (telling the pods,
 // the copy, aborting on failure) is MoveRunner's (move_runner.h).
+#include <algorithm>
 #include <string>
 #include <utility>
 
@@ -10,19 +11,23 @@
 
 namespace ps {
 
-absl::StatusOr<Membership::StartedMove> Membership::BeginMove(
-    const std::string& source, const std::string& destination,
-    const std::vector<uint32_t>& vshards) {
+absl::StatusOr<Membership::StartedMove> Membership::BeginMove(const std::string& source,
+                                                              const std::string& destination,
+                                                              const std::vector<uint32_t>& vshards,
+                                                              bool follower,
+                                                              const std::string& replaces) {
   absl::MutexLock lock(&mu_);
   const absl::Time now = Now();
   if (!moves_.empty()) {
     return absl::AbortedError(
         absl::StrCat("move ", moves_.begin()->first, " is in progress; one move at a time"));
   }
-  if (config_.replication() >= 2) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("live moves are not supported yet with replication = ", config_.replication(),
-                     " (the followers would need a copy too)"));
+  if (config_.replication() < 2 && follower) {
+    return absl::FailedPreconditionError("follower copies need replication >= 2");
+  }
+  if (!replaces.empty() && (!follower || replaces == destination)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("a move replacing ", replaces, " must be a follower copy to another pod"));
   }
   if (vshards.empty() || source == destination) {
     return absl::InvalidArgumentError("a move needs vshards and two different pods");
@@ -37,6 +42,15 @@ absl::StatusOr<Membership::StartedMove> Membership::BeginMove(
       return absl::FailedPreconditionError(
           absl::StrCat("vshard ", v, " is not owned by ", source, " at epoch ", map_.epoch()));
     }
+    if (InAckSet(v, destination)) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("pod ", destination, " already follows vshard ", v, " at epoch ",
+                       map_.epoch(), follower ? "" : ": copies of a vshard stay on distinct pods"));
+    }
+    if (!replaces.empty() && !InAckSet(v, replaces)) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "pod ", replaces, " does not follow vshard ", v, " at epoch ", map_.epoch()));
+    }
   }
   // next_move_id is ours (see counters_record.h): read now, written with the move.
   StartedMove started;
@@ -45,6 +59,8 @@ absl::StatusOr<Membership::StartedMove> Membership::BeginMove(
   for (uint32_t v : vshards) move.add_vshards(v);
   move.set_source(source);
   move.set_destination(destination);
+  move.set_follower(follower);
+  move.set_replaces(replaces);
   ShardMapRecord map = map_;
   map.set_epoch(map.epoch() + 1);
   StoreBatch batch;
@@ -65,9 +81,37 @@ absl::StatusOr<uint64_t> Membership::CommitMove(uint64_t id) {
   if (it == moves_.end()) {
     return absl::InternalError(absl::StrCat("move ", id, " is not in flight; cannot commit it"));
   }
+  const MoveRecord& move = it->second;
   ShardMapRecord map = map_;
   map.set_epoch(map.epoch() + 1);
-  for (uint32_t v : it->second.vshards()) map.set_owner(v, it->second.destination());
+  // The copy is only good while its source leads the vshards.
+  for (uint32_t v : move.vshards()) {
+    if (map.owner(v) != move.source()) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("vshard ", v, " is no longer led by ", move.source(), " (now ", map.owner(v),
+                       "): the copy on ", move.destination(), " may miss changes"));
+    }
+  }
+  if (move.follower()) {
+    // A follower that is not live would be waited for by the primary's pushes with no
+    // lease loss left to drop it.
+    if (!Live(move.destination(), Now())) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("pod ", move.destination(), " is not live; not adding it as a follower"));
+    }
+    for (uint32_t v : move.vshards()) {
+      ReplicaSet* set = map.mutable_followers(v);
+      std::vector<std::string> pods(set->pods().begin(), set->pods().end());
+      pods.erase(std::remove(pods.begin(), pods.end(), move.replaces()), pods.end());
+      if (std::find(pods.begin(), pods.end(), move.destination()) == pods.end()) {
+        pods.push_back(move.destination());
+      }
+      set->clear_pods();
+      for (const std::string& p : pods) set->add_pods(p);
+    }
+  } else {
+    for (uint32_t v : move.vshards()) map.set_owner(v, move.destination());
+  }
   StoreBatch batch;
   batch.Delete(keys::Move(id));
   RETURN_IF_ERROR(WriteMap(std::move(batch), std::move(map)));
@@ -89,6 +133,12 @@ absl::StatusOr<std::optional<Membership::AbortedMove>> Membership::AbortMove(uin
   return out;
 }
 
+bool Membership::InAckSet(uint32_t v, const std::string& pod_id) const {
+  if (v >= static_cast<uint32_t>(map_.followers_size())) return false;
+  const auto& pods = map_.followers(v).pods();
+  return std::find(pods.begin(), pods.end(), pod_id) != pods.end();
+}
+
 std::vector<MoveInfo> Membership::MovesInFlightLocked() const {
   std::vector<MoveInfo> out;
   for (const auto& [id, move] : moves_) {
@@ -97,6 +147,8 @@ std::vector<MoveInfo> Membership::MovesInFlightLocked() const {
     *info.mutable_vshards() = move.vshards();
     info.set_source(move.source());
     info.set_destination(move.destination());
+    info.set_follower(move.follower());
+    info.set_replaces(move.replaces());
     info.set_state(MoveInfo::COPYING);
   }
   return out;

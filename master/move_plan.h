@@ -15,6 +15,10 @@ namespace ps {
 struct PlannedMove {
   std::string source, destination;
   std::vector<uint32_t> vshards;
+  // A follower copy (MoveRunner::FillFollower): `destination` joins the vshards' ack sets,
+  // in place of `replaces` when not empty; `source`, their primary, keeps them.
+  bool follower = false;
+  std::string replaces;
 };
 
 struct MovePlan {
@@ -24,14 +28,20 @@ struct MovePlan {
 };
 
 // Moves every vshard of `pod_id` onto the live, not drained other pods, each to the least
-// loaded one at that point. Empty when it owns nothing. FAILED_PRECONDITION when no other
-// pod can take them; UNAVAILABLE when `pod_id` is not live (its rows are only on its volume).
+// loaded one at that point. With replication (R >= 2) a vshard's new owner is never one of
+// its followers, and every vshard `pod_id` follows gets a follower copy onto the least
+// loaded pod holding no copy of it, replacing `pod_id` in its ack set: R copies
+// throughout. Empty when it owns and follows nothing. FAILED_PRECONDITION when no other
+// pod can take a vshard or a copy; UNAVAILABLE when `pod_id` is not live (its rows are only
+// on its volume), or the primary of a vshard it follows is not (nothing to copy from).
 absl::StatusOr<MovePlan> PlanDrain(const ClusterView& view, const std::string& pod_id,
                                    uint32_t per_move);
 
 // Spreads the vshards evenly over the live, not drained pods; the pods owning the most keep
 // the larger shares, so the fewest vshards move. Vshards of a pod that is not live stay
-// where they are. Empty when balanced. FAILED_PRECONDITION when no pod can take vshards.
+// where they are. With replication a vshard never moves onto one of its followers (it stays
+// where it is instead). Empty when balanced. FAILED_PRECONDITION when no pod can take
+// vshards.
 absl::StatusOr<MovePlan> PlanRebalance(const ClusterView& view, uint32_t per_move);
 
 }  // namespace ps

@@ -94,5 +94,69 @@ TEST(MovePlanTest, DrainNeedsATargetAndALiveSource) {
   EXPECT_EQ(PlanDrain(view, "ps-0", 4).status().code(), absl::StatusCode::kUnavailable);
 }
 
+// R = 2 over 3 pods, the ring: ps-i's vshards followed by ps-(i+1); ps-3 empty.
+ClusterView Replicated() {
+  ClusterView view = View(3, 1);
+  view.replication = 2;
+  for (int v = 0; v < 16; ++v) {
+    const int owner = v * 3 / 16;
+    view.followers.push_back({"ps-" + std::to_string((owner + 1) % 3)});
+  }
+  return view;
+}
+
+TEST(MovePlanTest, AtTwoCopiesADrainMovesBothRolesAndKeepsCopiesApart) {
+  ClusterView view = Replicated();
+  auto plan = PlanDrain(view, "ps-1", /*per_move=*/4);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  uint32_t owned = 0, followed = 0;
+  for (const PlannedMove& m : plan->moves) {
+    EXPECT_LE(m.vshards.size(), 4u);
+    for (uint32_t v : m.vshards) {
+      if (m.follower) {
+        // ps-1's copy of ps-0's vshards goes to a pod with none of them, from their primary.
+        EXPECT_EQ(m.replaces, "ps-1");
+        EXPECT_EQ(m.source, view.owner[v]);
+        EXPECT_NE(m.destination, view.owner[v]);
+        view.followers[v] = {m.destination};
+        ++followed;
+      } else {
+        EXPECT_EQ(m.source, "ps-1");
+        view.owner[v] = m.destination;
+        ++owned;
+      }
+    }
+  }
+  EXPECT_EQ(owned, 5u);
+  EXPECT_EQ(followed, 6u);
+  EXPECT_EQ(plan->vshards, 11u);
+  // Afterwards every vshard has two copies on two pods, none on ps-1.
+  for (int v = 0; v < 16; ++v) {
+    ASSERT_EQ(view.followers[v].size(), 1u);
+    EXPECT_NE(view.owner[v], view.followers[v][0]) << v;
+    EXPECT_NE(view.owner[v], "ps-1") << v;
+    EXPECT_NE(view.followers[v][0], "ps-1") << v;
+  }
+}
+
+TEST(MovePlanTest, AtTwoCopiesARebalanceNeverMovesAVShardOntoItsFollower) {
+  ClusterView view = Replicated();
+  view.known.pop_back();  // no empty pod
+  view.registered.erase("ps-3");
+  // ps-0 holds 7 (vshard 6 too, followed by ps-1), ps-1 4, ps-2 5: the one vshard a
+  // rebalance would give ps-1 is vshard 6, which ps-1 follows. It stays.
+  view.owner[6] = "ps-0";
+  view.followers[6] = {"ps-1"};
+  auto plan = PlanRebalance(view, 4);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_TRUE(plan->empty());
+  for (const PlannedMove& m : plan->moves) {
+    EXPECT_FALSE(m.follower);
+    for (uint32_t v : m.vshards) {
+      EXPECT_NE(view.followers[v][0], m.destination) << "vshard " << v;
+    }
+  }
+}
+
 }  // namespace
 }  // namespace ps

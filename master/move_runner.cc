@@ -32,6 +32,8 @@ MoveInfo Ended(const MoveRecord& move, MoveInfo::State state) {
   *info.mutable_vshards() = move.vshards();
   info.set_source(move.source());
   info.set_destination(move.destination());
+  info.set_follower(move.follower());
+  info.set_replaces(move.replaces());
   info.set_state(state);
   return info;
 }
@@ -89,8 +91,21 @@ void MoveRunner::AbortMove(uint64_t id, const std::string& why) {
 absl::StatusOr<MoveInfo> MoveRunner::MoveVShards(const std::string& source,
                                                  const std::string& destination,
                                                  const std::vector<uint32_t>& vshards) {
+  return Run(source, destination, vshards, /*follower=*/false, /*replaces=*/"");
+}
+
+absl::StatusOr<MoveInfo> MoveRunner::FillFollower(const std::string& primary,
+                                                  const std::string& follower,
+                                                  const std::vector<uint32_t>& vshards,
+                                                  const std::string& replaces) {
+  return Run(primary, follower, vshards, /*follower=*/true, replaces);
+}
+
+absl::StatusOr<MoveInfo> MoveRunner::Run(const std::string& source, const std::string& destination,
+                                         const std::vector<uint32_t>& vshards, bool follower,
+                                         const std::string& replaces) {
   ASSIGN_OR_RETURN(Membership::StartedMove started,
-                   membership_->BeginMove(source, destination, vshards));
+                   membership_->BeginMove(source, destination, vshards, follower, replaces));
   const MoveRecord& move = started.move;
   const uint64_t id = move.move_id();
   const absl::Time start = absl::Now();
@@ -126,7 +141,8 @@ absl::StatusOr<MoveInfo> MoveRunner::MoveVShards(const std::string& source,
     AbortMove(id, absl::StrCat("cannot commit: ", committed.status().message()));
     return committed.status();
   }
-  // Both at once: the destination starts serving, the source drops the rows.
+  // Both at once: the destination starts serving (or following), the source drops the rows
+  // (or unfences, streaming to its new follower).
   std::thread to_source([&] { NotifyPod(source); });
   NotifyPod(destination);
   to_source.join();
@@ -143,12 +159,13 @@ absl::StatusOr<MoveInfo> MoveRunner::MoveVShards(const std::string& source,
     epoch = membership_->epoch();
   }
   const double seconds = std::max(1e-6, info.copy_seconds());
-  LOG(INFO) << "move " << id << " committed at epoch " << epoch << ": vshards "
-            << absl::StrJoin(move.vshards(), ",") << " " << source << " -> " << destination << ", "
-            << imported.rows() << " rows, " << imported.bytes() << " bytes in " << seconds << " s ("
-            << imported.bytes() / seconds / 1e6 << " MB/s, " << imported.rounds()
-            << " catch-up rounds); fence " << info.fence_ms() << " ms (final delta "
-            << imported.final_rows() << " rows)";
+  LOG(INFO) << (follower ? "follower copy " : "move ") << id << " committed at epoch " << epoch
+            << (follower ? " (" + destination + " now follows them)" : std::string())
+            << ": vshards " << absl::StrJoin(move.vshards(), ",") << " " << source << " -> "
+            << destination << ", " << imported.rows() << " rows, " << imported.bytes()
+            << " bytes in " << seconds << " s (" << imported.bytes() / seconds / 1e6 << " MB/s, "
+            << imported.rounds() << " catch-up rounds); fence " << info.fence_ms()
+            << " ms (final delta " << imported.final_rows() << " rows)";
   return info;
 }
 

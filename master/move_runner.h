@@ -6,6 +6,8 @@
 //      for the final delta and returns once B holds everything durably.
 //   3. Commit (Membership::CommitMove: the map names B, epoch + 1, the record deleted, one
 //      synced write). Then B and A get their assignments at once: B serves, A drops the rows.
+//      A follower copy (FillFollower, re-replication) commits B into the vshards' ack sets
+//      instead: A keeps serving them, and ships its records to B from its fence's end on.
 // Any failure before the commit aborts: the record is deleted (epoch + 1) and both pods
 // told; A keeps the vshards (and unfences), B drops what it copied. A master that restarts
 // with a record aborts it (Membership::Load). So the map always names exactly one owner.
@@ -44,6 +46,15 @@ class MoveRunner {
                                        const std::vector<uint32_t>& vshards)
       ABSL_LOCKS_EXCLUDED(mu_);
 
+  // A follower copy (re-replication, master/rereplicator.h; a follower moved by a drain):
+  // the same steps, but the commit adds `follower` to the ack sets of `vshards` (in place
+  // of `replaces` when given; Membership::CommitMove), and `primary` keeps them: its fence
+  // ends with the commit, after it has started streaming to `follower`. The errors of
+  // MoveVShards.
+  absl::StatusOr<MoveInfo> FillFollower(const std::string& primary, const std::string& follower,
+                                        const std::vector<uint32_t>& vshards,
+                                        const std::string& replaces = "") ABSL_LOCKS_EXCLUDED(mu_);
+
   // Adds to the status the move in flight (COPYING), then the recent moves, newest first.
   void Describe(StatusResponse* resp) const ABSL_LOCKS_EXCLUDED(mu_);
 
@@ -52,6 +63,10 @@ class MoveRunner {
   void NotifyPod(const std::string& pod_id) ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
+  // MoveVShards (follower false) or FillFollower (true).
+  absl::StatusOr<MoveInfo> Run(const std::string& source, const std::string& destination,
+                               const std::vector<uint32_t>& vshards, bool follower,
+                               const std::string& replaces) ABSL_LOCKS_EXCLUDED(mu_);
   // Aborts move `id` (the source keeps its vshards) and tells both pods.
   void AbortMove(uint64_t id, const std::string& why) ABSL_LOCKS_EXCLUDED(mu_);
   void Remember(MoveInfo info) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -160,13 +160,14 @@ class PsCore {
   std::shared_ptr<const ShardOwnership> ownership() const;
 
   // Replication (ps_core_replicate.cc; protocol in proto/ps.proto). A follower's side:
-  // checks that `req.primary` is this pod's primary of every vshard the records touch, at
-  // an epoch no older than the one this pod learned that at (else FAILED_PRECONDITION: a
-  // deposed primary), then applies the records in order through ApplyChange (each logged
-  // here with its push key, rows replayed at the primary's steps, so rows are
-  // bit-identical), stopping at the first that fails (ABORTED: retry the batch). `done`
-  // runs once every applied record is durable. Thread-safe; batches are applied one at a
-  // time.
+  // checks that `req.primary` is this pod's primary of some vshard, at an epoch no older
+  // than the one this pod learned its primaries at (else FAILED_PRECONDITION: a deposed
+  // primary), then applies the records in order through ApplyChange (each logged here
+  // with its push key, rows replayed at the primary's steps, so rows are bit-identical),
+  // stopping at the first that fails (ABORTED: retry the batch). Rows of vshards this pod
+  // does not follow from the sender are left out (counted) when the batch's epoch is no
+  // newer than this pod's, and refused (UNAVAILABLE, retried) in a newer one. `done` runs
+  // once every applied record is durable. Thread-safe; batches are applied one at a time.
   void ReplicateRecords(const ReplicateRecordsRequest& req, ReplicateRecordsResponse* resp,
                         Done done);
   // A primary with followers accepts changes only until `deadline` (its master lease, set
@@ -179,6 +180,9 @@ class PsCore {
     uint32_t following = 0;  // vshards this pod follows
     std::vector<Replicator::FollowerStats> followers;
     uint64_t records_received = 0, records_applied = 0, refused_batches = 0;
+    // Rows and dense entries of received records left out: of vshards this pod does not
+    // follow from the sender (yet), e.g. while a copy fills them.
+    uint64_t rows_left_out = 0;
     uint64_t lease_refusals = 0;
   };
   ReplicationStats replication_stats() const;
@@ -384,7 +388,8 @@ class PsCore {
     std::atomic<uint64_t> pull_requests{0}, push_requests{0}, pulled_rows{0}, pushed_rows{0},
         duplicate_pushes{0}, rejected_nonfinite{0}, rejected_wrong_shard{0},
         rejected_gradient_too_large{0}, rejected_answer_too_large{0}, invalid_import_rows{0},
-        replicated_received{0}, replicated_applied{0}, replicated_refused{0}, lease_refusals{0};
+        replicated_received{0}, replicated_applied{0}, replicated_refused{0},
+        replicated_left_out{0}, lease_refusals{0};
   } counters_;
 };
 

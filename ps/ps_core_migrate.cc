@@ -62,6 +62,11 @@ std::string VShardList(const std::vector<uint32_t>& v) {
 // (2^64-1, say) would make the pod ignore every later assignment as older.
 constexpr uint64_t kMaxEpochJump = uint64_t{1} << 32;
 
+// How long a primary's final export waits for its followers to hold what it applied before
+// the fence: longer than a healthy follower ever lags, short of the export's deadline. A
+// follower this far behind is one the master is about to drop: the move is retried then.
+constexpr absl::Duration kFollowersHeldTimeout = absl::Seconds(10);
+
 std::vector<bool> BitsOf(absl::Span<const uint32_t> vshards, uint32_t n) {
   std::vector<bool> bits(n, false);
   for (uint32_t v : vshards) {
@@ -129,6 +134,7 @@ absl::Status PsCore::ApplyAssignment(const Assignment& req, ApplyAssignmentRespo
   std::vector<uint32_t> drop;
   std::shared_ptr<OutgoingMove> ended;
   RoleChange role;
+  bool failed_over = false;
   {
     absl::WriterMutexLock fence(&migrate_mu_);
     current = ownership();
@@ -164,7 +170,22 @@ absl::Status PsCore::ApplyAssignment(const Assignment& req, ApplyAssignmentRespo
         outgoing_ = std::move(placeholder);
       }
     }
+    // Vshards this pod led and loses other than by a committed move of its own (whose
+    // fence waited until the followers held everything): a failover deposed it.
+    for (uint32_t v = 0; v < n; ++v) {
+      if (current->Owns(v) && !next.Owns(v) && (ended == nullptr || !ended->Has(v))) {
+        failed_over = true;
+      }
+    }
     role = ApplyRole(req, *current, next);
+    // A follower new to this pod gets its stream before this section ends, which is when
+    // an ended move's fence (reset above) lifts and new ownership takes effect (a follower
+    // filled by a copy, master/rereplicator.h; a moved primary's followers): no change can
+    // apply between the copy's fenced final delta and the stream, so the follower
+    // receives every later record.
+    if (replicator_ != nullptr && !role.followers.empty()) {
+      replicator_->AddFollowers(req.replication().pod_id(), req.epoch(), role.followers);
+    }
     if (current->epoch() != next.epoch() || current->Bitmap() != next.Bitmap()) {
       LOG(INFO) << "shard map epoch " << next.epoch() << ": owning " << next.owned_count() << " of "
                 << n << " vshards";
@@ -187,14 +208,16 @@ absl::Status PsCore::ApplyAssignment(const Assignment& req, ApplyAssignmentRespo
     }
   }
   if (ended != nullptr) {
+    // Still owned after the move: an abort, or a copy that made the destination a follower.
     const bool committed = !ownership()->Owns(ended->list.front());
     if (ended->fenced) {
       LOG(INFO) << "move " << ended->move_id << " of vshards " << VShardList(ended->list) << " "
-                << (committed ? "committed" : "aborted") << "; pushes were fenced for "
+                << (committed ? "committed" : "ended (this pod keeps them)")
+                << "; pushes were fenced for "
                 << absl::ToDoubleMilliseconds(absl::Now() - ended->fence_start) << " ms";
     } else {
       LOG(INFO) << "move " << ended->move_id << " of vshards " << VShardList(ended->list)
-                << (committed ? " committed" : " aborted before its fence");
+                << (committed ? " committed" : " ended before its fence (this pod keeps them)");
     }
   }
   if (!drop.empty() && ownership()->owned_count() == 0 &&
@@ -207,7 +230,7 @@ absl::Status PsCore::ApplyAssignment(const Assignment& req, ApplyAssignmentRespo
   if (replicator_ != nullptr) {
     // A deposed primary's changes still waiting for followers fail: the new primary may
     // not hold them (their clients retry there with the same keys).
-    if (role.deposed) {
+    if (role.deposed && failed_over) {
       replicator_->Abandon(absl::UnavailableError(
           absl::StrCat("this pod is no longer the primary at epoch ", req.epoch(), "; retry")));
     }
@@ -332,6 +355,13 @@ absl::Status PsCore::MigrateExport(const MigrateExportRequest& req, MigrateExpor
       // Every push applied to the vshards is durable before its rows leave: a client
       // whose push was applied here retries it here, and finds it a duplicate.
       if (storage_ != nullptr) RETURN_IF_ERROR(storage_->WaitApplied());
+      // With followers, every change applied to the vshards is held by the ack set too:
+      // after the commit the new owner streams to the same followers, which must then hold
+      // exactly the rows it copied (and a record shipped later must not fail with the
+      // deposed primary's stream).
+      if (replicator_ != nullptr) {
+        RETURN_IF_ERROR(replicator_->WaitHeld(absl::Now() + kFollowersHeldTimeout));
+      }
     }
     if (req.phase() != MigrateExportRequest::SNAPSHOT) {
       absl::MutexLock t(&out->touched_mu);

@@ -4,6 +4,7 @@
 // proto/ps.proto, the design in docs/architecture.md, "Replication".
 #include <glog/logging.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstring>
 
@@ -47,12 +48,21 @@ class Gather {
 
 // One replicated record, parsed, with its ids and steps copied out aligned (the change's
 // spans point at them).
+// Rows of vshards the follower does not follow from the sender are left out (see
+// ReplicateRecords): then `*_data` holds the kept rows' floats (else empty: the view's).
 struct ParsedRecord {
   std::string bytes;  // owns what `view` points into
   LogRecordView view;
   std::vector<std::vector<int64_t>> table_ids, install_ids;
   std::vector<std::vector<uint64_t>> table_steps, install_steps;
+  std::vector<std::vector<float>> table_data, install_data;
+  std::vector<bool> dense_kept, dense_install_kept;
 };
+
+// The kept rows' floats of a record entry, contiguous: the view's own when none was left out.
+const float* KeptData(const std::vector<float>& copied, const char* view_data) {
+  return copied.empty() ? reinterpret_cast<const float*>(view_data) : copied.data();
+}
 
 }  // namespace
 
@@ -160,8 +170,34 @@ void PsCore::ReplicateRecords(const ReplicateRecordsRequest& req, ReplicateRecor
         absl::StrCat("records from ", req.primary(), " at epoch ", req.epoch(),
                      ": this pod's primaries changed at epoch ", role_.role_epoch)));
   }
-  // Parse and check everything before applying anything.
+  // Parse and check everything before applying anything. A sender that is this pod's
+  // primary of no vshard is refused. Rows of vshards it is not this pod's primary of are
+  // left out when the batch is no newer than this pod's map: they are of vshards this pod
+  // is not (yet) in the ack set of, e.g. being filled by a copy that already holds them
+  // (master/rereplicator.h). In a newer batch they are refused (UNAVAILABLE, retried)
+  // until this pod's own assignment says whether it follows them.
   const uint32_t n = own->num_vshards();
+  const bool sender_known = std::find(role_.primary_of.begin(), role_.primary_of.end(),
+                                      req.primary()) != role_.primary_of.end();
+  if (!sender_known) {
+    return refuse(absl::FailedPreconditionError(
+        absl::StrCat("records from ", req.primary(), ", which is not the primary of any vshard ",
+                     "this pod follows at epoch ", own->epoch())));
+  }
+  const bool newer_map = req.epoch() > own->epoch();
+  uint64_t left_out = 0;
+  // Whether vshard v's entries are applied; an error for a newer batch's unfollowed vshard.
+  auto keep = [&](uint32_t v, bool* kept) -> absl::Status {
+    *kept = Follows(v, req.primary());
+    if (*kept) return absl::OkStatus();
+    if (newer_map) {
+      return absl::UnavailableError(absl::StrCat(
+          "records from ", req.primary(), " at epoch ", req.epoch(), " touch vshard ", v,
+          ", which this pod does not follow at its epoch ", own->epoch(), " yet; retry"));
+    }
+    ++left_out;
+    return absl::OkStatus();
+  };
   std::vector<ParsedRecord> records(req.records_size());
   for (int r = 0; r < req.records_size(); ++r) {
     ParsedRecord& p = records[r];
@@ -170,25 +206,33 @@ void PsCore::ReplicateRecords(const ReplicateRecordsRequest& req, ReplicateRecor
     if (!view.ok()) return refuse(absl::InvalidArgumentError(view.status().message()));
     p.view = *std::move(view);
     auto check_rows = [&](absl::string_view table, uint32_t count, const LogArrayView& ids,
-                          const LogArrayView& steps, std::vector<int64_t>* out_ids,
-                          std::vector<uint64_t>* out_steps) -> absl::Status {
+                          const LogArrayView& steps, uint32_t row_floats, const char* data,
+                          std::vector<int64_t>* out_ids, std::vector<uint64_t>* out_steps,
+                          std::vector<float>* out_data) -> absl::Status {
       auto t = store_.FindTable(std::string(table));
       if (t == nullptr) {
         // The catalog reaches this pod by heartbeat: the primary retries the batch.
         return absl::UnavailableError(
             absl::StrCat("table '", table, "' is not known here yet; retry"));
       }
-      out_ids->resize(count);
-      out_steps->resize(count);
+      out_ids->reserve(count);
+      out_steps->reserve(count);
+      std::vector<uint32_t> kept_rows;
       for (uint32_t i = 0; i < count; ++i) {
-        (*out_ids)[i] = ids.Get<int64_t>(i);
-        (*out_steps)[i] = steps.Get<uint64_t>(i);
-        const uint32_t v = VShardOf(RouteHash(t->name_hash(), (*out_ids)[i]), n);
-        if (!Follows(v, req.primary())) {
-          return absl::FailedPreconditionError(absl::StrCat(
-              "records from ", req.primary(), " touch vshard ", v, ", whose primary is '",
-              role_.primary_of.size() > v ? role_.primary_of[v] : "", "' for this pod at epoch ",
-              own->epoch()));
+        const int64_t id = ids.Get<int64_t>(i);
+        bool kept;
+        RETURN_IF_ERROR(keep(VShardOf(RouteHash(t->name_hash(), id), n), &kept));
+        if (!kept) continue;
+        out_ids->push_back(id);
+        out_steps->push_back(steps.Get<uint64_t>(i));
+        kept_rows.push_back(i);
+      }
+      if (kept_rows.size() < count) {
+        out_data->resize(kept_rows.size() * size_t{row_floats});
+        for (size_t k = 0; k < kept_rows.size(); ++k) {
+          std::memcpy(out_data->data() + k * row_floats,
+                      data + size_t{kept_rows[k]} * row_floats * sizeof(float),
+                      row_floats * sizeof(float));
         }
       }
       return absl::OkStatus();
@@ -196,8 +240,10 @@ void PsCore::ReplicateRecords(const ReplicateRecordsRequest& req, ReplicateRecor
     for (const LogTableView& t : p.view.tables) {
       p.table_ids.emplace_back();
       p.table_steps.emplace_back();
+      p.table_data.emplace_back();
       if (absl::Status s =
-              check_rows(t.table, t.n, t.ids, t.steps, &p.table_ids.back(), &p.table_steps.back());
+              check_rows(t.table, t.n, t.ids, t.steps, t.dim, t.grads, &p.table_ids.back(),
+                         &p.table_steps.back(), &p.table_data.back());
           !s.ok()) {
         return refuse(s);
       }
@@ -205,31 +251,32 @@ void PsCore::ReplicateRecords(const ReplicateRecordsRequest& req, ReplicateRecor
     for (const LogInstallView& t : p.view.installs) {
       p.install_ids.emplace_back();
       p.install_steps.emplace_back();
-      if (absl::Status s = check_rows(t.table, t.n, t.ids, t.steps, &p.install_ids.back(),
-                                      &p.install_steps.back());
+      p.install_data.emplace_back();
+      if (absl::Status s =
+              check_rows(t.table, t.n, t.ids, t.steps, t.row_floats, t.values,
+                         &p.install_ids.back(), &p.install_steps.back(), &p.install_data.back());
           !s.ok()) {
         return refuse(s);
       }
     }
-    auto check_dense = [&](absl::string_view name) -> absl::Status {
+    auto check_dense = [&](absl::string_view name, std::vector<bool>* kept_list) -> absl::Status {
       if (store_.FindDense(std::string(name)) == nullptr) {
         return absl::UnavailableError(
             absl::StrCat("dense tensor '", name, "' is not known here yet; retry"));
       }
-      if (!Follows(DenseVShard(name, n), req.primary())) {
-        return absl::FailedPreconditionError(
-            absl::StrCat("records from ", req.primary(), " touch dense tensor '", name,
-                         "', which this pod does not follow from it at epoch ", own->epoch()));
-      }
+      bool kept;
+      RETURN_IF_ERROR(keep(DenseVShard(name, n), &kept));
+      kept_list->push_back(kept);
       return absl::OkStatus();
     };
     for (const LogDenseView& d : p.view.dense) {
-      if (absl::Status s = check_dense(d.name); !s.ok()) return refuse(s);
+      if (absl::Status s = check_dense(d.name, &p.dense_kept); !s.ok()) return refuse(s);
     }
     for (const LogDenseInstallView& d : p.view.dense_installs) {
-      if (absl::Status s = check_dense(d.name); !s.ok()) return refuse(s);
+      if (absl::Status s = check_dense(d.name, &p.dense_install_kept); !s.ok()) return refuse(s);
     }
   }
+  if (left_out > 0) counters_.replicated_left_out.fetch_add(left_out, std::memory_order_relaxed);
   // Apply in order; the first failure stops the batch (later records may build on it).
   auto wait = std::make_shared<Gather>(1, std::move(done));
   uint64_t applied = 0;
@@ -245,8 +292,12 @@ void PsCore::ReplicateRecords(const ReplicateRecordsRequest& req, ReplicateRecor
       install_tables.push_back(store_.FindTable(std::string(p.view.installs[i].table)));
       change.rows.emplace_back(install_tables.back(), p.install_ids[i]);
     }
-    for (const LogDenseView& d : p.view.dense) change.dense.push_back(d.name);
-    for (const LogDenseInstallView& d : p.view.dense_installs) change.dense.push_back(d.name);
+    for (size_t i = 0; i < p.view.dense.size(); ++i) {
+      if (p.dense_kept[i]) change.dense.push_back(p.view.dense[i].name);
+    }
+    for (size_t i = 0; i < p.view.dense_installs.size(); ++i) {
+      if (p.dense_install_kept[i]) change.dense.push_back(p.view.dense_installs[i].name);
+    }
     change.record_bytes = p.bytes.size();
     const bool keyed = p.view.key.worker_id() != 0;
     change.key = keyed ? &p.view.key : nullptr;
@@ -261,33 +312,42 @@ void PsCore::ReplicateRecords(const ReplicateRecordsRequest& req, ReplicateRecor
       for (size_t i = 0; i < tables.size(); ++i) {
         const LogTableView& t = p.view.tables[i];
         EmbeddingTable& table = *tables[i];
-        for (uint32_t k = 0; k < t.n; ++k) {
-          table.Replay(p.table_ids[i][k], t.grad(k), t.lr, p.table_steps[i][k]);
+        const float* grads = KeptData(p.table_data[i], t.grads);
+        const std::vector<int64_t>& ids = p.table_ids[i];
+        for (size_t k = 0; k < ids.size(); ++k) {
+          table.Replay(ids[k], grads + k * t.dim, t.lr, p.table_steps[i][k]);
         }
-        if (record != nullptr) {
-          record->AddTable(t.table, t.lr, t.dim, p.table_ids[i], p.table_steps[i], t.grad(0));
+        if (record != nullptr && !ids.empty()) {
+          record->AddTable(t.table, t.lr, t.dim, ids, p.table_steps[i], grads);
         }
       }
       for (size_t i = 0; i < install_tables.size(); ++i) {
         const LogInstallView& t = p.view.installs[i];
         EmbeddingTable& table = *install_tables[i];
         const uint32_t dim = table.dim();
-        for (uint32_t k = 0; k < t.n; ++k) {
-          table.Install(p.install_ids[i][k], t.row(k), t.row(k) + dim, p.install_steps[i][k]);
+        const float* values = KeptData(p.install_data[i], t.values);
+        const std::vector<int64_t>& ids = p.install_ids[i];
+        for (size_t k = 0; k < ids.size(); ++k) {
+          const float* row = values + k * t.row_floats;
+          table.Install(ids[k], row, row + dim, p.install_steps[i][k]);
         }
-        if (record != nullptr) {
-          record->AddInstall(t.table, t.row_floats, p.install_ids[i], p.install_steps[i],
-                             absl::MakeConstSpan(t.row(0), size_t{t.n} * t.row_floats));
+        if (record != nullptr && !ids.empty()) {
+          record->AddInstall(t.table, t.row_floats, ids, p.install_steps[i],
+                             absl::MakeConstSpan(values, ids.size() * t.row_floats));
         }
       }
-      for (const LogDenseView& d : p.view.dense) {
+      for (size_t i = 0; i < p.view.dense.size(); ++i) {
+        if (!p.dense_kept[i]) continue;
+        const LogDenseView& d = p.view.dense[i];
         auto tensor = store_.FindDense(std::string(d.name));
         std::vector<float> grads(d.n);
         std::memcpy(grads.data(), d.grads, d.n * sizeof(float));
         tensor->Replay(grads.data(), d.lr, d.step);
         if (record != nullptr) record->AddDense(d.name, d.lr, d.step, grads);
       }
-      for (const LogDenseInstallView& d : p.view.dense_installs) {
+      for (size_t i = 0; i < p.view.dense_installs.size(); ++i) {
+        if (!p.dense_install_kept[i]) continue;
+        const LogDenseInstallView& d = p.view.dense_installs[i];
         auto tensor = store_.FindDense(std::string(d.name));
         std::vector<float> values(d.n);
         std::memcpy(values.data(), d.values, d.n * sizeof(float));
@@ -317,6 +377,7 @@ PsCore::ReplicationStats PsCore::replication_stats() const {
   out.records_received = counters_.replicated_received.load();
   out.records_applied = counters_.replicated_applied.load();
   out.refused_batches = counters_.replicated_refused.load();
+  out.rows_left_out = counters_.replicated_left_out.load();
   out.lease_refusals = counters_.lease_refusals.load();
   return out;
 }

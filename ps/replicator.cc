@@ -87,6 +87,7 @@ struct Replicator::Stream {
   // Guarded by Replicator::mu_.
   std::deque<Entry> queue;
   uint64_t queued_bytes = 0;
+  uint64_t shipped = 0;  // records ever queued (held + queue.size() while running)
   uint64_t held = 0, failed_calls = 0;
   bool stop = false;
   absl::CondVar cv;
@@ -121,21 +122,33 @@ void Replicator::SetFollowers(const std::string& pod_id, uint64_t epoch,
       removed.emplace_back(it->first, StopLocked(it->second.get()));
       it = streams_.erase(it);
     }
-    for (const ReplicaPeer& p : followers) {
-      if (streams_.count(p.pod_id()) > 0) continue;
-      auto stream = std::make_shared<Stream>();
-      stream->peer = p;
-      streams_[p.pod_id()] = stream;
-      ++threads_;
-      std::thread([this, stream] { Run(stream.get()); }).detach();
-      LOG(INFO) << "replicating to follower " << p.pod_id() << " at " << p.address() << " (epoch "
-                << epoch << ")";
-    }
+    AddStreamsLocked(epoch, followers);
   }
   for (auto& [id, queue] : removed) {
     LOG(WARNING) << "follower " << id << " left the ack set with " << queue.size()
                  << " records not acknowledged by it: they no longer wait for it";
     for (Entry& e : queue) e.join->Finish(absl::OkStatus());
+  }
+}
+
+void Replicator::AddFollowers(const std::string& pod_id, uint64_t epoch,
+                              const std::vector<ReplicaPeer>& followers) {
+  absl::MutexLock lock(&mu_);
+  pod_id_ = pod_id;
+  epoch_ = std::max(epoch_, epoch);
+  AddStreamsLocked(epoch, followers);
+}
+
+void Replicator::AddStreamsLocked(uint64_t epoch, const std::vector<ReplicaPeer>& followers) {
+  for (const ReplicaPeer& p : followers) {
+    if (streams_.count(p.pod_id()) > 0) continue;
+    auto stream = std::make_shared<Stream>();
+    stream->peer = p;
+    streams_[p.pod_id()] = stream;
+    ++threads_;
+    std::thread([this, stream] { Run(stream.get()); }).detach();
+    LOG(INFO) << "replicating to follower " << p.pod_id() << " at " << p.address() << " (epoch "
+              << epoch << ")";
   }
 }
 
@@ -165,12 +178,38 @@ void Replicator::Ship(std::string record, Done done) {
       for (auto& [id, stream] : streams_) {
         stream->queue.push_back({shared, join});
         stream->queued_bytes += shared->size();
+        ++stream->shipped;
         stream->cv.Signal();
       }
       return;
     }
   }
   done(absl::OkStatus());
+}
+
+absl::Status Replicator::WaitHeld(absl::Time deadline) {
+  struct Target {
+    std::shared_ptr<Stream> stream;
+    uint64_t shipped;
+  };
+  absl::MutexLock lock(&mu_);
+  std::vector<Target> targets;
+  for (auto& [id, stream] : streams_) targets.push_back({stream, stream->shipped});
+  auto all_held = [&targets]() ABSL_NO_THREAD_SAFETY_ANALYSIS {
+    for (const Target& t : targets) {
+      if (!t.stream->stop && t.stream->held < t.shipped) return false;
+    }
+    return true;
+  };
+  if (mu_.AwaitWithDeadline(absl::Condition(&all_held), deadline)) return absl::OkStatus();
+  for (const Target& t : targets) {
+    if (!t.stream->stop && t.stream->held < t.shipped) {
+      return absl::DeadlineExceededError(absl::StrCat(
+          "follower ", t.stream->peer.pod_id(), " at ", t.stream->peer.address(), " holds ",
+          t.stream->held, " of the ", t.shipped, " records shipped to it; still behind"));
+    }
+  }
+  return absl::OkStatus();
 }
 
 void Replicator::Abandon(const absl::Status& why) {

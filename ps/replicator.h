@@ -67,6 +67,13 @@ class Replicator {
   // listed have their streams stopped and their queued records counted as held.
   void SetFollowers(const std::string& pod_id, uint64_t epoch,
                     const std::vector<ReplicaPeer>& followers) ABSL_LOCKS_EXCLUDED(mu_);
+  // Adds streams for the `followers` that have none (starting with the next record
+  // shipped) and raises the epoch; removes nobody and finishes nothing, so it may be called
+  // under the caller's locks. A pod whose assignment adds a follower calls this before any
+  // change can apply under that assignment (a vshard copy's fence, master/rereplicator.h),
+  // so the new follower receives every record after the copy; SetFollowers then keeps it.
+  void AddFollowers(const std::string& pod_id, uint64_t epoch,
+                    const std::vector<ReplicaPeer>& followers) ABSL_LOCKS_EXCLUDED(mu_);
   // The epoch sent with the next batches (a newer assignment with the same followers).
   void SetEpoch(uint64_t epoch) ABSL_LOCKS_EXCLUDED(mu_);
   // Whether any follower is in the ack set.
@@ -74,6 +81,11 @@ class Replicator {
   // Queues `record` for every follower; done(OK) once all hold it (at once without
   // followers). Call in the order the records must be applied.
   void Ship(std::string record, Done done) ABSL_LOCKS_EXCLUDED(mu_);
+  // Waits until every record shipped before the call is held by every follower whose
+  // stream is still running (a stream stopped meanwhile no longer counts). OK, or
+  // DEADLINE_EXCEEDED at `deadline` naming the follower that lags. A primary's vshard
+  // move calls it under its fence, so the followers hold all the copy holds.
+  absl::Status WaitHeld(absl::Time deadline) ABSL_LOCKS_EXCLUDED(mu_);
   // Fails every queued record with `why` and stops every stream.
   void Abandon(const absl::Status& why) ABSL_LOCKS_EXCLUDED(mu_);
 
@@ -92,6 +104,9 @@ class Replicator {
   struct Stream;
   // A stream's sender thread (detached; it holds the stream alive until it sees stop).
   void Run(Stream* stream);
+  // Starts a stream for each of `followers` that has none.
+  void AddStreamsLocked(uint64_t epoch, const std::vector<ReplicaPeer>& followers)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Stops `stream` and returns its queued records, for the caller to finish outside mu_.
   std::deque<Entry> StopLocked(Stream* stream) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
