@@ -14,6 +14,7 @@
 #include <functional>
 #include <thread>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
@@ -58,6 +59,14 @@ DEFINE_string(drive, "callbacks",
               "of the last (Handle::Then), on the client's threads; threads: --threads "
               "driver threads each wait on their handles in turn (Handle::Wait) and start "
               "the next.");
+
+DEFINE_string(value_type, "float32",
+              "grpc pulls: the values' type on the wire, float32 | bfloat16 | float16 (2 bytes "
+              "a value, rounded to nearest even by the pod). MB/s counts the wire's bytes.");
+DEFINE_bool(widen, false,
+            "grpc pulls with --value_type=bfloat16|float16: widen the values to float32 into "
+            "the caller's buffer (PullSpec::out) instead of taking the raw 16-bit values "
+            "(PullSpec::out_half).");
 
 namespace ps {
 namespace {
@@ -131,9 +140,22 @@ class GrpcTarget : public Target {
     return client_->CreateTable(spec);
   }
   Waiter StartPull(const std::vector<int64_t>& ids, float* out) override {
-    auto h = std::make_shared<Handle>(client_->PullAsync({{table_, ids, out}}));
+    auto h = std::make_shared<Handle>(Pull(ids, out));
     return [h] { return h->Wait(); };
   }
+  // The pull of --value_type: 16-bit values go raw into `out`'s first half unless --widen.
+  Handle Pull(const std::vector<int64_t>& ids, float* out) {
+    PullOptions options;
+    options.value_type = value_type_;
+    PullSpec spec{table_, ids};
+    if (value_type_ == FLOAT32 || FLAGS_widen) {
+      spec.out = out;
+    } else {
+      spec.out_half = reinterpret_cast<uint16_t*>(out);
+    }
+    return client_->PullAsync({std::move(spec)}, options);
+  }
+  void set_value_type(ValueType type) { value_type_ = type; }
   Waiter StartPush(const std::vector<int64_t>& ids, const float* grads) override {
     auto h = std::make_shared<Handle>(client_->PushAsync({{table_, ids, grads}}));
     return [h] { return h->Wait(); };
@@ -144,8 +166,7 @@ class GrpcTarget : public Target {
   bool has_callbacks() const override { return FLAGS_drive == "callbacks"; }
   void StartThen(bool pull, const std::vector<int64_t>& ids, float* out, const float* grads,
                  std::function<void(absl::Status)> done) override {
-    Handle h = pull ? client_->PullAsync({{table_, ids, out}})
-                    : client_->PushAsync({{table_, ids, grads}});
+    Handle h = pull ? Pull(ids, out) : client_->PushAsync({{table_, ids, grads}});
     h.Then(std::move(done));
   }
 
@@ -170,6 +191,7 @@ class GrpcTarget : public Target {
  private:
   std::unique_ptr<PsClient> client_;
   std::string table_;
+  ValueType value_type_ = FLOAT32;
 };
 
 // Redis as a PS: key = table name + 8 id bytes, value = the row's weights and optimizer
@@ -401,11 +423,23 @@ int Run() {
   spec.mutable_initializer()->set_high(0.01f);
   spec.mutable_optimizer()->set_kind(*kind);
 
+  ValueType value_type;
+  if (!ValueType_Parse(absl::AsciiStrToUpper(FLAGS_value_type), &value_type)) {
+    std::fprintf(stderr, "ps-bench: unknown --value_type '%s' (float32, bfloat16, float16)\n",
+                 FLAGS_value_type.c_str());
+    return 2;
+  }
+  if (value_type != FLOAT32 && FLAGS_target != "grpc") {
+    std::fprintf(stderr, "ps-bench: --value_type applies to --target=grpc only\n");
+    return 2;
+  }
   std::unique_ptr<Target> target;
   if (FLAGS_target == "inproc") {
     target = std::make_unique<InprocTarget>();
   } else if (FLAGS_target == "grpc") {
-    target = std::make_unique<GrpcTarget>();
+    auto grpc = std::make_unique<GrpcTarget>();
+    grpc->set_value_type(value_type);
+    target = std::move(grpc);
   } else if (FLAGS_target == "redis") {
     target = std::make_unique<RedisTarget>();
   } else {
@@ -527,20 +561,23 @@ int Run() {
     grpc->PrintStats();
   }
   const double rows_per_s = rows / elapsed;
-  const double mb_per_s = rows_per_s * FLAGS_dim * sizeof(float) / 1e6;
+  const size_t value_bytes = value_type == FLOAT32 ? sizeof(float) : sizeof(uint16_t);
+  const double mb_per_s =
+      rows_per_s * FLAGS_dim * (FLAGS_op == "pull" ? value_bytes : sizeof(float)) / 1e6;
   std::printf("%s %s: %.0f rows/s, %.0f MB/s, %lu ops, p50 %.0f us, p99 %.0f us\n",
               FLAGS_target.c_str(), FLAGS_op.c_str(), rows_per_s, mb_per_s,
               static_cast<unsigned long>(lat.size()), pct(0.5), pct(0.99));
   std::printf(
       "{\"target\":\"%s\",\"op\":\"%s\",\"dim\":%d,\"batch\":%d,\"inflight\":%d,\"threads\":%d,"
-      "\"drive\":\"%s\",\"rows\":%lu,\"dist\":\"%s\",\"optimizer\":\"%s\",\"seconds\":%.2f,\"rows_"
+      "\"drive\":\"%s\",\"value_type\":\"%s\",\"widen\":%s,\"rows\":%lu,\"dist\":\"%s\","
+      "\"optimizer\":\"%s\",\"seconds\":%.2f,\"rows_"
       "per_s\":%.0f,"
       "\"mb_per_s\":%.1f,\"p50_us\":%.0f,\"p99_us\":%.0f}\n",
       FLAGS_target.c_str(), FLAGS_op.c_str(), FLAGS_dim, FLAGS_batch,
       callbacks ? FLAGS_inflight : threads * per_thread, callbacks ? 0 : threads,
-      callbacks ? "callbacks" : "threads", static_cast<unsigned long>(FLAGS_rows),
-      FLAGS_dist.c_str(), FLAGS_optimizer.c_str(), elapsed, rows_per_s, mb_per_s, pct(0.5),
-      pct(0.99));
+      callbacks ? "callbacks" : "threads", FLAGS_value_type.c_str(), FLAGS_widen ? "true" : "false",
+      static_cast<unsigned long>(FLAGS_rows), FLAGS_dist.c_str(), FLAGS_optimizer.c_str(), elapsed,
+      rows_per_s, mb_per_s, pct(0.5), pct(0.99));
   return 0;
 }
 

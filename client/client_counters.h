@@ -20,6 +20,7 @@ struct ClientCounters {
   std::atomic<uint64_t> retries{0};
   std::atomic<uint64_t> map_refreshes{0};
   std::atomic<uint64_t> reroutes{0};
+  std::atomic<uint64_t> read_fallbacks{0};
 
   ClientStats Snapshot() const {
     ClientStats s;
@@ -31,6 +32,7 @@ struct ClientCounters {
     s.retries = retries.load(std::memory_order_relaxed);
     s.map_refreshes = map_refreshes.load(std::memory_order_relaxed);
     s.reroutes = reroutes.load(std::memory_order_relaxed);
+    s.read_fallbacks = read_fallbacks.load(std::memory_order_relaxed);
     return s;
   }
 };

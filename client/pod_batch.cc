@@ -71,12 +71,12 @@ void AppendId(std::string* ids, int64_t id) {
 
 }  // namespace
 
-PullBatch::PullBatch(const ShardMap& map, bool read_only)
-    : map_(map), read_only_(read_only), requests_(map.num_pods()) {}
+PullBatch::PullBatch(const ShardMap& map, bool read_only, ValueType value_type)
+    : map_(map), read_only_(read_only), value_type_(value_type), requests_(map.num_pods()) {}
 
-void PullBatch::Add(const std::string& table, uint32_t dim, float* out,
+void PullBatch::Add(const std::string& table, uint32_t dim, void* out,
                     absl::Span<const int64_t> ids, absl::Span<const uint32_t> dest,
-                    PullDuplicates* dups) {
+                    PullDuplicates* dups, bool widen) {
   // A pod's entry for this table: the request's ids and where their rows go.
   struct Entry {
     std::string* ids = nullptr;
@@ -88,7 +88,9 @@ void PullBatch::Add(const std::string& table, uint32_t dim, float* out,
     const int r = RequestOf(requests_, pod, [&](PullRequest& req) {
       req.set_epoch(map_.epoch());
       req.set_read_only(read_only_);
+      req.set_value_type(value_type_);
       scatters_.push_back(std::make_shared<PullScatter>());
+      scatters_.back()->wire = value_type_;
     });
     TableIds* t = requests_.reqs[r].add_tables();
     t->set_table(table);
@@ -97,6 +99,7 @@ void PullBatch::Add(const std::string& table, uint32_t dim, float* out,
     sc.table = table;
     sc.out = out;
     sc.dim = dim;
+    sc.widen = widen;
     sc.dest.reserve(reserve);
     return Entry{t->mutable_ids(), &sc.dest};
   };

@@ -50,14 +50,16 @@ struct PodRequests {
 
 class PullBatch {
  public:
-  // Requests under `map` (which must outlive the batch), read-only (evaluation) or not.
-  PullBatch(const ShardMap& map, bool read_only);
+  // Requests under `map` (which must outlive the batch), read-only (evaluation) or not,
+  // asking for values of `value_type`.
+  PullBatch(const ShardMap& map, bool read_only, ValueType value_type = FLOAT32);
 
-  // Adds the pull of `ids` from `table`: the row of ids[k] goes to out + dest[k] * dim
-  // floats (dest empty: k). A repeated id is pulled once and (dest[k], dest[first]) is
-  // appended to dups->rows.
-  void Add(const std::string& table, uint32_t dim, float* out, absl::Span<const int64_t> ids,
-           absl::Span<const uint32_t> dest, PullDuplicates* dups);
+  // Adds the pull of `ids` from `table`: the row of ids[k] goes to out + dest[k] rows
+  // (dest empty: k), rows of dim values of the batch's value type, or float32 if `widen`
+  // (see PullScatter). A repeated id is pulled once and (dest[k], dest[first]) is appended
+  // to dups->rows.
+  void Add(const std::string& table, uint32_t dim, void* out, absl::Span<const int64_t> ids,
+           absl::Span<const uint32_t> dest, PullDuplicates* dups, bool widen = false);
 
   // The requests, one per pod with ids, in the order of each pod's first id, each with
   // its scatter plan. The batch is empty afterwards.
@@ -66,6 +68,7 @@ class PullBatch {
  private:
   const ShardMap& map_;
   const bool read_only_;
+  const ValueType value_type_;
   PodRequests<PullRequest> requests_;
   std::vector<std::shared_ptr<PullScatter>> scatters_;  // per request
 };

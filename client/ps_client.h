@@ -78,14 +78,39 @@ struct ClientOptions {
   ChannelSecurity security;
 };
 
-// Rows to pull from one table: ids[i]'s row goes to out[i*dim, (i+1)*dim). `ids` and
-// `out` must stay valid until the handle's Wait returns. Rows are written to `out` as each
-// pod answers, before Wait; so call Wait before freeing `out`, even to abandon the call.
-// After a failed call `out` holds some rows and not others.
+// Rows to pull from one table: ids[i]'s row goes to out[i*dim, (i+1)*dim) (or
+// out_half's, below). `ids` and the output must stay valid until the handle's Wait
+// returns. Rows are written to the output as each pod answers, before Wait; so call Wait
+// before freeing it, even to abandon the call. After a failed call the output holds some
+// rows and not others.
+//
+// A compact pull (PullOptions::value_type BFLOAT16 or FLOAT16) is answered with 16-bit
+// values, half the bytes of float32, each the stored float32 rounded to nearest even
+// (common/base/half.h; fp16 overflows to +-Inf beyond 65504). Give exactly one of:
+//  - out_half: the raw 16-bit values (bf16 or fp16 bits), copied as they come: the cheapest,
+//    for a caller that computes in that type (a torch.bfloat16 tensor);
+//  - out: the values widened to float32 while they are scattered (exact, one extra pass
+//    over rows already in cache), for a caller that computes in float32 but wants the
+//    smaller answer.
+// A FLOAT32 pull takes `out` only.
 struct PullSpec {
   std::string table;
   absl::Span<const int64_t> ids;
   float* out = nullptr;
+  uint16_t* out_half = nullptr;
+};
+
+// How a pull is made.
+struct PullOptions {
+  // Evaluation pulls: a missing row is returned at its initial value but not created.
+  bool read_only = false;
+  // The values' type on the wire (see PullSpec).
+  ValueType value_type = FLOAT32;
+  // (No option) With a replicated map (ps-master --replication >= 2), a read-only pull
+  // whose pod does not answer (UNAVAILABLE, DEADLINE_EXCEEDED) is sent at once to a
+  // follower of each of its vshards that is up, instead of retrying the primary: rows as
+  // of the records that follower has received (with --replication_ack=all, every
+  // acknowledged push). Training pulls (which create rows) go to primaries only.
 };
 
 // Gradients to push to one table: grads[i*dim, (i+1)*dim) for ids[i]; duplicates are
@@ -142,6 +167,9 @@ struct ClientStats {
   uint64_t retries = 0;        // RPC attempts after the first (all calls)
   uint64_t map_refreshes = 0;  // shard maps fetched from the master after Connect
   uint64_t reroutes = 0;       // RPCs routed again after a wrong-shard refusal
+  // Read-only pull RPCs sent to followers because the vshards' primary was unreachable
+  // (replication; see PullOptions).
+  uint64_t read_fallbacks = 0;
 };
 
 namespace internal {
@@ -194,8 +222,16 @@ class PsClient {
   virtual absl::StatusOr<TableSpec> GetTable(const std::string& name) = 0;
   virtual absl::StatusOr<DenseSpec> GetDense(const std::string& name) = 0;
 
-  virtual Handle PullAsync(std::vector<PullSpec> specs, bool read_only = false) = 0;
+  // INVALID_ARGUMENT (from the handle) for a spec without its output, or with both
+  // outputs, or out_half on a FLOAT32 pull, or an unknown value_type.
+  virtual Handle PullAsync(std::vector<PullSpec> specs, const PullOptions& options) = 0;
+  Handle PullAsync(std::vector<PullSpec> specs, bool read_only = false) {
+    return PullAsync(std::move(specs), PullOptions{read_only});
+  }
   virtual Handle PushAsync(std::vector<PushSpec> specs) = 0;
+  absl::Status Pull(std::vector<PullSpec> specs, const PullOptions& options) {
+    return PullAsync(std::move(specs), options).Wait();
+  }
   absl::Status Pull(std::vector<PullSpec> specs, bool read_only = false) {
     return PullAsync(std::move(specs), read_only).Wait();
   }

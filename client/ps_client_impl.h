@@ -56,8 +56,9 @@ class PsClientImpl final : public PsClient {
   absl::StatusOr<DenseSpec> GetDense(const std::string& name) override {
     return catalog_.Dense(name);
   }
-  Handle PullAsync(std::vector<PullSpec> specs, bool read_only) override {
-    return sparse_.Pull(std::move(specs), read_only);
+  using PsClient::PullAsync;
+  Handle PullAsync(std::vector<PullSpec> specs, const PullOptions& options) override {
+    return sparse_.Pull(std::move(specs), options);
   }
   Handle PushAsync(std::vector<PushSpec> specs) override { return sparse_.Push(std::move(specs)); }
   absl::Status PullDense(const std::vector<std::string>& names,

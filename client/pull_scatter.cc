@@ -3,6 +3,7 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "common/base/half.h"
 #include "proto/wire.h"
 
 namespace ps::internal {
@@ -21,24 +22,35 @@ absl::Status ScatterRows(const PullScatter& scatter, grpc::ByteBuffer* response,
     return absl::InternalError(
         absl::StrCat("pod ", pod, " answered ", tables.size(), " tables for ", entries.size()));
   }
+  std::vector<uint16_t> narrow;  // a widened entry's row, as it came
   for (size_t e = 0; e < entries.size(); ++e) {
     const PullScatter::Entry& entry = entries[e];
-    const size_t row_bytes = entry.dim * sizeof(float);
-    if (tables[e].values_bytes != entry.dest.size() * row_bytes) {
+    const size_t wire_row = scatter.wire_row_bytes(entry);
+    const size_t out_row = scatter.out_row_bytes(entry);
+    if (tables[e].values_bytes != entry.dest.size() * wire_row) {
       return absl::InternalError(absl::StrCat("pod ", pod, " answered a pull of '", entry.table,
                                               "' with the wrong number of values"));
     }
-    char* out = reinterpret_cast<char*>(entry.out);
+    char* out = static_cast<char*>(entry.out);
     wire::Reader values(tables[e].values);
-    for (uint32_t i : entry.dest) values.CopyTo(out + i * row_bytes, row_bytes);
+    if (!entry.widen) {
+      for (uint32_t i : entry.dest) values.CopyTo(out + i * out_row, wire_row);
+      continue;
+    }
+    narrow.resize(entry.dim);
+    auto widen = scatter.wire == BFLOAT16 ? Bf16sToFloats : Fp16sToFloats;
+    for (uint32_t i : entry.dest) {
+      values.CopyTo(reinterpret_cast<char*>(narrow.data()), wire_row);
+      widen(narrow.data(), entry.dim, reinterpret_cast<float*>(out + i * out_row));
+    }
   }
   return absl::OkStatus();
 }
 
 void CopyDuplicates(const std::vector<PullDuplicates>& dups) {
   for (const PullDuplicates& table : dups) {
-    const size_t row_bytes = table.dim * sizeof(float);
-    char* out = reinterpret_cast<char*>(table.out);
+    const size_t row_bytes = table.row_bytes;
+    char* out = static_cast<char*>(table.out);
     for (auto [i, first] : table.rows) {
       std::memcpy(out + i * row_bytes, out + first * row_bytes, row_bytes);
     }

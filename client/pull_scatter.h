@@ -12,19 +12,32 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
+#include "proto/ps.pb.h"
+#include "proto/value_type.h"
 
 namespace ps::internal {
 
 // Where one pull RPC's rows go: for entry e of its request (one table), the answer's row
-// k is written to entries[e].out + entries[e].dest[k] * dim floats.
+// k is written to entries[e].out + entries[e].dest[k] * the entry's out_row_bytes. The
+// answer's values are of type `wire` (the request's value_type); an entry either takes
+// them as they are (float32, or the raw 16-bit values) or, `widen`, widens 16-bit values
+// to float32 (exact: common/base/half.h) while scattering them.
 struct PullScatter {
   struct Entry {
     std::string table;
-    float* out = nullptr;
+    void* out = nullptr;
     uint32_t dim = 0;
+    bool widen = false;
     std::vector<uint32_t> dest;
   };
+  ValueType wire = FLOAT32;
   std::vector<Entry> entries;
+
+  // Bytes of one row in the answer, and in the caller's buffer.
+  size_t wire_row_bytes(const Entry& e) const { return e.dim * ValueTypeBytes(wire); }
+  size_t out_row_bytes(const Entry& e) const {
+    return e.dim * (e.widen ? sizeof(float) : ValueTypeBytes(wire));
+  }
 };
 
 // Decodes a pod's PullResponse (`response`, emptied: the rows are read in place) and
@@ -34,10 +47,11 @@ struct PullScatter {
 absl::Status ScatterRows(const PullScatter& scatter, grpc::ByteBuffer* response,
                          absl::string_view pod);
 
-// The repeated ids of one table of a pull: row `i` of `out` is a copy of row `first`.
+// The repeated ids of one table of a pull: row `i` of `out` is a copy of row `first`,
+// rows being row_bytes long.
 struct PullDuplicates {
-  float* out = nullptr;
-  uint32_t dim = 0;
+  void* out = nullptr;
+  size_t row_bytes = 0;
   std::vector<std::pair<uint32_t, uint32_t>> rows;  // (i, first)
 };
 

@@ -48,6 +48,13 @@ absl::StatusOr<std::shared_ptr<const Routing>> RoutingFromMap(const ClientOption
                    ShardMap::FromOwners(std::move(owner), static_cast<uint32_t>(resp.pods_size()),
                                         resp.epoch()));
   routing->replication = std::max<uint32_t>(1, resp.replication());
+  if (resp.followers_size() > 0) {  // replication: where read-only pulls may fall back
+    std::vector<std::vector<uint32_t>> followers;
+    followers.reserve(resp.followers_size());
+    for (const Followers& f : resp.followers())
+      followers.emplace_back(f.pods().begin(), f.pods().end());
+    RETURN_IF_ERROR(routing->map.SetFollowers(std::move(followers)));
+  }
   return std::shared_ptr<const Routing>(std::move(routing));
 }
 

@@ -54,6 +54,11 @@ struct RpcState {
   // an unreachable pod failed over (Router::FailedOver), routes the request again under
   // the refreshed map, as new RPCs of `op`.
   std::function<void(const std::shared_ptr<Op>& op)> reroute;
+  // Read-only pulls: after an attempt that found the pod unreachable (UNAVAILABLE,
+  // DEADLINE_EXCEEDED), sends the request's ids to followers of their vshards as new RPCs
+  // of `op` and returns true; false when there is no follower to ask (the RPC goes on as
+  // usual). Runs on a completion thread.
+  std::function<bool(const std::shared_ptr<Op>& op)> fallback;
   // Set for blocking fan-outs (RpcRunner::RunAll): the queue the calling thread drains;
   // null: the client's completion threads.
   grpc::CompletionQueue* queue = nullptr;

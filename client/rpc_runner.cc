@@ -31,10 +31,15 @@ bool RpcRunner::AfterAttempt(RpcState* rpc, const grpc::Status& s, const std::sh
     Done(rpc, op.get(), rpc->on_ok ? rpc->on_ok() : absl::OkStatus());
     return true;
   }
-  if (RetryPolicy::IsRetryable(static_cast<absl::StatusCode>(s.error_code()))) {
-    rpc->fate_unknown = true;
+  const auto code = static_cast<absl::StatusCode>(s.error_code());
+  if (RetryPolicy::IsRetryable(code)) rpc->fate_unknown = true;
+  if (rpc->fallback &&
+      (code == absl::StatusCode::kUnavailable || code == absl::StatusCode::kDeadlineExceeded) &&
+      rpc->fallback(op)) {
+    Done(rpc, op.get(), absl::OkStatus());  // its ids went to followers, as new RPCs of op
+    return true;
   }
-  if (policy_->ShouldRetry(static_cast<absl::StatusCode>(s.error_code()), rpc->attempt)) {
+  if (policy_->ShouldRetry(code, rpc->attempt)) {
     counters_->retries.fetch_add(1, std::memory_order_relaxed);
     return false;
   }

@@ -19,6 +19,10 @@
 //   up to max_reroutes times (a push under a new key, unless its fate was unknown with
 //   R >= 2: a deposed primary's refusal does not say its followers lack the record, so the
 //   key goes along). A FAILED_PRECONDITION without the detail is final.
+// - An unreachable pod (UNAVAILABLE, DEADLINE_EXCEEDED), for RPCs with a `fallback` (the
+//   read-only pulls of a replicated map): fallback(op) sends the ids to followers of their
+//   vshards as new RPCs of the call, once, before any retry; without a follower the RPC
+//   retries as usual.
 // - Anything else is the RPC's final status, named after its pod ("pod <id> (<address>)")
 //   and, after retries, "[after N attempts]" (RetryPolicy::Final).
 // Backoff waits run on the timer thread, never on a completion thread; a re-route runs on

@@ -28,7 +28,7 @@ class SparseCalls {
       : router_(router), runner_(runner), catalog_(catalog), keys_(keys), counters_(counters) {}
 
   // As PsClient::PullAsync and PushAsync.
-  Handle Pull(std::vector<PullSpec> specs, bool read_only);
+  Handle Pull(std::vector<PullSpec> specs, const PullOptions& options);
   Handle Push(std::vector<PushSpec> specs);
 
  private:
@@ -42,9 +42,10 @@ class SparseCalls {
   };
 
   // The RPCs of a batch's parts under routing `r`, each following at most
-  // max_reroutes - `reroutes` further map changes.
+  // max_reroutes - `reroutes` further map changes; read-only pulls of a replicated map may
+  // fall back to followers when `may_fall_back`.
   std::vector<std::shared_ptr<RawRpc>> PullRpcs(std::vector<PodRequest> parts, const Routing& r,
-                                                int reroutes);
+                                                int reroutes, bool may_fall_back);
   // Each part carries its own key (PodRequest::key); `fate_unknown` as RpcState's.
   std::vector<std::shared_ptr<RawRpc>> PushRpcs(std::vector<PodRequest> parts, const Routing& r,
                                                 int reroutes, bool fate_unknown);
@@ -53,6 +54,14 @@ class SparseCalls {
   // new RPCs of `op` (a push under new keys, or its own key if its fate is unknown with
   // R >= 2: client/rpc_runner.h).
   void ReroutePull(PullRpc* rpc, const std::shared_ptr<Op>& op);
+  // A read-only pull whose pod is unreachable: its ids regrouped under the current map's
+  // ReadReplicaView (to followers of their vshards) and sent as new RPCs of `op`, which
+  // fall back no further. False (nothing sent) when that pod's vshards have no follower up.
+  bool FallBackPull(PullRpc* rpc, const std::shared_ptr<Op>& op);
+  // The ids of `rpc`'s request grouped again under `map` (of routing `r`), as new RPCs of
+  // `op`. False (nothing sent) if the request is unreadable.
+  bool RegroupPull(PullRpc* rpc, const ShardMap& map, const Routing& r, bool may_fall_back,
+                   const std::shared_ptr<Op>& op);
   void ReroutePush(PushRpc* rpc, const std::shared_ptr<Op>& op);
 
   Router* const router_;

@@ -155,6 +155,7 @@ grpc::ByteBuffer EncodePullRequest(PullRequest* msg) {
     w.BytesField(2, t.mutable_ids());
   }
   w.VarintField(3, msg->read_only() ? 1 : 0);
+  w.VarintField(4, static_cast<uint64_t>(msg->value_type()));
   return w.Finish();
 }
 

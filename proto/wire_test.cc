@@ -75,6 +75,7 @@ TEST(WireTest, PullRequestAndPushRequestParseWithProtobuf) {
   PullRequest pull;
   pull.set_epoch(7);
   pull.set_read_only(true);
+  pull.set_value_type(BFLOAT16);  // issue 17: the compact value type reaches the pod
   for (int t = 0; t < 2; ++t) {
     auto* e = pull.add_tables();
     e->set_table("t" + std::to_string(t));

@@ -2,6 +2,7 @@
 
 #include <glog/logging.h>
 
+#include <algorithm>
 #include <cstring>
 #include <filesystem>
 #include <vector>
@@ -13,11 +14,13 @@
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
+#include "common/base/half.h"
 #include "common/base/status_macros.h"
 #include "common/routing/hash.h"
 #include "embedding/spec.h"
 #include "google/protobuf/io/coded_stream.h"
 #include "proto/packed.h"
+#include "proto/value_type.h"
 #include "proto/wrong_shard.h"
 
 namespace ps {
@@ -83,7 +86,7 @@ struct PsCore::PreparedPush {
 
 absl::Status PsCore::PrepareIds(absl::string_view op, const std::string& table,
                                 const std::string& ids, const ShardOwnership& own, size_t* total,
-                                TableIdsView* out) {
+                                TableIdsView* out, bool followed_ok) {
   out->table = store_.FindTable(table);
   if (out->table == nullptr) {
     return absl::NotFoundError(absl::StrCat("table '", table, "' does not exist"));
@@ -97,7 +100,25 @@ absl::Status PsCore::PrepareIds(absl::string_view op, const std::string& table,
     return absl::InvalidArgumentError(absl::StrCat(
         op, " of ", *total, "+ rows exceeds max_batch_rows = ", options_.max_batch_rows));
   }
-  return CheckOwned(own, *out->table, out->ids);
+  return followed_ok ? CheckReadable(own, *out->table, out->ids)
+                     : CheckOwned(own, *out->table, out->ids);
+}
+
+absl::Status PsCore::CheckReadable(const ShardOwnership& own, const EmbeddingTable& table,
+                                   absl::Span<const int64_t> ids) {
+  if (own.owned_count() == own.num_vshards()) return absl::OkStatus();
+  const uint64_t h = table.name_hash();
+  size_t i = 0;
+  const uint32_t n = own.num_vshards();
+  while (i < ids.size() && own.Owns(VShardOf(RouteHash(h, ids[i]), n))) ++i;
+  if (i == ids.size()) return absl::OkStatus();  // the usual case: no lock taken
+  absl::ReaderMutexLock role(&migrate_mu_);
+  for (; i < ids.size(); ++i) {
+    const uint32_t v = VShardOf(RouteHash(h, ids[i]), n);
+    if (own.Owns(v) || (v < role_.primary_of.size() && !role_.primary_of[v].empty())) continue;
+    return CheckOwned(own, table, ids.subspan(i, 1));  // the wrong-shard refusal, counted
+  }
+  return absl::OkStatus();
 }
 
 namespace {
@@ -294,10 +315,10 @@ class ResponseSink final : public PullSink {
  public:
   explicit ResponseSink(PullResponse* resp) : resp_(resp) {}
   void SetEpoch(uint64_t epoch) override { resp_->set_epoch(epoch); }
-  float* AddEntry(const std::string& table, size_t floats) override {
+  char* AddEntry(const std::string& table, size_t bytes) override {
     TableValues* out = resp_->add_tables();
     out->set_table(table);
-    return PackedResize<float>(out->mutable_values(), floats);
+    return PackedResize<char>(out->mutable_values(), bytes);
   }
 
  private:
@@ -311,34 +332,73 @@ absl::Status PsCore::Pull(const PullRequest& req, PullResponse* resp) {
   return Pull(req, &sink);
 }
 
+namespace {
+
+// Rows a compact pull copies into float32 scratch at a time before narrowing them: the
+// scratch stays small (<= 256 KiB) and in cache, whatever the pull's size.
+constexpr size_t kNarrowChunkFloats = size_t{64} << 10;
+
+}  // namespace
+
 absl::Status PsCore::Pull(const PullRequest& req, PullSink* sink) {
   auto own = ownership();
   sink->SetEpoch(own->epoch());
   if (req.tables_size() == 0) return absl::InvalidArgumentError("pull names no tables");
+  const size_t value_bytes = ValueTypeBytes(req.value_type());
+  if (value_bytes == 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("pull asks for value_type ", req.value_type(),
+                     ", which this pod does not know (FLOAT32, BFLOAT16, FLOAT16)"));
+  }
+  const bool compact = req.value_type() != FLOAT32;
   // Validate the whole request, and the size of its answer, before touching any table: a
   // refused pull creates no rows and allocates nothing for its answer.
   std::vector<TableIdsView> prepared(req.tables_size());
   size_t total = 0;
   size_t answer = kEpochBytes;
+  size_t pulls = 0;  // table Pull calls this request makes
   for (int i = 0; i < req.tables_size(); ++i) {
-    RETURN_IF_ERROR(
-        PrepareIds("pull", req.tables(i).table(), req.tables(i).ids(), *own, &total, &prepared[i]));
+    RETURN_IF_ERROR(PrepareIds("pull", req.tables(i).table(), req.tables(i).ids(), *own, &total,
+                               &prepared[i], /*followed_ok=*/req.read_only()));
     const TableIdsView& p = prepared[i];
-    answer += ValuesEntryBytes(p.table->spec().name(), p.ids.size() * p.table->dim() * 4);
+    answer += ValuesEntryBytes(p.table->spec().name(), p.ids.size() * p.table->dim() * value_bytes);
+    const size_t chunk_rows = std::max<size_t>(1, kNarrowChunkFloats / p.table->dim());
+    pulls += compact ? (p.ids.size() + chunk_rows - 1) / chunk_rows : 1;
   }
   RETURN_IF_ERROR(CheckAnswerBytes(
       absl::StrCat("pull of ", total, " rows from ", req.tables_size(), " table(s)"), answer));
   // Rows evicted under a memory budget (or not loaded yet after a lazy start) are read back
   // from disk, and that read can fail. A table's Pull reads before it creates missing rows,
-  // so with several entries every table reads first: a failed read leaves no table with
-  // new rows. (Load creates no rows; tables without a row source return at once.)
-  if (!req.read_only() && prepared.size() > 1) {
+  // so when the request takes several table Pulls (several entries, or a compact pull's
+  // chunks) every row is read first: a failed read leaves no table with new rows. (Load
+  // creates no rows; tables without a row source return at once.)
+  if (!req.read_only() && pulls > 1) {
     for (const TableIdsView& p : prepared) RETURN_IF_ERROR(p.table->Load(p.ids));
   }
   absl::Status read_error;
+  // Reused by this thread's compact pulls: at most kNarrowChunkFloats floats (256 KiB).
+  static thread_local std::vector<float> scratch;
   for (TableIdsView& p : prepared) {
-    float* values = sink->AddEntry(p.table->spec().name(), p.ids.size() * p.table->dim());
-    p.table->Pull(p.ids, values, req.read_only(), &read_error);
+    const size_t dim = p.table->dim();
+    char* values = sink->AddEntry(p.table->spec().name(), p.ids.size() * dim * value_bytes);
+    if (!compact) {
+      p.table->Pull(p.ids, reinterpret_cast<float*>(values), req.read_only(), &read_error);
+      continue;
+    }
+    // Narrowed chunk by chunk (common/base/half.h: round to nearest even).
+    uint16_t* out = reinterpret_cast<uint16_t*>(values);
+    const size_t chunk_rows = std::max<size_t>(1, kNarrowChunkFloats / dim);
+    scratch.resize(std::min(chunk_rows, p.ids.size()) * dim);
+    for (size_t begin = 0; begin < p.ids.size(); begin += chunk_rows) {
+      const auto ids = p.ids.subspan(begin, chunk_rows);
+      p.table->Pull(ids, scratch.data(), req.read_only(), &read_error);
+      const size_t n = ids.size() * dim;
+      if (req.value_type() == BFLOAT16) {
+        FloatsToBf16(scratch.data(), n, out + begin * dim);
+      } else {
+        FloatsToFp16(scratch.data(), n, out + begin * dim);
+      }
+    }
   }
   RETURN_IF_ERROR(read_error);
   counters_.pull_requests.fetch_add(1, std::memory_order_relaxed);

@@ -67,10 +67,11 @@ class PullSink {
   virtual ~PullSink() = default;
   // The pod's shard-map epoch; called first, even if the pull then fails.
   virtual void SetEpoch(uint64_t epoch) = 0;
-  // Returns where to write the `floats` values of the next response entry, of table
-  // `table`. Called once per request entry, in order, and only once the whole request
-  // has validated. The buffer must stay valid until Pull returns.
-  virtual float* AddEntry(const std::string& table, size_t floats) = 0;
+  // Returns where to write the `bytes` bytes of values (packed in the request's
+  // value_type) of the next response entry, of table `table`; suitably aligned for
+  // float32. Called once per request entry, in order, and only once the whole request has
+  // validated. The buffer must stay valid until Pull returns.
+  virtual char* AddEntry(const std::string& table, size_t bytes) = 0;
 };
 
 class PsCore {
@@ -234,8 +235,16 @@ class PsCore {
   struct PreparedPush;
   // Validates one entry into *out; `op` ("pull" or "push") names it in errors; *total
   // accumulates rows across the request's entries.
+  // `followed_ok` (read-only pulls only): ids of vshards this pod follows as a replica pass
+  // the ownership check too (CheckReadable).
   absl::Status PrepareIds(absl::string_view op, const std::string& table, const std::string& ids,
-                          const ShardOwnership& own, size_t* total, TableIdsView* out);
+                          const ShardOwnership& own, size_t* total, TableIdsView* out,
+                          bool followed_ok = false);
+  // CheckOwned, except that an id of a vshard this pod follows (replication) is accepted:
+  // a read-only pull may be served by a follower, whose rows are the primary's as of the
+  // records it has received.
+  absl::Status CheckReadable(const ShardOwnership& own, const EmbeddingTable& table,
+                             absl::Span<const int64_t> ids) ABSL_LOCKS_EXCLUDED(migrate_mu_);
   absl::Status CheckOwned(const ShardOwnership& own, const EmbeddingTable& table,
                           absl::Span<const int64_t> ids);
   absl::Status CheckOwnedDense(const ShardOwnership& own, absl::string_view name);

@@ -12,6 +12,7 @@
 #include <thread>
 
 #include "absl/synchronization/notification.h"
+#include "common/routing/hash.h"
 #include "gtest/gtest.h"
 #include "proto/packed.h"
 #include "ps/ps_core.h"
@@ -376,6 +377,53 @@ TEST_P(ReplicateTest, PrimaryWithoutALeaseTakesNoWrites) {
   EXPECT_TRUE(Rows(*b_).empty());
   a_->RenewWriteLease(absl::Now() + absl::Hours(1));
   EXPECT_TRUE(a_->Push(MakePush({1}, 1.0f, 9, 1), &resp).ok());
+}
+
+// Issue 16 / 17: a read-only pull may be served by a follower of the ids' vshards (the
+// rows it holds are the primary's), a pull that could create rows may not, nor a read-only
+// pull of a vshard the pod neither owns nor follows.
+TEST_P(ReplicateTest, FollowerServesReadOnlyPullsOfWhatItFollows) {
+  std::vector<int64_t> ids;
+  for (int64_t i = 0; i < 30; ++i) ids.push_back(i * 13);
+  PushResponse presp;
+  ASSERT_TRUE(a_->Push(MakePush(ids, 0.5f, 3, 1), &presp).ok());
+  PullRequest pull;
+  TableIds* t = pull.add_tables();
+  t->set_table("emb");
+  t->set_ids(Pack<int64_t>(ids));
+  pull.set_read_only(true);
+  PullResponse from_primary, from_follower;
+  ASSERT_TRUE(a_->Pull(pull, &from_primary).ok());
+  ASSERT_TRUE(b_->Pull(pull, &from_follower).ok());
+  EXPECT_EQ(from_follower.tables(0).values(), from_primary.tables(0).values());
+  pull.set_value_type(BFLOAT16);  // compact pulls too
+  from_follower.Clear();
+  ASSERT_TRUE(b_->Pull(pull, &from_follower).ok());
+  EXPECT_EQ(from_follower.tables(0).values().size(), from_primary.tables(0).values().size() / 2);
+
+  pull.set_read_only(false);  // a training pull creates rows: the primary's alone
+  EXPECT_EQ(b_->Pull(pull, &from_follower).code(), absl::StatusCode::kFailedPrecondition);
+
+  // b now follows only vshards 0..7: a read-only pull of an id elsewhere is refused.
+  Assignment half = Follower(3, "b", "a");
+  half.mutable_replication()->mutable_following(0)->clear_vshards();
+  for (uint32_t v = 0; v < kVShards / 2; ++v) {
+    half.mutable_replication()->mutable_following(0)->add_vshards(v);
+  }
+  ApplyAssignmentResponse ar;
+  ASSERT_TRUE(b_->ApplyAssignment(half, &ar).ok());
+  pull.set_read_only(true);
+  std::vector<int64_t> inside, outside;
+  const uint64_t h = b_->store().FindTable("emb")->name_hash();
+  for (int64_t id : ids) {
+    (VShardOf(RouteHash(h, id), kVShards) < kVShards / 2 ? inside : outside).push_back(id);
+  }
+  ASSERT_FALSE(inside.empty());
+  ASSERT_FALSE(outside.empty());
+  t->set_ids(Pack<int64_t>(inside));
+  EXPECT_TRUE(b_->Pull(pull, &from_follower).ok());
+  t->set_ids(Pack<int64_t>(outside));
+  EXPECT_EQ(b_->Pull(pull, &from_follower).code(), absl::StatusCode::kFailedPrecondition);
 }
 
 INSTANTIATE_TEST_SUITE_P(DurableAndInMemory, ReplicateTest, testing::Bool(),

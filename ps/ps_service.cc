@@ -17,8 +17,8 @@ namespace {
 class WirePullSink final : public PullSink {
  public:
   void SetEpoch(uint64_t epoch) override { writer_.set_epoch(epoch); }
-  float* AddEntry(const std::string& table, size_t floats) override {
-    return reinterpret_cast<float*>(writer_.AddEntry(table, floats * sizeof(float)));
+  char* AddEntry(const std::string& table, size_t bytes) override {
+    return writer_.AddEntry(table, bytes);
   }
   grpc::ByteBuffer Finish() { return writer_.Finish(); }
 

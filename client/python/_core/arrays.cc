@@ -55,6 +55,36 @@ float* OutRows(pyb::handle out, size_t n, uint32_t dim, const std::string& what)
   return a.mutable_data();
 }
 
+uint16_t* OutHalfRows(pyb::handle out, size_t n, uint32_t dim, const std::string& what) {
+  if (!pyb::isinstance<pyb::array>(out)) {
+    ThrowValueError(absl::StrCat(what, ": out must be a numpy array, got ", DtypeOf(out)));
+  }
+  auto a = pyb::reinterpret_borrow<pyb::array>(out);
+  const char kind = a.dtype().kind();
+  if (a.itemsize() != 2 || (kind != 'i' && kind != 'u' && kind != 'f') ||
+      !a.dtype().attr("isnative").cast<bool>()) {
+    ThrowValueError(absl::StrCat(what, ": out of a bfloat16/float16 pull must be float32 (widened)",
+                                 " or a native 16-bit array (float16, int16, uint16: the raw",
+                                 " values), got ", DtypeOf(out)));
+  }
+  if (!(a.flags() & pyb::array::c_style)) {
+    ThrowValueError(absl::StrCat(what, ": out must be C-contiguous"));
+  }
+  if (a.ndim() != 2 || static_cast<size_t>(a.shape(0)) != n ||
+      static_cast<size_t>(a.shape(1)) != dim) {
+    ThrowValueError(
+        absl::StrCat(what, ": out has shape ", ShapeOf(a), "; expected (", n, ", ", dim, ")"));
+  }
+  if (!a.writeable()) ThrowValueError(absl::StrCat(what, ": out is read-only"));
+  return static_cast<uint16_t*>(a.mutable_data());
+}
+
+bool IsFloat32Array(pyb::handle out) { return pyb::array_t<float>::check_(out); }
+
+pyb::array_t<int16_t> NewHalfRows(const std::vector<ssize_t>& shape) {
+  return pyb::array_t<int16_t>(shape);
+}
+
 const float* GradRows(pyb::handle grads, size_t n, uint32_t dim, const std::string& what) {
   auto a = Checked<float>(grads, what, "grads", "float32");
   const bool ok = (a.ndim() == 2 && static_cast<size_t>(a.shape(0)) == n &&

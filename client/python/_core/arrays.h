@@ -25,6 +25,16 @@ absl::Span<const int64_t> IdsOf(pyb::handle ids, const std::string& what);
 // A writable C-contiguous native float32 array of shape (n, dim): the rows of a pull.
 float* OutRows(pyb::handle out, size_t n, uint32_t dim, const std::string& what);
 
+// A writable C-contiguous native array of 16-bit elements (int16, uint16 or float16: the
+// raw bits of a compact pull, e.g. a torch.bfloat16 tensor's int16 view) of shape (n, dim).
+uint16_t* OutHalfRows(pyb::handle out, size_t n, uint32_t dim, const std::string& what);
+
+// Whether `out` is a numpy array of native float32 (what OutRows takes).
+bool IsFloat32Array(pyb::handle out);
+
+// A new (uninitialized) int16 array of `shape`: the raw rows of a compact pull.
+pyb::array_t<int16_t> NewHalfRows(const std::vector<ssize_t>& shape);
+
 // A C-contiguous native float32 array of shape (n, dim), or of n * dim elements in one
 // dimension: the gradients of a push.
 const float* GradRows(pyb::handle grads, size_t n, uint32_t dim, const std::string& what);

@@ -147,8 +147,9 @@ pyb::bytes Client::GetDense(const std::string& name) {
 }
 
 absl::Status Client::PlanPull(const std::shared_ptr<PsClient>& c, const pyb::list& tables,
-                              const pyb::list& ids, const pyb::list& outs,
-                              std::vector<PullSpec>* specs, pyb::list* rows, pyb::list* keep) {
+                              const pyb::list& ids, const pyb::list& outs, ValueType value_type,
+                              bool widen, std::vector<PullSpec>* specs, pyb::list* rows,
+                              pyb::list* keep) {
   const size_t n = SameLength(tables, ids, "pull: ids");
   SameLength(tables, outs, "pull: out");
   specs->reserve(n);
@@ -158,12 +159,18 @@ absl::Status Client::PlanPull(const std::shared_ptr<PsClient>& c, const pyb::lis
     const absl::Span<const int64_t> id_span = IdsOf(ids[i], what);
     absl::StatusOr<uint32_t> dim = Dim(c, table);
     if (!dim.ok()) return dim.status();
+    const std::vector<ssize_t> shape = {static_cast<ssize_t>(id_span.size()),
+                                        static_cast<ssize_t>(*dim)};
     pyb::object out = outs[i];
-    if (out.is_none()) {
-      out = NewFloats({static_cast<ssize_t>(id_span.size()), static_cast<ssize_t>(*dim)});
+    PullSpec spec{std::move(table), id_span};
+    if (value_type == FLOAT32 || (out.is_none() ? widen : IsFloat32Array(out))) {
+      if (out.is_none()) out = NewFloats(shape);
+      spec.out = OutRows(out, id_span.size(), *dim, what);  // widened if compact
+    } else {
+      if (out.is_none()) out = NewHalfRows(shape);
+      spec.out_half = OutHalfRows(out, id_span.size(), *dim, what);
     }
-    float* dest = OutRows(out, id_span.size(), *dim, what);
-    specs->push_back(PullSpec{std::move(table), id_span, dest});
+    specs->push_back(std::move(spec));
     rows->append(out);
     keep->append(ids[i]);
     keep->append(out);
@@ -171,17 +178,35 @@ absl::Status Client::PlanPull(const std::shared_ptr<PsClient>& c, const pyb::lis
   return absl::OkStatus();
 }
 
+namespace {
+
+// `value_type` as a ps.ValueType, or ValueError.
+ValueType CheckedValueType(int value_type) {
+  if (!ValueType_IsValid(value_type)) {
+    ThrowValueError(absl::StrCat("pull: unknown value_type ", value_type,
+                                 " (0 float32, 1 bfloat16, 2 float16)"));
+  }
+  return static_cast<ValueType>(value_type);
+}
+
+}  // namespace
+
 std::unique_ptr<Handle> Client::PullAsync(const pyb::list& tables, const pyb::list& ids,
-                                          const pyb::list& outs, bool read_only) {
+                                          const pyb::list& outs, bool read_only, int value_type,
+                                          bool widen) {
   auto c = Get();
+  PullOptions options;
+  options.read_only = read_only;
+  options.value_type = CheckedValueType(value_type);
   std::vector<PullSpec> specs;
   pyb::list rows, keep;
-  absl::Status planned = PlanPull(c, tables, ids, outs, &specs, &rows, &keep);
+  absl::Status planned =
+      PlanPull(c, tables, ids, outs, options.value_type, widen, &specs, &rows, &keep);
   if (!planned.ok()) return Handle::Failed(std::move(planned), callbacks_);
   auto state = std::make_shared<CallState>(callbacks_->notifier());
   {
     pyb::gil_scoped_release unlocked;
-    c->PullAsync(std::move(specs), read_only).Then([state](absl::Status s) {
+    c->PullAsync(std::move(specs), options).Then([state](absl::Status s) {
       state->Complete(std::move(s));
     });
     c.reset();
@@ -190,15 +215,18 @@ std::unique_ptr<Handle> Client::PullAsync(const pyb::list& tables, const pyb::li
 }
 
 pyb::list Client::Pull(const pyb::list& tables, const pyb::list& ids, const pyb::list& outs,
-                       bool read_only) {
+                       bool read_only, int value_type, bool widen) {
   auto c = Get();
+  PullOptions options;
+  options.read_only = read_only;
+  options.value_type = CheckedValueType(value_type);
   std::vector<PullSpec> specs;
   pyb::list rows, keep;
-  ThrowIfError(PlanPull(c, tables, ids, outs, &specs, &rows, &keep));
+  ThrowIfError(PlanPull(c, tables, ids, outs, options.value_type, widen, &specs, &rows, &keep));
   absl::Status s;
   {
     pyb::gil_scoped_release unlocked;
-    s = c->Pull(std::move(specs), read_only);
+    s = c->Pull(std::move(specs), options);
     c.reset();
   }
   ThrowIfError(s);
@@ -365,6 +393,7 @@ pyb::dict Client::ClientStatsDict() {
   d["retries"] = s.retries;
   d["map_refreshes"] = s.map_refreshes;
   d["reroutes"] = s.reroutes;
+  d["read_fallbacks"] = s.read_fallbacks;
   return d;
 }
 
@@ -420,9 +449,9 @@ void BindClient(pyb::module_& m) {
       .def("get_table", &Client::GetTable, pyb::arg("name"))
       .def("get_dense", &Client::GetDense, pyb::arg("name"))
       .def("pull", &Client::Pull, pyb::arg("tables"), pyb::arg("ids"), pyb::arg("outs"),
-           pyb::arg("read_only"))
+           pyb::arg("read_only"), pyb::arg("value_type") = 0, pyb::arg("widen") = false)
       .def("pull_async", &Client::PullAsync, pyb::arg("tables"), pyb::arg("ids"), pyb::arg("outs"),
-           pyb::arg("read_only"))
+           pyb::arg("read_only"), pyb::arg("value_type") = 0, pyb::arg("widen") = false)
       .def("push", &Client::Push, pyb::arg("tables"), pyb::arg("ids"), pyb::arg("grads"),
            pyb::arg("learning_rate"))
       .def("push_async", &Client::PushAsync, pyb::arg("tables"), pyb::arg("ids"), pyb::arg("grads"),

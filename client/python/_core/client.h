@@ -51,11 +51,17 @@ class Client {
 
   // Rows of tables[i] for ids[i] (int64 arrays) into outs[i] (a float32 (n, dim) array, or
   // None: a new one). Returns the handle; its value is the list of row arrays.
+  // value_type (a ps.ValueType: 0 float32, 1 bfloat16, 2 float16) other than float32: the
+  // values come 16-bit on the wire (ps_client.h, PullSpec); outs[i] float32 gets them
+  // widened, a 16-bit array (see OutHalfRows) the raw bits, None a new array: int16 of the
+  // raw bits, or float32 widened if `widen` (numpy has no bfloat16). ValueError for an
+  // unknown value_type.
   std::unique_ptr<Handle> PullAsync(const pyb::list& tables, const pyb::list& ids,
-                                    const pyb::list& outs, bool read_only);
+                                    const pyb::list& outs, bool read_only, int value_type,
+                                    bool widen);
   // As PullAsync, blocking; returns the list of row arrays.
   pyb::list Pull(const pyb::list& tables, const pyb::list& ids, const pyb::list& outs,
-                 bool read_only);
+                 bool read_only, int value_type, bool widen);
   // Gradients grads[i] (float32 (n, dim) or flat) of ids[i] for tables[i]; the arrays are
   // read before this returns. learning_rate > 0 overrides the tables'.
   std::unique_ptr<Handle> PushAsync(const pyb::list& tables, const pyb::list& ids,
@@ -96,8 +102,8 @@ class Client {
   // The specs of a pull (ValueError for bad arrays); `outs` filled with the row arrays,
   // `keep` with every array the call uses. A catalog error is returned.
   absl::Status PlanPull(const std::shared_ptr<PsClient>& c, const pyb::list& tables,
-                        const pyb::list& ids, const pyb::list& outs, std::vector<PullSpec>* specs,
-                        pyb::list* rows, pyb::list* keep);
+                        const pyb::list& ids, const pyb::list& outs, ValueType value_type,
+                        bool widen, std::vector<PullSpec>* specs, pyb::list* rows, pyb::list* keep);
   absl::Status PlanPush(const std::shared_ptr<PsClient>& c, const pyb::list& tables,
                         const pyb::list& ids, const pyb::list& grads, float learning_rate,
                         std::vector<PushSpec>* specs);

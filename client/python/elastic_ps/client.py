@@ -101,12 +101,50 @@ def _split_hyper(hyper):
     return init, opt
 
 
+_EVICTION_POLICIES = {
+    "lfu": ps_pb2.EvictionSpec.LFU,
+    "lru": ps_pb2.EvictionSpec.LRU,
+}
+
+
+def _count(value, what):
+    """`value` as a count >= 0 (None: 0, unset), or ValueError."""
+    if value is None:
+        return 0
+    if isinstance(value, bool) or int(value) != value or value < 0:
+        raise ValueError(f"{what} must be a whole number >= 0, got {value!r}")
+    return int(value)
+
+
 def table_spec(name, dim, *, optimizer="adagrad", learning_rate=None, initializer="normal",
-               **hyper):
+               admit_after=None, ttl_s=None, max_rows=None, eviction=None, clip_value=None,
+               clip_norm=None, **hyper):
     """A ps_pb2.TableSpec (see PsClient.create_table)."""
     init, opt = _split_hyper(hyper)
-    return ps_pb2.TableSpec(name=name, dim=int(dim), initializer=make_initializer(initializer, **init),
+    spec = ps_pb2.TableSpec(name=name, dim=int(dim),
+                            initializer=make_initializer(initializer, **init),
                             optimizer=make_optimizer(optimizer, learning_rate, **opt))
+    if clip_value is not None:
+        spec.clip_value = float(clip_value)
+    if clip_norm is not None:
+        spec.clip_norm = float(clip_norm)
+    admit_after = _count(admit_after, "admit_after")
+    if admit_after > 1:  # 0 or 1: every id admitted at its first push (the spec unset)
+        spec.admission.min_count = admit_after
+    ttl_s, max_rows = _count(ttl_s, "ttl_s"), _count(max_rows, "max_rows")
+    if eviction is not None:
+        policy = _EVICTION_POLICIES.get(str(eviction).lower())
+        if policy is None:
+            raise ValueError(f"unknown eviction {eviction!r}; one of {sorted(_EVICTION_POLICIES)}")
+        if not (ttl_s or max_rows):
+            raise ValueError(f"eviction={eviction!r} needs ttl_s or max_rows: without a limit "
+                             "nothing is ever evicted")
+        spec.eviction.policy = policy
+    if ttl_s:
+        spec.eviction.ttl_seconds = ttl_s
+    if max_rows:
+        spec.eviction.max_rows = max_rows
+    return spec
 
 
 def dense_spec(name, shape, *, optimizer="adagrad", learning_rate=None, initializer="normal",
@@ -159,6 +197,53 @@ def _out_array(out, what):
         raise ValueError(f"{what}: out must be a numpy array or a CPU tensor / buffer whose "
                          f"memory numpy can share, got {type(out).__name__}")
     return a
+
+
+class _PullType:
+    """What `dtype` of a pull asks for (PsClient.pull): the wire's ps.ValueType and the
+    torch dtype of the rows to return (None: numpy; numpy has no bfloat16, so numpy
+    bfloat16 rows come widened to float32)."""
+
+    def __init__(self, dtype):
+        self.value_type, self.torch_dtype, self.widen = ps_pb2.FLOAT32, None, False
+        if dtype is None:
+            return
+        name = str(dtype)
+        if name.startswith("torch."):
+            name, self.torch_dtype = name[len("torch."):], dtype
+        elif name != "bfloat16":
+            try:
+                name = np.dtype(dtype).name
+            except TypeError:
+                name = None
+        if name == "float32":
+            self.torch_dtype = None
+        elif name == "bfloat16":
+            self.value_type = ps_pb2.BFLOAT16
+            self.widen = self.torch_dtype is None  # new numpy rows: float32, widened
+        elif name == "float16":
+            self.value_type = ps_pb2.FLOAT16
+        else:
+            raise ValueError(f"pull dtype {dtype!r}: one of float32, bfloat16 (torch.bfloat16 or "
+                             f"'bfloat16'), float16 (np.float16, 'float16' or torch.float16)")
+
+    def out(self, out, what):
+        """The caller's out as the array _core fills (a 16-bit torch tensor: its int16
+        view); None stays None."""
+        if out is not None and self.torch_dtype is not None and hasattr(out, "view") and \
+                str(getattr(out, "dtype", "")) in ("torch.bfloat16", "torch.float16"):
+            import torch
+            return out.view(torch.int16).numpy()
+        return _out_array(out, what)
+
+    def rows(self, rows):
+        """_core's rows (float32, or int16 raw bits) as the caller asked for them."""
+        if rows is None or rows.dtype != np.int16:
+            return rows
+        if self.torch_dtype is not None:
+            import torch
+            return torch.from_numpy(rows).view(self.torch_dtype)
+        return rows.view(np.float16)
 
 
 def _grads_array(grads):
@@ -289,7 +374,8 @@ class PsClient:
         """This client's counters since it connected (PsClient::client_stats): pulls,
         pushes, push_rpcs, duplicate_pushes (pods answered `duplicate`: applied before),
         reused_keys (of those, a first attempt: another process used the key; its
-        gradients were dropped; should stay 0), retries, map_refreshes, reroutes."""
+        gradients were dropped; should stay 0), retries, map_refreshes, reroutes,
+        read_fallbacks (read-only pull RPCs sent to followers of an unreachable pod)."""
         return self._core.client_stats()
 
     def close(self):
@@ -317,20 +403,32 @@ class PsClient:
     # ---- catalog ----
 
     def create_table(self, name, dim=None, *, optimizer="adagrad", learning_rate=None,
-                     initializer="normal", **hyper):
+                     initializer="normal", admit_after=None, ttl_s=None, max_rows=None,
+                     eviction=None, clip_value=None, clip_norm=None, **hyper):
         """Creates an embedding table (or takes a ready ps_pb2.TableSpec as `name`).
 
         Idempotent for an identical spec; TableConflictError (ALREADY_EXISTS) for a
         different one. Returns the normalized spec. Through the master when connected to
         one (it persists the catalog and gives it to pods that start later); the pods
-        are then told directly too, so the table is usable at once."""
+        are then told directly too, so the table is usable at once.
+
+        The feature lifecycle (TableSpec.admission / eviction, docs/python.md):
+          admit_after=N: a row is created only at its id's N-th push (0 or 1: at the
+            first); until then pulls return the initial value and gradients are dropped;
+          ttl_s=T: rows not updated for T seconds are evicted;
+          max_rows=M: the whole table (across the cluster) is kept at M rows or fewer;
+          eviction="lfu" (default) or "lru": which rows max_rows evicts first.
+        clip_value / clip_norm: gradient clipping per element / per row L2 norm (0 or
+        None: off)."""
         if isinstance(name, ps_pb2.TableSpec):
             spec = name
         else:
             if dim is None:
                 raise ValueError("create_table needs dim")
             spec = table_spec(name, dim, optimizer=optimizer, learning_rate=learning_rate,
-                              initializer=initializer, **hyper)
+                              initializer=initializer, admit_after=admit_after, ttl_s=ttl_s,
+                              max_rows=max_rows, eviction=eviction, clip_value=clip_value,
+                              clip_norm=clip_norm, **hyper)
         self._core.create_table(spec.SerializeToString())
         return self.table(spec.name)
 
@@ -371,20 +469,34 @@ class PsClient:
 
     # ---- sparse pull / push ----
 
-    def pull(self, table, ids, read_only=False, out=None):
+    def pull(self, table, ids, read_only=False, out=None, dtype=None):
         """Rows of `ids` (any int array-like; duplicates allowed) -> float32 (n, dim).
 
         out: a C-contiguous float32 (n, dim) array (or torch CPU tensor) to fill instead of
         a new array; it is returned. read_only: evaluation pull, a missing row comes back at
-        its initial value and is not created."""
-        return self._core.pull([table], [routing.as_ids(ids)], [_out_array(out, "pull")],
-                               bool(read_only))[0]
+        its initial value and is not created.
 
-    def pull_multi(self, requests, read_only=False, out=None):
+        dtype: compact rows on the wire (half the bytes). The pod rounds each stored
+        float32 to nearest even; what comes back:
+          - torch.bfloat16 / torch.float16: a tensor of that dtype (or `out`, such a tensor,
+            or a float32 one to get the values widened);
+          - np.float16 / "float16": a float16 ndarray;
+          - "bfloat16": numpy has no bfloat16, so a float32 ndarray holding the bfloat16
+            values exactly (widened on arrival; the wire still carries 2 bytes a value).
+        fp16 overflows to +-inf beyond 65504; bfloat16 has float32's range. Pushes stay
+        float32."""
+        kind = _PullType(dtype)
+        rows = self._core.pull([table], [routing.as_ids(ids)], [kind.out(out, "pull")],
+                               bool(read_only), kind.value_type, kind.widen)[0]
+        return out if out is not None else kind.rows(rows)
+
+    def pull_multi(self, requests, read_only=False, out=None, dtype=None):
         """{table: ids} -> {table: float32 (len(ids), dim)}, one RPC per pod for all tables.
-        out: {table: array} to fill (tables not in it get new arrays)."""
-        tables, ids, outs = self._pull_args(requests, out)
-        return dict(zip(tables, self._core.pull(tables, ids, outs, bool(read_only))))
+        out: {table: array} to fill (tables not in it get new arrays). dtype: as pull's."""
+        kind = _PullType(dtype)
+        tables, ids, outs = self._pull_args(requests, out, kind)
+        rows = self._core.pull(tables, ids, outs, bool(read_only), kind.value_type, kind.widen)
+        return self._pulled(tables, rows, out, kind)
 
     def push(self, table, ids, grads, learning_rate=0.0):
         """Applies gradients: grads[i] (float32 (n, dim), or n*dim floats) to ids[i];
@@ -399,11 +511,18 @@ class PsClient:
         self._core.push(*self._push_args(requests), lr)
 
     @staticmethod
-    def _pull_args(requests, out):
+    def _pull_args(requests, out, kind):
         out = out or {}
         tables = list(requests)
         return (tables, [routing.as_ids(requests[t]) for t in tables],
-                [_out_array(out.get(t), f"pull of '{t}'") for t in tables])
+                [kind.out(out.get(t), f"pull of '{t}'") for t in tables])
+
+    @staticmethod
+    def _pulled(tables, rows, out, kind):
+        """{table: rows} of a pull_multi: the caller's out where given."""
+        out = out or {}
+        return {t: out[t] if out.get(t) is not None else kind.rows(r)
+                for t, r in zip(tables, rows)}
 
     @staticmethod
     def _push_args(requests):
@@ -421,22 +540,24 @@ class PsClient:
 
     # ---- asynchronous forms: elastic_ps._core.Handle ----
 
-    def pull_async(self, table, ids, read_only=False, out=None):
+    def pull_async(self, table, ids, read_only=False, out=None, dtype=None):
         """pull, asynchronous: a Handle whose result() is the rows (e.g. to prefetch the
         next batch while this one trains). The handle keeps `ids` and `out` alive until the
-        call is done; they must not change meanwhile."""
-        h = self._core.pull_async([table], [routing.as_ids(ids)], [_out_array(out, "pull")],
-                                  bool(read_only))
+        call is done; they must not change meanwhile. dtype: as pull's."""
+        kind = _PullType(dtype)
+        h = self._core.pull_async([table], [routing.as_ids(ids)], [kind.out(out, "pull")],
+                                  bool(read_only), kind.value_type, kind.widen)
         if h.value is not None:
-            h.value = h.value[0]
+            h.value = out if out is not None else kind.rows(h.value[0])
         return h
 
-    def pull_multi_async(self, requests, read_only=False, out=None):
+    def pull_multi_async(self, requests, read_only=False, out=None, dtype=None):
         """pull_multi, asynchronous: a Handle whose result() is {table: rows}."""
-        tables, ids, outs = self._pull_args(requests, out)
-        h = self._core.pull_async(tables, ids, outs, bool(read_only))
+        kind = _PullType(dtype)
+        tables, ids, outs = self._pull_args(requests, out, kind)
+        h = self._core.pull_async(tables, ids, outs, bool(read_only), kind.value_type, kind.widen)
         if h.value is not None:
-            h.value = dict(zip(tables, h.value))
+            h.value = self._pulled(tables, h.value, out, kind)
         return h
 
     def push_async(self, table, ids, grads, learning_rate=0.0):

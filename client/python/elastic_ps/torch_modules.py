@@ -105,8 +105,11 @@ class _Lookup:
     training thread. Rows land in buffers owned by this object (the client's ``out=``
     when it has one); the leaf tensors are made on them without a copy."""
 
-    def __init__(self, client, dims, plans, read_only, key=None):
+    def __init__(self, client, dims, plans, read_only, key=None, dtype=None):
         self.client = client
+        # The pull's wire dtype (PsClient.pull's dtype; None: float32). The rows still
+        # land as float32: the client widens them.
+        self.dtype = dtype
         self.dims = dims  # table -> dim
         self.plans = plans  # table -> _Plan
         self.read_only = read_only
@@ -120,17 +123,18 @@ class _Lookup:
         """Starts the pull (through ``sync``'s calls; without one, pulls now)."""
         try:
             requests = {t: p.ids for t, p in self.plans.items()}
+            extra = {} if self.dtype is None else {"dtype": self.dtype}
             if sync is None:
                 if accepts(self.client, "pull_multi", "out"):
                     outs = _buffers(requests, self.dims)
-                    self.client.pull_multi(requests, read_only=self.read_only, out=outs)
+                    self.client.pull_multi(requests, read_only=self.read_only, out=outs, **extra)
                     self._rows = outs
                 else:
                     self._rows = _as_rows(self.client.pull_multi(
-                        requests, read_only=self.read_only), self.dims, requests)
+                        requests, read_only=self.read_only, **extra), self.dims, requests)
             else:
                 self._handle = _start_pull(sync, self.client, requests, self.dims,
-                                           self.read_only)
+                                           self.read_only, extra)
         except BaseException as e:  # noqa: BLE001 (raised by wait, on the training thread)
             self._error = e
         finally:
@@ -162,22 +166,38 @@ def _as_rows(res, dims, requests):
             for t in requests}
 
 
-def _start_pull(sync, client, requests, dims, read_only):
+def _start_pull(sync, client, requests, dims, read_only, extra):
     """Starts one pull of every table in ``requests``; returns (out buffers or None, handle).
     Uses the client's pull_multi_async, else pull_async for one table, else pull_multi on
-    ``sync``'s threads; rows go straight into buffers when the call takes ``out=``."""
+    ``sync``'s threads; rows go straight into buffers when the call takes ``out=``.
+    ``extra``: further keyword arguments of the pull (dtype)."""
     if len(requests) == 1 and not hasattr(client, "pull_multi_async") and hasattr(
             client, "pull_async"):
         (table, ids), = requests.items()
         if accepts(client, "pull_async", "out"):
             out = np.empty((len(ids), dims[table]), np.float32)
-            return {table: out}, client.pull_async(table, ids, read_only=read_only, out=out)
-        return None, client.pull_async(table, ids, read_only=read_only)
+            return {table: out}, client.pull_async(table, ids, read_only=read_only, out=out,
+                                                   **extra)
+        return None, client.pull_async(table, ids, read_only=read_only, **extra)
     method = "pull_multi_async" if hasattr(client, "pull_multi_async") else "pull_multi"
     if accepts(client, method, "out"):
         outs = _buffers(requests, dims)
-        return outs, sync.call("pull_multi", requests, read_only=read_only, out=outs)
-    return None, sync.call("pull_multi", requests, read_only=read_only)
+        return outs, sync.call("pull_multi", requests, read_only=read_only, out=outs, **extra)
+    return None, sync.call("pull_multi", requests, read_only=read_only, **extra)
+
+
+def _wire_dtype(pull_dtype):
+    """A module's ``pull_dtype`` (None, torch.float32, torch.bfloat16, torch.float16) as
+    the client's pull dtype: None for float32, else "bfloat16" / "float16" (the rows come
+    widened to float32 into the module's buffers)."""
+    if pull_dtype is None or pull_dtype == torch.float32:
+        return None
+    if pull_dtype == torch.bfloat16:
+        return "bfloat16"
+    if pull_dtype == torch.float16:
+        return "float16"
+    raise ValueError(f"pull_dtype must be torch.float32, torch.bfloat16 or torch.float16, "
+                     f"got {pull_dtype!r}")
 
 
 # ---- the sparse modules ----
@@ -187,11 +207,18 @@ class _PsRows(nn.Module):
     """What every sparse PS module shares: its tables, the pull (now or prefetched), the
     pending gradients. Subclasses turn their input into {table: _Plan} and call
     ``_prefetch`` / ``_rows`` with it. ``client``: a PsClient (or anything with its
-    methods)."""
+    methods).
 
-    def __init__(self, client, dims):
+    ``pull_dtype``: torch.bfloat16 or torch.float16 pulls rows at 2 bytes a value (half
+    the bytes on the wire; each stored float32 rounded to nearest even by the pod). The
+    forward still computes in float32 (the client widens the rows exactly on arrival), so
+    the model downstream is unchanged, and gradients are pushed in float32."""
+
+    def __init__(self, client, dims, pull_dtype=None):
         super().__init__()
         self.client = client
+        self.pull_dtype = pull_dtype
+        self._wire_dtype = _wire_dtype(pull_dtype)
         self._dims = dict(dims)  # table -> dim
         self._pending = []  # (table, ids ndarray, leaf tensor)
         self._queue = collections.deque()  # prefetched _Lookups, oldest first
@@ -206,7 +233,8 @@ class _PsRows(nn.Module):
         return self.training and torch.is_grad_enabled()
 
     def _prefetch(self, key, plans):
-        lookup = _Lookup(self.client, self._dims, plans, read_only=False, key=key)
+        lookup = _Lookup(self.client, self._dims, plans, read_only=False, key=key,
+                         dtype=self._wire_dtype)
         sync = self._sync
         if sync is None:
             lookup.issue()
@@ -233,7 +261,8 @@ class _PsRows(nn.Module):
                             1 + len(self._queue))
                 self._queue.clear()
         if lookup is None:
-            lookup = _Lookup(self.client, self._dims, plans_fn(), read_only=not training)
+            lookup = _Lookup(self.client, self._dims, plans_fn(), read_only=not training,
+                             dtype=self._wire_dtype)
             if training and self._sync is not None:  # the pushes it must see, first
                 self._sync.wait_visible(self._sync.gate(self._sync.steps))
             lookup.issue()  # pulls now, in this thread
@@ -300,13 +329,14 @@ class _PsSparse(_PsRows):
     e.g. ``initial_accumulator=0.01, stddev=0.01``) goes to ``client.create_table``.
     ``push_on_backward``: push from a tensor hook during backward instead of step().
     ``layout``: "auto", "ids" or "unique" (module docstring).
+    ``pull_dtype``: rows on the wire in torch.bfloat16 / torch.float16 (see _PsRows).
     """
 
     def __init__(self, client, table, dim, create=True, push_on_backward=False, layout="auto",
-                 **spec):
+                 pull_dtype=None, **spec):
         if dim < 1:
             raise ValueError(f"dim must be >= 1, got {dim}")
-        super().__init__(client, {table: int(dim)})
+        super().__init__(client, {table: int(dim)}, pull_dtype)
         self.table = table
         self.dim = int(dim)
         self.layout = _check_layout(layout)
@@ -437,9 +467,10 @@ class PsEmbeddingBagCollection(_PsRows):
     ``{feature: (bags, dim) tensor}``. A forward pulls the rows of every table in one
     ``pull_multi`` (one RPC per pod); :class:`PsOptimizer` pushes them in one
     ``push_multi``. Features sharing a table are pulled together (one de-duplication).
-    ``prefetch(kj)`` starts the pull of a later forward's input."""
+    ``prefetch(kj)`` starts the pull of a later forward's input. ``pull_dtype``: rows on
+    the wire in torch.bfloat16 / torch.float16 for every table (see _PsRows)."""
 
-    def __init__(self, client, tables):
+    def __init__(self, client, tables, pull_dtype=None):
         tables = list(tables)
         if not tables:
             raise ValueError("PsEmbeddingBagCollection needs at least one table config")
@@ -448,7 +479,7 @@ class PsEmbeddingBagCollection(_PsRows):
         if len(set(names)) != len(names) or len(set(features)) != len(features):
             raise ValueError(f"PsEmbeddingBagCollection: table names {names} and feature "
                              f"names {features} must each be unique")
-        super().__init__(client, {c.name: c.dim for c in tables})
+        super().__init__(client, {c.name: c.dim for c in tables}, pull_dtype)
         self.configs = tables
         for c in tables:
             if c.create:

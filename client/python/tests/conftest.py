@@ -120,8 +120,9 @@ class Proc:
 class Cluster:
     """ps-master + `num_ps` durable pods registered with it."""
 
-    def __init__(self, tmp, num_ps=2, lease_ms=2000, data_dirs=True):
+    def __init__(self, tmp, num_ps=2, lease_ms=2000, data_dirs=True, master_args=()):
         self.tmp = Path(tmp)
+        self.master_args = list(master_args)  # further ps-master flags (--replication=2)
         self.num_ps = num_ps
         self.lease_ms = lease_ms
         self.data_dirs = data_dirs
@@ -145,7 +146,8 @@ class Cluster:
         return Proc("master", [self.master_bin, *common, f"--port={port}",
                               f"--data_dir={self.tmp / 'master-db'}",
                               f"--num_ps={self.num_ps}", f"--num_vshards={NUM_VSHARDS}",
-                              f"--lease_ms={self.lease_ms}", "--shutdown_grace_ms=200"],
+                              f"--lease_ms={self.lease_ms}", "--shutdown_grace_ms=200",
+                              *self.master_args],
                     self.tmp / "master.log", port_file).start()
 
     def restart_master(self):

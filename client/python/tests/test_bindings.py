@@ -359,4 +359,4 @@ def test_set_identity_and_counters(client, pod):
         stats = c.client_stats()
         assert stats["pulls"] == 1 and stats["pushes"] == 1
         assert set(stats) == {"pulls", "pushes", "push_rpcs", "duplicate_pushes", "reused_keys",
-                              "retries", "map_refreshes", "reroutes"}
+                              "retries", "map_refreshes", "reroutes", "read_fallbacks"}
