@@ -39,6 +39,7 @@
 #include "absl/synchronization/mutex.h"
 #include "embedding/model_store.h"
 #include "embedding/row_source.h"
+#include "ps/storage/change_journal.h"
 #include "ps/storage/durable_log.h"
 #include "ps/storage/log_record.h"
 #include "ps/storage/push_dedup.h"
@@ -49,6 +50,8 @@ namespace ps {
 struct PodStorageOptions {
   StorageDbOptions db;
   DurableLogOptions log;
+  // Retention of the change journal (incremental exports; change_journal.h).
+  ChangeJournalOptions journal;
   // How often changed rows are written out and the log truncated. Recovery replays at
   // most about this much of the log; 1 s keeps restarts fast at a small write cost.
   int materialize_ms = 1000;
@@ -159,6 +162,17 @@ class PodStorage {
   absl::Status ForEachStoredRow(const std::string& table,
                                 const std::function<absl::Status(const StoredRow&)>& fn);
 
+  // The change journal: which ids each round wrote or deleted (incremental exports).
+  // Lives as long as the storage; thread-safe (change_journal.h).
+  const ChangeJournal& journal() const { return *journal_; }
+  // The number the database gives table `table` (journal entries name tables by it), or
+  // NOT_FOUND. Thread-safe.
+  absl::StatusOr<uint32_t> TableNumber(const std::string& table);
+  // Reads stored rows of table number `table_no` by id, as StorageDb::ReadRows (the rows
+  // column family's state, not memory's). Thread-safe.
+  absl::Status ReadStoredRows(uint32_t table_no, absl::Span<const int64_t> ids, size_t row_floats,
+                              float* values, uint64_t* steps, bool* found);
+
   const RecoveryStats& recovery() const { return recovery_; }
   // Whether every stored row is in memory (false during a lazy start's background load,
   // and always with a memory budget).
@@ -228,6 +242,7 @@ class PodStorage {
   PushDedup* const dedup_;
   RecoveryStats recovery_;
   std::unique_ptr<DurableLog> log_;
+  std::unique_ptr<ChangeJournal> journal_;  // noted and committed under materialize_mu_
 
   // Held shared by ApplyLogged from apply to append, exclusively by the materializer for
   // an instant (BarrierLsn) and by eviction.
