@@ -382,10 +382,11 @@ absl::Status PlanDelta(PodStorage& stored, const ModelStore& store, const std::s
     return absl::OkStatus();
   }
   absl::flat_hash_map<uint32_t, TableChanges*> by_number;
-  for (const auto& t : store.Tables()) {
-    const std::string& name = t->spec().name();
+  for (const auto& t : store.Tables()) delta->tables[t->spec().name()];
+  // Pointers into delta->tables once it no longer grows (a flat map moves its values).
+  for (auto& [name, changes] : delta->tables) {
     absl::StatusOr<uint32_t> no = stored.TableNumber(name);
-    if (no.ok()) by_number[*no] = &delta->tables[name];
+    if (no.ok()) by_number[*no] = &changes;
   }
   return journal.ForEachSince(from.seq, [&](uint32_t no, ChangeKind kind, int64_t id) {
     auto it = by_number.find(no);
