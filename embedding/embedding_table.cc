@@ -1,11 +1,14 @@
 #include "embedding/embedding_table.h"
 
+#include <algorithm>
 #include <cstring>
 #include <memory>
 
 #include "absl/base/attributes.h"
 #include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "common/base/spin_lock.h"
 #include "common/base/status_macros.h"
 #include "common/routing/hash.h"
@@ -47,6 +50,13 @@ class alignas(64) Stripe {
   // With evictable: a reference bit per slot (CLOCK) and the clock hand.
   std::vector<uint64_t> ref ABSL_GUARDED_BY(mu);
   uint32_t hand ABSL_GUARDED_BY(mu) = 0;
+  // Ids Delete removed that CollectDirty has not reported yet (with track_dirty), and
+  // those the previous CollectDirty reported: until the next one, the caller may not have
+  // deleted them from its row source yet, so neither set is read back.
+  absl::flat_hash_set<int64_t> deleted ABSL_GUARDED_BY(mu);
+  absl::flat_hash_set<int64_t> reported ABSL_GUARDED_BY(mu);
+  // With eviction: each slot's last-update stamp (RowView::updated).
+  std::vector<uint32_t> stamps ABSL_GUARDED_BY(mu);
 };
 
 inline bool TestBit(const std::vector<uint64_t>& v, uint32_t i) {
@@ -69,6 +79,12 @@ class EmbeddingTableImpl final : public EmbeddingTable {
         stripe_mask_(options.num_stripes - 1),
         track_dirty_(options.track_dirty),
         evictable_(options.evictable),
+        stamped_(spec_.eviction().ttl_seconds() > 0 || spec_.eviction().max_rows() > 0),
+        clock_(options.clock),
+        base_seconds_(NowSeconds()),
+        min_count_(spec_.admission().min_count()),
+        admission_(min_count_ >= 2 ? std::make_unique<AdmissionSketch>(options.num_vshards)
+                                   : nullptr),
         stripes_(options.num_stripes),
         index_bytes_(options.num_stripes * RowIndex::kMinCapacity * 16) {}
 
@@ -84,6 +100,7 @@ class EmbeddingTableImpl final : public EmbeddingTable {
   // hit by then), so nothing is trusted across the two locks.
   void Pull(absl::Span<const int64_t> ids, float* out, bool read_only,
             absl::Status* error) override {
+    read_only = read_only || admission_ != nullptr;  // only pushes create rows (admission)
     RowSource* source = source_.load(std::memory_order_acquire);
     if (source == nullptr) {
       // Every row is resident: a table that is not evictable pulls without locks for
@@ -204,17 +221,53 @@ class EmbeddingTableImpl final : public EmbeddingTable {
       const uint64_t h = RouteHash(name_hash_, id);
       Stripe& s = StripeOf(h);
       SpinLockHolder lock(&s.mu);
-      const uint32_t* found = s.index.Find(id, h);
-      if (found == nullptr) continue;
-      const uint32_t slot = *found;
-      s.index.Erase(id, h);
-      ClearBit(s.live, slot);
-      if (track_dirty_) ClearBit(s.dirty, slot);
-      s.free_slots.push_back(slot);
-      rows_.fetch_sub(1, std::memory_order_relaxed);
-      ++erased;
+      erased += EraseLocked(s, id, h);
     }
     return erased;
+  }
+
+  size_t Delete(absl::Span<const int64_t> ids) override {
+    // A read-back in flight (LoadMissing) must not keep what it read before the deletion.
+    evict_epoch_.fetch_add(1, std::memory_order_acq_rel);
+    size_t erased = 0;
+    for (int64_t id : ids) {
+      const uint64_t h = RouteHash(name_hash_, id);
+      Stripe& s = StripeOf(h);
+      SpinLockHolder lock(&s.mu);
+      if (track_dirty_) s.deleted.insert(id);
+      erased += EraseLocked(s, id, h);
+    }
+    evict_epoch_.fetch_add(1, std::memory_order_acq_rel);
+    return erased;
+  }
+
+  bool DeletePending(int64_t id) override {
+    const uint64_t h = RouteHash(name_hash_, id);
+    Stripe& s = StripeOf(h);
+    SpinLockHolder lock(&s.mu);
+    if (s.index.Find(id, h) != nullptr) return false;
+    return s.deleted.contains(id) || s.reported.contains(id);
+  }
+
+  uint32_t now_stamp() const override {
+    const int64_t d = NowSeconds() - base_seconds_;
+    return static_cast<uint32_t>(std::clamp<int64_t>(d, 0, UINT32_MAX));
+  }
+
+  void DeleteStale(absl::Span<const int64_t> ids, uint32_t updated_before,
+                   std::vector<int64_t>* deleted) override {
+    evict_epoch_.fetch_add(1, std::memory_order_acq_rel);
+    for (int64_t id : ids) {
+      const uint64_t h = RouteHash(name_hash_, id);
+      Stripe& s = StripeOf(h);
+      SpinLockHolder lock(&s.mu);
+      const uint32_t* slot = s.index.Find(id, h);
+      if (slot == nullptr || (stamped_ && s.stamps[*slot] >= updated_before)) continue;
+      if (track_dirty_) s.deleted.insert(id);
+      EraseLocked(s, id, h);
+      deleted->push_back(id);
+    }
+    evict_epoch_.fetch_add(1, std::memory_order_acq_rel);
   }
 
   size_t Evict(uint64_t target_rows) override {
@@ -249,19 +302,35 @@ class EmbeddingTableImpl final : public EmbeddingTable {
 
   template <bool kTouch>
   void PushRows(absl::Span<const int64_t> ids, const float* grads, float lr, uint64_t* steps) {
+    const uint32_t now = stamped_ ? now_stamp() : 0;
     ForEachGroup(ids, /*for_write=*/true, [&](size_t i, Stripe& s, uint64_t h) {
-      uint32_t slot = FindOrCreate(s, ids[i], h);
+      uint32_t slot;
+      if (admission_ == nullptr) {
+        slot = FindOrCreate(s, ids[i], h);
+      } else if (const uint32_t* found = s.index.Find(ids[i], h); found != nullptr) {
+        slot = *found;
+      } else if (admission_->Add(h) >= min_count_) {
+        admission_->CountAdmitted();
+        slot = NewSlot(s, ids[i], h);
+        InitRow(RowAt(s, slot), ids[i]);
+      } else {
+        admission_->CountDropped();
+        if (steps != nullptr) steps[i] = 0;
+        return;
+      }
       if (kTouch) SetBit(s.ref, slot);
       float* row = RowAt(s, slot);
       uint64_t step = GetStep(row);
       optimizer_.Apply(lr, row, row + layout_.dim, &step, grads + i * layout_.dim, layout_.dim);
       SetStep(row, step);
       MarkDirty(s, slot);
+      Stamp(s, slot, now);
       if (steps != nullptr) steps[i] = step;
     });
   }
 
   void Replay(int64_t id, const float* grad, float lr, uint64_t step) override {
+    if (step == 0) return;  // a push admission counted and dropped: no row
     const uint64_t h = RouteHash(name_hash_, id);
     Stripe& s = StripeOf(h);
     SpinLockHolder lock(&s.mu);
@@ -274,6 +343,7 @@ class EmbeddingTableImpl final : public EmbeddingTable {
     }
     SetStep(row, row_step);
     MarkDirty(s, slot);
+    if (stamped_) Stamp(s, slot, now_stamp());
   }
 
   void Restore(int64_t id, const float* weights, const float* slots, uint64_t step) override {
@@ -291,6 +361,7 @@ class EmbeddingTableImpl final : public EmbeddingTable {
     Stripe& s = StripeOf(h);
     SpinLockHolder lock(&s.mu);
     if (s.index.Find(id, h) != nullptr) return false;
+    if (s.deleted.contains(id) || s.reported.contains(id)) return false;  // deleted since
     float* row = RowAt(s, NewSlot(s, id, h));
     std::memcpy(row, values, (layout_.dim + layout_.slot_floats) * sizeof(float));
     SetStep(row, step);
@@ -313,16 +384,18 @@ class EmbeddingTableImpl final : public EmbeddingTable {
     Touch(s, slot);
     SetStep(row, row_step);
     MarkDirty(s, slot);
+    if (stamped_) Stamp(s, slot, now_stamp());
     return true;
   }
 
   size_t CollectDirty(const std::function<void(const RowView&)>& fn,
-                      const std::function<void()>& between) override {
-    return Scan(/*dirty_only=*/true, fn, between);
+                      const std::function<void()>& between,
+                      const std::function<void(int64_t id)>& deleted) override {
+    return Scan(/*dirty_only=*/true, fn, between, deleted);
   }
 
   size_t ForEachRow(const std::function<void(const RowView&)>& fn) override {
-    return Scan(/*dirty_only=*/false, fn, nullptr);
+    return Scan(/*dirty_only=*/false, fn, nullptr, nullptr);
   }
 
   bool Inspect(int64_t id, const std::function<void(const RowView&)>& fn) override {
@@ -339,6 +412,20 @@ class EmbeddingTableImpl final : public EmbeddingTable {
     view.step = GetStep(row);
     fn(view);
     return true;
+  }
+
+  AdmissionSketch* admission() override { return admission_.get(); }
+  void CountEvicted(uint64_t rows) override { evicted_.fetch_add(rows, std::memory_order_relaxed); }
+  uint64_t evicted() const override { return evicted_.load(std::memory_order_relaxed); }
+
+  void CountLogged(int64_t id, uint64_t step) override {
+    if (admission_ == nullptr || step > 1) return;
+    admission_->Add(RouteHash(name_hash_, id));
+    if (step == 0) {
+      admission_->CountDropped();
+    } else {
+      admission_->CountAdmitted();
+    }
   }
 
   uint64_t rows() const override { return rows_.load(std::memory_order_relaxed); }
@@ -367,6 +454,24 @@ class EmbeddingTableImpl final : public EmbeddingTable {
     const uint32_t created = NewSlot(s, id, h);
     InitRow(RowAt(s, created), id);
     return created;
+  }
+
+  int64_t NowSeconds() const { return clock_ ? clock_() : absl::ToUnixSeconds(absl::Now()); }
+  void Stamp(Stripe& s, uint32_t slot, uint32_t now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mu) {
+    if (stamped_) s.stamps[slot] = now;
+  }
+
+  // Removes row `id` if resident (its slot is reused); returns 1 if it was.
+  size_t EraseLocked(Stripe& s, int64_t id, uint64_t h) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mu) {
+    const uint32_t* found = s.index.Find(id, h);
+    if (found == nullptr) return 0;
+    const uint32_t slot = *found;
+    s.index.Erase(id, h);
+    ClearBit(s.live, slot);
+    if (track_dirty_) ClearBit(s.dirty, slot);
+    s.free_slots.push_back(slot);
+    rows_.fetch_sub(1, std::memory_order_relaxed);
+    return 1;
   }
 
   void Touch(Stripe& s, uint32_t slot) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mu) {
@@ -400,6 +505,8 @@ class EmbeddingTableImpl final : public EmbeddingTable {
         if (dst != nullptr) std::memcpy(dst, RowAt(s, *slot), row_bytes);  // loaded meanwhile
         continue;
       }
+      // Deleted since (or before) the read, and not yet deleted on disk: a new row.
+      if (found[k] && (s.deleted.contains(id) || s.reported.contains(id))) found[k] = false;
       if (found[k]) {
         const float* v = values.data() + k * floats;
         if (dst != nullptr) std::memcpy(dst, v, row_bytes);
@@ -451,12 +558,14 @@ class EmbeddingTableImpl final : public EmbeddingTable {
   // dirty_only), kScanChunk slots per lock hold. Slots never move, so resuming a stripe
   // at a slot index after re-locking is safe.
   size_t Scan(bool dirty_only, const std::function<void(const RowView&)>& fn,
-              const std::function<void()>& between) {
+              const std::function<void()>& between,
+              const std::function<void(int64_t id)>& deleted) {
     size_t visited = 0;
     for (Stripe& s : stripes_) {
       for (uint32_t begin = 0;; begin += kScanChunk) {
         if (between && begin > 0) between();
         SpinLockHolder lock(&s.mu);
+        if (begin == 0 && deleted) ReportDeleted(s, deleted);
         if (begin >= s.used_slots) break;
         const uint32_t end = std::min(s.used_slots, begin + kScanChunk);
         for (uint32_t slot = begin; slot < end; ++slot) {
@@ -477,12 +586,31 @@ class EmbeddingTableImpl final : public EmbeddingTable {
           view.weights = row;
           view.slots = row + layout_.dim;
           view.step = GetStep(row);
+          view.updated = stamped_ ? s.stamps[slot] : 0;
           fn(view);
           ++visited;
         }
       }
     }
     return visited;
+  }
+
+  // CollectDirty's deletions of one stripe, before its rows are scanned: a deleted id whose
+  // row is dirty now was re-created since, and the scan that follows reports that row
+  // (dirty rows are only cleared by scans, one at a time); every other one is reported.
+  // The ids reported by the previous call are forgotten now (their caller has written
+  // them out since).
+  void ReportDeleted(Stripe& s, const std::function<void(int64_t id)>& deleted)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mu) {
+    if (!s.reported.empty()) s.reported.clear();
+    if (s.deleted.empty()) return;
+    for (int64_t id : s.deleted) {
+      const uint32_t* slot = s.index.Find(id, RouteHash(name_hash_, id));
+      if (slot != nullptr && TestBit(s.dirty, *slot)) continue;
+      deleted(id);
+      s.reported.insert(id);
+    }
+    s.deleted.clear();
   }
 
   // Calls fn(i, stripe, hash) for every i with the stripe of ids[i] locked. Per group of
@@ -583,6 +711,10 @@ class EmbeddingTableImpl final : public EmbeddingTable {
     }
     SetBit(s.live, slot);
     if (evictable_) SetBit(s.ref, slot);
+    if (stamped_) {
+      if (s.stamps.size() <= slot) s.stamps.resize(size_t{slot} + 1);
+      s.stamps[slot] = now_stamp();
+    }
     const size_t index_bytes = s.index.memory_bytes();
     s.index.Insert(id, h, slot);
     index_bytes_.fetch_add(s.index.memory_bytes() - index_bytes, std::memory_order_relaxed);
@@ -600,6 +732,11 @@ class EmbeddingTableImpl final : public EmbeddingTable {
   const uint64_t stripe_mask_;
   const bool track_dirty_;
   const bool evictable_;
+  const bool stamped_;  // eviction: rows keep their last-update stamp
+  const std::function<int64_t()> clock_;
+  const int64_t base_seconds_;                        // stamp 0
+  const uint32_t min_count_;                          // admission: pushes that create a row
+  const std::unique_ptr<AdmissionSketch> admission_;  // null: every id admitted
   std::atomic<RowSource*> source_{nullptr};
   // Bumped before and after every Evict: a row read back from the source is kept only if
   // no eviction ran since the read (else it might be older than a later write-out).
@@ -609,6 +746,7 @@ class EmbeddingTableImpl final : public EmbeddingTable {
   std::vector<Stripe> stripes_;  // each guarded by its own mu
   std::atomic<uint64_t> rows_{0};
   std::atomic<uint64_t> index_bytes_{0};
+  std::atomic<uint64_t> evicted_{0};
 };
 
 }  // namespace

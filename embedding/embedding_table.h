@@ -14,6 +14,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
+#include "embedding/admission_sketch.h"
 #include "embedding/initializer.h"
 #include "embedding/optimizer.h"
 #include "proto/ps.pb.h"
@@ -31,6 +32,12 @@ struct TableOptions {
   // reference bit per row (CLOCK) and reuses evicted slots. For a pod with a memory
   // budget; costs a bit write per row touched.
   bool evictable = false;
+  // The vshard count (a power of two) of the pod's map: a table with admission keeps its
+  // counters per vshard (AdmissionSketch), so a move can carry them.
+  uint32_t num_vshards = 256;
+  // Seconds now, for the last-update time of rows of tables with eviction (TTL, LRU).
+  // Null: the system clock. Tests pass a fake clock.
+  std::function<int64_t()> clock;
 };
 
 class RowSource;
@@ -41,6 +48,10 @@ struct RowView {
   const float* weights = nullptr;  // dim floats
   const float* slots = nullptr;    // optimizer().slots() * dim floats
   uint64_t step = 0;               // updates applied to the row
+  // Tables with eviction: when the row was created or last updated, in the table's stamp
+  // seconds (now_stamp()); 0 otherwise. Kept in memory only: a restart stamps the rows it
+  // recovers with its own start, so a TTL counts from there (never evicts early).
+  uint32_t updated = 0;
 };
 
 class EmbeddingTable {
@@ -56,8 +67,8 @@ class EmbeddingTable {
   virtual uint64_t name_hash() const = 0;
 
   // Copies row ids[i] into out[i*dim, (i+1)*dim) for every i. A missing row is created at
-  // its initial value unless `read_only`, in which case its initial value is returned and
-  // nothing is stored. Thread-safe.
+  // its initial value unless `read_only` or the table admits rows by count (admission),
+  // in which case its initial value is returned and nothing is stored. Thread-safe.
   // With a RowSource, a missing row is read from it first; if that read fails, *error
   // (when given) gets the error and the rows of the failed read are unspecified.
   virtual void Pull(absl::Span<const int64_t> ids, float* out, bool read_only,
@@ -68,22 +79,27 @@ class EmbeddingTable {
   // the gradients are finite. If `steps` is not null, steps[i] receives the row's update
   // count right after update i: (id, step) names each update exactly, which is how a
   // durable log replays updates in the order they were applied. Thread-safe.
+  // With admission (spec.admission.min_count = N >= 2), a missing row is created only by
+  // its id's N-th counted push (admission()): earlier pushes of it are counted, their
+  // gradients dropped, and steps[i] = 0 says so (a logged step 0 is a count, nothing else).
   virtual void Push(absl::Span<const int64_t> ids, const float* grads, float lr,
                     uint64_t* steps = nullptr) = 0;
 
   // Replays one logged update: if row `id` has had fewer than `step` updates, its count is
   // set to step - 1 and grad[0..dim) is applied with lr (so its count becomes `step`);
   // otherwise the update is already in the row and nothing happens. Updates of one row
-  // must be replayed in increasing step order. Thread-safe.
+  // must be replayed in increasing step order. Step 0 (a push admission dropped) changes
+  // no row: its count is CountLogged's. Thread-safe.
   virtual void Replay(int64_t id, const float* grad, float lr, uint64_t step) = 0;
 
   // Sets row `id` to the given weights (dim floats), optimizer slots (slot_floats()) and
   // update count, creating it if missing; the row is not marked dirty. Thread-safe.
   virtual void Restore(int64_t id, const float* weights, const float* slots, uint64_t step) = 0;
 
-  // Restores row `id` (values: weights then slots) unless it is resident; not marked
-  // dirty. Returns whether it did. For loading stored rows in the background while the
-  // table serves: a resident row is as new as the stored one or newer. Thread-safe.
+  // Restores row `id` (values: weights then slots) unless it is resident or was deleted
+  // (Delete) since the last CollectDirty but one; not marked dirty. Returns whether it did. For
+  // loading stored rows in the background while the table serves: a resident row is as new as the
+  // stored one or newer. Thread-safe.
   virtual bool RestoreIfAbsent(int64_t id, const float* values, uint64_t step) = 0;
 
   // Installs a whole row (an import): sets row `id` to the given weights (dim floats),
@@ -114,17 +130,54 @@ class EmbeddingTable {
   // stripe's lock (fn must not call back into the table), and clears the marks. Rows
   // changed while it runs are reported now or by the next call. Rows are visited a few
   // hundred per lock hold; `between` (if set) runs with no lock held after each group, so
-  // the caller can write out what it gathered. Returns the rows reported. Thread-safe;
-  // one caller at a time.
+  // the caller can write out what it gathered. With `deleted`, also calls it (under the
+  // stripe's lock) for every id Delete removed since the previous call whose row is not
+  // dirty now (a dirty row, re-created since, is reported to fn instead: its new state
+  // replaces the stored one), and forgets them; an id is never reported to both in one
+  // call. Returns the rows reported to fn. Thread-safe; one caller at a time.
   virtual size_t CollectDirty(const std::function<void(const RowView&)>& fn,
-                              const std::function<void()>& between = nullptr) = 0;
+                              const std::function<void()>& between = nullptr,
+                              const std::function<void(int64_t id)>& deleted = nullptr) = 0;
+
+  // Deletes rows (feature eviction, an imported deletion, a logged deletion replayed):
+  // removes those that are resident and, with track_dirty, remembers every id (resident or
+  // not) until CollectDirty reports it, so a durable pod deletes it from disk too;
+  // meanwhile a row source is not asked for it (a missing row is then new: its initial
+  // value, step 0). Returns how many resident rows it removed. Thread-safe.
+  virtual size_t Delete(absl::Span<const int64_t> ids) = 0;
+  // Eviction's delete: only the resident rows of `ids` not updated since `updated_before`
+  // (their `updated` stamp is older), each checked under its stripe's lock, so a row
+  // updated after it was chosen stays. Appends the ids it deleted to *deleted. Thread-safe.
+  virtual void DeleteStale(absl::Span<const int64_t> ids, uint32_t updated_before,
+                           std::vector<int64_t>* deleted) = 0;
+  // Whether `id` was deleted (Delete) and not re-created, and the deletion may not be on
+  // the row source's disk yet (it is until the CollectDirty after next). A reader of the
+  // row source's disk directly (an export of a snapshot) must skip it. Thread-safe.
+  virtual bool DeletePending(int64_t id) = 0;
+  // The current time in stamp seconds (RowView::updated): seconds since the table was
+  // created in this process, by TableOptions.clock.
+  virtual uint32_t now_stamp() const = 0;
 
   // Removes the rows of `ids` that exist (their memory is reused by later rows); returns
-  // how many were removed. Used when a vshard moves to another pod. Thread-safe.
+  // how many were removed. Used when a vshard moves to another pod (the caller deletes
+  // them from disk itself; see Delete for a deletion a durable pod must write). Thread-safe.
   virtual size_t Erase(absl::Span<const int64_t> ids) = 0;
 
   // Calls fn for every row (as CollectDirty, without clearing marks). Thread-safe.
   virtual size_t ForEachRow(const std::function<void(const RowView&)>& fn) = 0;
+
+  // The admission counters, or null for a table that admits every id. Owned by the table.
+  virtual AdmissionSketch* admission() = 0;
+  // Counts a logged push of `id` at `step` into the admission counters as Push counted
+  // it: step 0 a dropped gradient, step 1 an admission (a row is only ever created by
+  // its admitting push); other steps (and tables without admission) count nothing. For
+  // recovery and followers, which replay rows and counts separately. Thread-safe.
+  virtual void CountLogged(int64_t id, uint64_t step) = 0;
+
+  // Rows deleted by feature eviction (TTL, max_rows) since the table was created in this
+  // process: the evicting caller counts them. Thread-safe.
+  virtual void CountEvicted(uint64_t rows) = 0;
+  virtual uint64_t evicted() const = 0;
 
   // Optimizer slot floats per row (slots() * dim).
   virtual uint32_t slot_floats() const = 0;

@@ -257,6 +257,77 @@ TEST(EmbeddingTableTest, ReplayAndInstallSkipWhatARowHasAlready) {
   EXPECT_TRUE(seen);
 }
 
+// Delete removes rows and, with track_dirty, reports every deleted id once to the next
+// CollectDirty, except one re-created since (its new row is reported as dirty instead).
+TEST(EmbeddingTableTest, DeleteReportsDeletionsToTheNextCollection) {
+  TableOptions options;
+  options.track_dirty = true;
+  auto t = *EmbeddingTable::Create(Spec(2, OptimizerSpec::ADAM), options);
+  const std::vector<float> g = {1, 1};
+  for (int64_t id : {1, 2, 3}) t->Push({id}, g.data(), 0.f);
+  t->CollectDirty([](const RowView&) {});
+  EXPECT_EQ(t->Delete({1, 2, 9}), 2u);
+  EXPECT_EQ(t->rows(), 1u);
+  uint64_t step = 99;
+  t->Push({2}, g.data(), 0.f, &step);
+  EXPECT_EQ(step, 1u);  // came back: counts from 0 again
+  std::vector<int64_t> dirty, deleted;
+  t->CollectDirty([&](const RowView& r) { dirty.push_back(r.id); }, nullptr,
+                  [&](int64_t id) { deleted.push_back(id); });
+  std::sort(deleted.begin(), deleted.end());
+  EXPECT_EQ(dirty, std::vector<int64_t>{2});
+  EXPECT_EQ(deleted, (std::vector<int64_t>{1, 9}));
+  deleted.clear();
+  t->CollectDirty([](const RowView&) {}, nullptr, [&](int64_t id) { deleted.push_back(id); });
+  EXPECT_TRUE(deleted.empty());
+  // The re-created row is a fresh row's state after one update.
+  auto fresh = Make(Spec(2, OptimizerSpec::ADAM));
+  fresh->Push({2}, g.data(), 0.f);
+  float a[2], b[2];
+  t->Pull({2}, a, true);
+  fresh->Pull({2}, b, true);
+  EXPECT_EQ(std::vector<float>(a, a + 2), std::vector<float>(b, b + 2));
+}
+
+// Admission (min_count 3): the first two pushes of an id are counted and dropped (step 0,
+// no row), a training pull returns the initial value without creating the row, and the
+// third push creates it and applies its gradient: the row a fresh table makes of that one
+// push.
+TEST(EmbeddingTableTest, AdmissionCreatesTheRowAtTheNthPush) {
+  TableSpec spec = Spec(2, OptimizerSpec::ADAM);
+  spec.mutable_admission()->set_min_count(3);
+  auto t = Make(spec);
+  ASSERT_NE(t->admission(), nullptr);
+  const std::vector<float> g1 = {1, 2}, g2 = {3, 4}, g3 = {-1, 0.5f};
+  uint64_t step = 99;
+  t->Push({5}, g1.data(), 0.f, &step);
+  EXPECT_EQ(step, 0u);
+  float out[2];
+  t->Pull({5}, out, /*read_only=*/false);  // a training pull
+  EXPECT_EQ(std::vector<float>(out, out + 2), Initial(spec, 5));
+  EXPECT_EQ(t->rows(), 0u);
+  t->Push({5}, g2.data(), 0.f, &step);
+  EXPECT_EQ(step, 0u);
+  EXPECT_EQ(t->rows(), 0u);
+  t->Push({5}, g3.data(), 0.f, &step);
+  EXPECT_EQ(step, 1u);
+  EXPECT_EQ(t->rows(), 1u);
+  auto fresh = Make(Spec(2, OptimizerSpec::ADAM));
+  fresh->Push({5}, g3.data(), 0.f);
+  float a[2], b[2];
+  t->Pull({5}, a, true);
+  fresh->Pull({5}, b, true);
+  EXPECT_EQ(std::vector<float>(a, a + 2), std::vector<float>(b, b + 2));
+  t->Push({5}, g1.data(), 0.f, &step);  // admitted: every push applies
+  EXPECT_EQ(step, 2u);
+  t->Push({6}, g1.data(), 0.f, &step);
+  EXPECT_EQ(t->admission()->admitted(), 1u);
+  EXPECT_EQ(t->admission()->dropped(), 3u);
+  EXPECT_EQ(t->admission()->pending(), 1u);  // id 6
+  // A table without admission creates at the first push, and has no counters.
+  EXPECT_EQ(fresh->admission(), nullptr);
+}
+
 TEST(EmbeddingTableTest, RejectsBadStripeCount) {
   TableOptions options;
   options.num_stripes = 12;

@@ -246,6 +246,16 @@ absl::StatusOr<TableSpec> NormalizeTableSpec(const TableSpec& spec, SpecRules ru
   *out.mutable_optimizer() = *std::move(optimizer);
   RETURN_IF_ERROR(
       Naming("table", spec.name(), CheckClip(spec.clip_value(), spec.clip_norm(), rules)));
+  // The feature lifecycle (issue 17): "off" has one spelling, so equal specs stay equal.
+  if (spec.admission().min_count() > kMaxAdmissionCount) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "table '", spec.name(), "': admission.min_count ", spec.admission().min_count(),
+        " exceeds ", kMaxAdmissionCount, " (the admission counters saturate there)"));
+  }
+  if (spec.admission().min_count() <= 1) out.clear_admission();
+  if (spec.eviction().ttl_seconds() == 0 && spec.eviction().max_rows() == 0) {
+    out.clear_eviction();
+  }
   return out;
 }
 

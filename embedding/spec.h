@@ -23,6 +23,10 @@
 //   initializer value, low, high, mean     [-1e6, 1e6];  stddev (0, 1e6]
 //   clip_value, clip_norm                  0 (off) or (0, kMaxGradient]
 //   dense tensor elements                  1..2^24 (kMaxNewDenseElements)
+//   admission.min_count                    0..65535 (kMaxAdmissionCount); 0 and 1 both
+//                                          mean "admit at the first push" and normalize
+//                                          to no admission field; an eviction with
+//                                          neither ttl_seconds nor max_rows to none
 //
 // Why these ranges: with them an update cannot overflow. Every value a row stores (weights
 // and optimizer slots) is within ±kMaxValue (the kernels saturate there, see
@@ -45,6 +49,8 @@
 namespace ps {
 
 inline constexpr uint32_t kMaxDim = 4096;
+// Largest admission.min_count: the admission counters (AdmissionSketch) saturate there.
+inline constexpr uint32_t kMaxAdmissionCount = 65535;
 // Dense tensor elements a stored spec may have, and a new one (2^24 floats with Adam's two
 // slots is 192 MiB: one tensor's state fits the default 256 MiB message).
 inline constexpr int64_t kMaxDenseElements = int64_t{1} << 28;

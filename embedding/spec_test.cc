@@ -225,5 +225,19 @@ TEST(SpecTest, PushLearningRateAndGradientBounds) {
   EXPECT_EQ(MaxPushGradient(1e30f, 0), kMaxGradient);  // a stored spec clipping too loosely
 }
 
+TEST(SpecTest, LifecycleOffHasOneSpelling) {
+  TableSpec a;
+  a.set_name("t");
+  a.set_dim(4);
+  TableSpec b = a;
+  b.mutable_admission()->set_min_count(1);
+  b.mutable_eviction()->set_policy(EvictionSpec::LRU);
+  EXPECT_EQ(NormalizeTableSpec(a)->SerializeAsString(), NormalizeTableSpec(b)->SerializeAsString());
+  b.mutable_admission()->set_min_count(2);
+  EXPECT_EQ(NormalizeTableSpec(b)->admission().min_count(), 2u);
+  b.mutable_admission()->set_min_count(kMaxAdmissionCount + 1);
+  EXPECT_EQ(NormalizeTableSpec(b).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
 }  // namespace
 }  // namespace ps

@@ -244,6 +244,7 @@ absl::Status ExportTable(EmbeddingTable& table, PodStorage* stored, const ShardO
         return absl::OkStatus();
       }
       if (table.Inspect(r.id, [](const RowView&) {})) return absl::OkStatus();  // resident
+      if (table.DeletePending(r.id)) return absl::OkStatus();  // deleted by the log (issue 17)
       if (r.values.size() != table.dim() + table.slot_floats()) {
         return absl::DataLossError(absl::StrCat("stored row ", r.id, " of '", spec.name(), "' has ",
                                                 r.values.size(), " floats"));

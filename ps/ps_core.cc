@@ -100,10 +100,20 @@ absl::Status PsCore::PrepareIds(absl::string_view op, const std::string& table,
   return CheckOwned(own, *out->table, out->ids);
 }
 
+namespace {
+
+// The table options of a pod: admission counters per vshard of its map.
+TableOptions WithVShards(TableOptions options, const ShardOwnership& ownership) {
+  options.num_vshards = ownership.num_vshards();
+  return options;
+}
+
+}  // namespace
+
 PsCore::PsCore(PsCoreOptions options, ShardOwnership ownership)
     : options_(options),
       started_(absl::Now()),
-      store_(options.table),
+      store_(WithVShards(options.table, ownership)),
       dedup_(options.dedup),
       ownership_(std::make_shared<const ShardOwnership>(std::move(ownership))),
       replicator_(options.replica_sender == nullptr
@@ -113,6 +123,13 @@ PsCore::PsCore(PsCoreOptions options, ShardOwnership ownership)
 // The replicator and the storage first: they may still complete queued changes, whose
 // callbacks use this core's members.
 PsCore::~PsCore() {
+  if (evictor_.joinable()) {
+    {
+      absl::MutexLock lock(&evict_mu_);
+      stop_eviction_ = true;
+    }
+    evictor_.join();
+  }
   replicator_.reset();
   storage_.reset();
 }
@@ -132,6 +149,9 @@ absl::StatusOr<std::unique_ptr<PsCore>> PsCore::Open(PsCoreOptions options,
   if (durable) {
     ASSIGN_OR_RETURN(core->storage_,
                      PodStorage::Open(options.storage, &core->store_, &core->dedup_));
+  }
+  if (options.eviction_interval_ms > 0) {
+    core->evictor_ = std::thread([c = core.get()] { c->RunEviction(); });
   }
   return core;
 }
@@ -247,6 +267,12 @@ absl::Status PsCore::Describe(const DescribeRequest&, DescribeResponse* resp) {
     *info->mutable_spec() = t->spec();
     info->set_rows(t->rows());
     info->set_memory_bytes(t->memory_bytes());
+    if (const AdmissionSketch* a = t->admission(); a != nullptr) {
+      info->set_admitted(a->admitted());
+      info->set_pending_admission(a->pending());
+      info->set_dropped_gradients(a->dropped());
+    }
+    info->set_evicted(t->evicted());
   }
   for (const auto& d : store_.DenseTensors()) *resp->add_dense()->mutable_spec() = d->spec();
   auto own = ownership();
@@ -452,7 +478,8 @@ void PsCore::ApplyChange(const Change& change, ApplyFn apply, Done done) {
     return done(s);
   }
   if (change.key == nullptr) {
-    return storage_->ApplyLogged(PushKey(), change.record_bytes, apply_and_track, std::move(done));
+    return storage_->ApplyLogged(PushKey(), change.record_bytes, apply_and_track, std::move(done),
+                                 nullptr, change.exclusive);
   }
   // The key is marked applied only once the record is durable, so a retry before then is
   // told to wait (ABORTED) rather than acknowledged early.

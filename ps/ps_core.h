@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <thread>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/functional/function_ref.h"
@@ -51,6 +52,12 @@ struct PsCoreOptions {
   // cannot be a primary with followers (an assignment naming followers is refused).
   std::shared_ptr<ReplicaSender> replica_sender;
   ReplicatorOptions replicator;
+  // Feature eviction (TableSpec.eviction, issue 17): a pod opened with PsCore::Open looks
+  // for rows to evict this often (0: never by itself; EvictOnce still works), and deletes
+  // at most this many per DELETE change, each one short exclusive section of the apply
+  // lock, so pushes never stop for longer than deleting a batch takes (~1 ms).
+  int eviction_interval_ms = 1000;
+  size_t eviction_batch_rows = 4096;
 };
 
 // Where a pull's rows go (PsCore::Pull with a sink), so a transport can place them in its
@@ -120,6 +127,28 @@ class PsCore {
   // `done` runs as PushAsync's does: on a durable pod once the installs are logged. *resp
   // must stay valid until then. Thread-safe.
   void ImportRows(const ImportRowsRequest& req, ImportRowsResponse* resp, Done done);
+
+  // Deletes rows of `table` (feature eviction; a delta import's deletions) through the one
+  // change path as one logged DELETE change: on a durable pod under the apply lock held
+  // exclusively, so recovery, followers (ReplicateRecords) and the materializer order it
+  // exactly against the rows' updates (ps/storage/log_record.h). A row that comes back
+  // starts from its initial value. NOT_FOUND for an unknown table, FAILED_PRECONDITION if
+  // an id's vshard is not owned here, UNAVAILABLE (retry) while a move copies or fences
+  // one of its vshards or a lazy start's log is still being applied. *deleted (if given)
+  // gets the resident rows removed. Blocks until durable. Thread-safe.
+  absl::Status DeleteRows(const std::string& table, absl::Span<const int64_t> ids,
+                          uint64_t* deleted = nullptr);
+
+  // One pass of feature eviction over every table with an EvictionSpec, for the vshards
+  // this pod owns (followers delete what their primary logs): deletes the rows not
+  // updated for ttl_seconds, then, while the table holds more than its share of max_rows
+  // (max_rows x owned vshards / vshards, rounded up), the least frequently (LFU: fewest
+  // updates) or least recently (LRU) updated rows, in batches (DeleteRows); a row updated
+  // since it was chosen (in a later second) stays. Counted per table (TableInfo.evicted).
+  // Returns the rows evicted; a table whose deletion is refused (a move in progress, a
+  // lazy start's log being applied) is skipped until the next pass. Thread-safe: one pass
+  // at a time (the pod's eviction thread, or a test with a fake TableOptions.clock).
+  uint64_t EvictOnce();
 
   // Requests refused for reasons StatsResponse does not count, since start (metrics).
   struct Refusals {
@@ -236,6 +265,9 @@ class PsCore {
     // A change a client asked this pod for as the vshards' primary: shipped to the
     // followers (replication). False for what a follower applies from its primary.
     bool ship = false;
+    // It deletes rows: applied with the storage's apply lock held exclusively
+    // (PodStorage::ApplyLogged).
+    bool exclusive = false;
   };
   // Applies the change in memory and adds its entries to `record` (null on an in-memory
   // pod), or fails having applied nothing.
@@ -267,6 +299,13 @@ class PsCore {
                        const ShardOwnership& after) ABSL_EXCLUSIVE_LOCKS_REQUIRED(migrate_mu_);
   // Whether vshard v's records are accepted from primary `pod`.
   bool Follows(uint32_t v, absl::string_view pod) const ABSL_SHARED_LOCKS_REQUIRED(migrate_mu_);
+
+  // DeleteRows for eviction: with updated_before < UINT32_MAX only rows not updated since
+  // (EmbeddingTable::DeleteStale) are deleted, and only those are logged.
+  absl::Status DeleteRowsIf(const std::string& table, absl::Span<const int64_t> ids,
+                            uint32_t updated_before, uint64_t* deleted);
+  // The eviction thread (started by Open): EvictOnce every eviction_interval_ms.
+  void RunEviction();
 
   // Whole rows and dense tensors to install (ImportRows, ImportChunk: their messages have
   // the same fields; ps/pod_transfer.cc). The spans point into the request or the scratch
@@ -370,6 +409,12 @@ class PsCore {
   absl::Mutex ship_mu_ ABSL_ACQUIRED_AFTER(migrate_mu_);
   absl::Mutex follow_mu_;                   // one replicated batch at a time
   std::atomic<int64_t> write_lease_ns_{0};  // absl::ToUnixNanos of the lease's end
+
+  // Feature eviction: one pass at a time; the thread and its stop signal.
+  absl::Mutex evict_pass_mu_;
+  absl::Mutex evict_mu_;
+  bool stop_eviction_ ABSL_GUARDED_BY(evict_mu_) = false;
+  std::thread evictor_;
 
   struct Counters {
     std::atomic<uint64_t> pull_requests{0}, push_requests{0}, pulled_rows{0}, pushed_rows{0},

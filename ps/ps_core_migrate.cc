@@ -231,6 +231,7 @@ absl::Status PsCore::DropVShards(const std::vector<uint32_t>& vshards) {
     t->ForEachRow([&](const RowView& r) {
       if (bits[VShardOf(RouteHash(h, r.id), n)]) ids.push_back(r.id);
     });
+    if (t->admission() != nullptr) t->admission()->Clear(vshards);
     if (ids.empty()) continue;
     erased += t->Erase(ids);
     rows.emplace_back(t->spec().name(), std::move(ids));
@@ -374,6 +375,15 @@ absl::Status PsCore::MigrateExport(const MigrateExportRequest& req, MigrateExpor
                                       slots * sizeof(float));
       bytes += 16 + (dim + slots) * sizeof(float);
     });
+  }
+  if (req.cursor() == 0 && req.phase() == MigrateExportRequest::FINAL) {
+    // Fenced: the admission counters of the vshards count nothing more here.
+    for (const auto& t : store_.Tables()) {
+      if (t->admission() == nullptr) continue;
+      MigratedAdmission* a = resp->add_admission();
+      a->set_table(t->spec().name());
+      a->set_counters(t->admission()->SerializeVShards(out->list));
+    }
   }
   if (req.cursor() == 0) {
     std::vector<float> values;
@@ -527,10 +537,28 @@ absl::Status PsCore::ImportChunk(const MigrateExportResponse& chunk, uint64_t* r
     }
     return absl::OkStatus();
   };
+  // The admission counters of the vshards (the FINAL chunk), checked before anything is
+  // applied: counters of this pod's shape (vshard count).
+  std::vector<std::pair<std::shared_ptr<EmbeddingTable>, const std::string*>> admission;
+  for (const MigratedAdmission& a : chunk.admission()) {
+    auto t = store_.FindTable(a.table());
+    if (t == nullptr || t->admission() == nullptr) continue;  // admission off here: drop
+    AdmissionSketch check(ownership()->num_vshards());
+    if (absl::Status s = check.Restore(a.counters(), /*with_totals=*/false); !s.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("move's admission counters of '", a.table(), "': ", s.message()));
+    }
+    admission.emplace_back(std::move(t), &a.counters());
+  }
   uint64_t installed = 0, skipped = 0;
   auto apply = [&](LogRecordBuilder* record) -> absl::Status {
     RETURN_IF_ERROR(newer_here());
-    return ApplyInstalls(in, record, &installed, &skipped);
+    RETURN_IF_ERROR(ApplyInstalls(in, record, &installed, &skipped));
+    for (const auto& [t, counters] : admission) {
+      RETURN_IF_ERROR(t->admission()->Restore(*counters, /*with_totals=*/false));
+      if (record != nullptr) record->AddAdmissionInstall(t->spec().name(), *counters);
+    }
+    return absl::OkStatus();
   };
   // Not waiting for the record's write: FinishImport waits for every chunk's.
   ApplyChange(change, apply, [this](absl::Status s) {

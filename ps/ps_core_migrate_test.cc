@@ -170,6 +170,65 @@ class MigrateTest : public testing::Test {
   std::unique_ptr<PsCore> a_, b_;
 };
 
+// A move carries the moving vshards' admission counters (issue 17) exactly, durably on
+// the destination, so an id pushed once on the source is admitted at its second push on
+// the destination.
+TEST_F(MigrateTest, MoveCarriesAdmissionCountersExactly) {
+  auto a = Open("a");
+  auto b = Open("b");
+  ASSERT_TRUE(a && b);
+  ApplyAssignmentResponse ar;
+  ASSERT_TRUE(a->ApplyAssignment(Assign(1, Range(0, kVShards)), &ar).ok());
+  ASSERT_TRUE(b->ApplyAssignment(Assign(1, {}), &ar).ok());
+  CreateTableRequest create;
+  create.mutable_spec()->set_name("emb");
+  create.mutable_spec()->set_dim(2);
+  create.mutable_spec()->mutable_optimizer()->set_kind(OptimizerSpec::ADAGRAD);
+  create.mutable_spec()->mutable_admission()->set_min_count(2);
+  CreateTableResponse cr;
+  ASSERT_TRUE(a->CreateTable(create, &cr).ok());
+  std::vector<int64_t> once, twice;
+  for (int64_t id = 0; id < 400; ++id) (id < 200 ? twice : once).push_back(id);
+  uint64_t seq = 1;
+  PushResponse resp;
+  ASSERT_TRUE(a->Push(MakePush(twice, 1, seq++), &resp).ok());
+  ASSERT_TRUE(a->Push(MakePush(twice, 1, seq++), &resp).ok());
+  ASSERT_TRUE(a->Push(MakePush(once, 1, seq++), &resp).ok());
+
+  const std::vector<uint32_t> moving = {1, 5, 9};
+  ASSERT_TRUE(a->ApplyAssignment(Assign(2, Range(0, kVShards), {}, moving), &ar).ok());
+  ASSERT_TRUE(b->ApplyAssignment(Assign(2, {}, moving), &ar).ok());
+  MigrateBeginRequest begin;
+  begin.set_move_id(4);
+  for (uint32_t v : moving) begin.add_vshards(v);
+  MigrateBeginResponse begun;
+  ASSERT_TRUE(a->MigrateBegin(begin, &begun).ok());
+  ASSERT_TRUE(b->BeginImport(4, moving).ok());
+  Copy(*a, *b, 4, MigrateExportRequest::SNAPSHOT);
+  // Counted during the copy: only the fenced FINAL copy has it.
+  ASSERT_TRUE(a->Push(MakePush({1000, 1001, 1002, 1003}, 1, seq++), &resp).ok());
+  Copy(*a, *b, 4, MigrateExportRequest::FINAL);
+  ASSERT_TRUE(b->FinishImport().ok());
+  const std::string counters = a->store().FindTable("emb")->admission()->SerializeVShards(moving);
+  EXPECT_EQ(Rows(*b, moving), Rows(*a, moving));
+  EXPECT_EQ(b->store().FindTable("emb")->admission()->SerializeVShards(moving), counters);
+  b.reset();  // killed: the counters come back from B's log
+  b = Open("b");
+  ASSERT_TRUE(b->ApplyAssignment(Assign(3, moving), &ar).ok());
+  EXPECT_EQ(b->store().FindTable("emb")->admission()->SerializeVShards(moving), counters);
+  int64_t id = -1;
+  for (int64_t x : once) {
+    if (std::count(moving.begin(), moving.end(), VShardOfId(x)) > 0) {
+      id = x;
+      break;
+    }
+  }
+  ASSERT_GE(id, 0);
+  ASSERT_TRUE(b->Push(MakePush({id}, 1, seq++), &resp).ok());
+  b->store().FindTable("emb")->Inspect(id, [](const RowView& r) { EXPECT_EQ(r.step, 1u); });
+  EXPECT_TRUE(b->store().FindTable("emb")->Inspect(id, [](const RowView&) {}));
+}
+
 TEST_F(MigrateTest, DuplicateIsAnsweredEvenAfterOwnershipMovedAway) {
   PsCore core(PsCoreOptions(), ShardOwnership::All(kVShards));
   CreateTable(core);

@@ -50,7 +50,7 @@ class Gather {
 struct ParsedRecord {
   std::string bytes;  // owns what `view` points into
   LogRecordView view;
-  std::vector<std::vector<int64_t>> table_ids, install_ids;
+  std::vector<std::vector<int64_t>> table_ids, install_ids, delete_ids;
   std::vector<std::vector<uint64_t>> table_steps, install_steps;
 };
 
@@ -89,7 +89,7 @@ void PsCore::ApplyShipped(const Change& change, ApplyFn apply, Done done) {
   if (storage_ != nullptr) {
     storage_->ApplyLogged(
         change.key != nullptr ? *change.key : PushKey(), change.record_bytes, apply,
-        [gather](absl::Status s) { gather->Arrive(s); }, ship);
+        [gather](absl::Status s) { gather->Arrive(s); }, ship, change.exclusive);
   } else {
     LogRecordBuilder record(change.key != nullptr ? *change.key : PushKey(), change.record_bytes);
     absl::Status s = apply(&record);
@@ -211,6 +211,17 @@ void PsCore::ReplicateRecords(const ReplicateRecordsRequest& req, ReplicateRecor
         return refuse(s);
       }
     }
+    for (const LogDeleteView& t : p.view.deletes) {
+      // Deletions carry no steps: check their ids as any row's (the steps are ignored).
+      std::vector<uint64_t> no_steps;
+      const std::vector<char> zeros(size_t{t.n} * sizeof(uint64_t));
+      p.delete_ids.emplace_back();
+      if (absl::Status s = check_rows(t.table, t.n, t.ids, LogArrayView{zeros.data()},
+                                      &p.delete_ids.back(), &no_steps);
+          !s.ok()) {
+        return refuse(s);
+      }
+    }
     auto check_dense = [&](absl::string_view name) -> absl::Status {
       if (store_.FindDense(std::string(name)) == nullptr) {
         return absl::UnavailableError(
@@ -245,6 +256,12 @@ void PsCore::ReplicateRecords(const ReplicateRecordsRequest& req, ReplicateRecor
       install_tables.push_back(store_.FindTable(std::string(p.view.installs[i].table)));
       change.rows.emplace_back(install_tables.back(), p.install_ids[i]);
     }
+    std::vector<std::shared_ptr<EmbeddingTable>> delete_tables;
+    for (size_t i = 0; i < p.view.deletes.size(); ++i) {
+      delete_tables.push_back(store_.FindTable(std::string(p.view.deletes[i].table)));
+      change.rows.emplace_back(delete_tables.back(), p.delete_ids[i]);
+    }
+    change.exclusive = !delete_tables.empty();  // see PodStorage::ApplyLogged
     for (const LogDenseView& d : p.view.dense) change.dense.push_back(d.name);
     for (const LogDenseInstallView& d : p.view.dense_installs) change.dense.push_back(d.name);
     change.record_bytes = p.bytes.size();
@@ -263,6 +280,7 @@ void PsCore::ReplicateRecords(const ReplicateRecordsRequest& req, ReplicateRecor
         EmbeddingTable& table = *tables[i];
         for (uint32_t k = 0; k < t.n; ++k) {
           table.Replay(p.table_ids[i][k], t.grad(k), t.lr, p.table_steps[i][k]);
+          table.CountLogged(p.table_ids[i][k], p.table_steps[i][k]);  // admission
         }
         if (record != nullptr) {
           record->AddTable(t.table, t.lr, t.dim, p.table_ids[i], p.table_steps[i], t.grad(0));
@@ -279,6 +297,12 @@ void PsCore::ReplicateRecords(const ReplicateRecordsRequest& req, ReplicateRecor
           record->AddInstall(t.table, t.row_floats, p.install_ids[i], p.install_steps[i],
                              absl::MakeConstSpan(t.row(0), size_t{t.n} * t.row_floats));
         }
+      }
+      // A record is either a deletion or updates (PsCore::DeleteRows logs one alone), so
+      // the order of the two within it does not matter.
+      for (size_t i = 0; i < delete_tables.size(); ++i) {
+        delete_tables[i]->Delete(p.delete_ids[i]);
+        if (record != nullptr) record->AddDelete(p.view.deletes[i].table, p.delete_ids[i]);
       }
       for (const LogDenseView& d : p.view.dense) {
         auto tensor = store_.FindDense(std::string(d.name));

@@ -202,6 +202,49 @@ TEST_P(ReplicateTest, FollowerRowsAreBitIdenticalAfterConcurrentPushes) {
   EXPECT_EQ(b_->replication_stats().records_applied, 160u);
 }
 
+// Issue 17: deletions (the logged DELETE change) and admission decisions reach the
+// follower through the same records: rows, including a deleted row that came back from
+// its initial value, stay bit-identical, and so do the admission counters.
+TEST_P(ReplicateTest, FollowerFollowsDeletionsAndAdmission) {
+  for (PsCore* core : {a_.get(), b_.get()}) {
+    CreateTableRequest req;
+    req.mutable_spec()->set_name("adm");
+    req.mutable_spec()->set_dim(kDim);
+    req.mutable_spec()->mutable_optimizer()->set_kind(OptimizerSpec::ADAGRAD);
+    req.mutable_spec()->mutable_admission()->set_min_count(2);
+    CreateTableResponse resp;
+    ASSERT_TRUE(core->CreateTable(req, &resp).ok());
+  }
+  uint64_t seq = 1;
+  PushResponse resp;
+  for (int k = 0; k < 3; ++k) {
+    ASSERT_TRUE(a_->Push(MakePush({1, 2, 3, 4, 5}, 0.5f, 3, seq++), &resp).ok());
+  }
+  uint64_t deleted = 0;
+  ASSERT_TRUE(a_->DeleteRows("emb", {2, 4, 77}, &deleted).ok());
+  EXPECT_EQ(deleted, 2u);
+  ASSERT_TRUE(a_->Push(MakePush({2}, 0.25f, 3, seq++), &resp).ok());  // back at step 1
+  for (int64_t first : {10, 10, 20}) {
+    PushRequest push = MakePush({first, first + 1}, 0.5f, 3, seq++);
+    push.mutable_tables(0)->set_table("adm");
+    ASSERT_TRUE(a_->Push(push, &resp).ok());
+  }
+  const auto primary = Rows(*a_);
+  ASSERT_EQ(primary.size(), 4u);
+  EXPECT_EQ(Rows(*b_), primary);
+  auto adm_rows = [](PsCore& core) {
+    std::map<int64_t, uint64_t> rows;
+    core.store().FindTable("adm")->ForEachRow([&](const RowView& r) { rows[r.id] = r.step; });
+    return rows;
+  };
+  EXPECT_EQ(adm_rows(*a_), (std::map<int64_t, uint64_t>{{10, 1}, {11, 1}}));
+  EXPECT_EQ(adm_rows(*b_), adm_rows(*a_));
+  EXPECT_EQ(b_->store().FindTable("adm")->admission()->Serialize(),
+            a_->store().FindTable("adm")->admission()->Serialize());
+  // The follower does not delete by itself: it owns nothing.
+  EXPECT_EQ(b_->DeleteRows("emb", {1}).code(), absl::StatusCode::kFailedPrecondition);
+}
+
 TEST_P(ReplicateTest, PushIsAcknowledgedOnlyOnceTheFollowerHoldsIt) {
   sender_->Close();
   const PushRequest push = MakePush({1, 2, 3}, 1.0f, 9, 1);

@@ -12,6 +12,9 @@ constexpr uint8_t kTable = 1;
 constexpr uint8_t kDense = 2;
 constexpr uint8_t kInstall = 3;
 constexpr uint8_t kDenseInstall = 4;
+constexpr uint8_t kDelete = 5;
+constexpr uint8_t kDecay = 6;
+constexpr uint8_t kAdmissionInstall = 7;
 
 template <typename T>
 void Put(std::string* out, T v) {
@@ -126,6 +129,30 @@ void LogRecordBuilder::AddDenseInstall(absl::string_view name, uint64_t step,
   PutBytes(&out_, values.data(), values.size() * sizeof(float));
 }
 
+void LogRecordBuilder::AddDelete(absl::string_view table, absl::Span<const int64_t> ids) {
+  Put<uint8_t>(&out_, kDelete);
+  Put<uint16_t>(&out_, static_cast<uint16_t>(table.size()));
+  PutBytes(&out_, table.data(), table.size());
+  Put<uint32_t>(&out_, static_cast<uint32_t>(ids.size()));
+  PutBytes(&out_, ids.data(), ids.size() * sizeof(int64_t));
+}
+
+void LogRecordBuilder::AddDecay(absl::string_view table, absl::Span<const uint32_t> vshards) {
+  Put<uint8_t>(&out_, kDecay);
+  Put<uint16_t>(&out_, static_cast<uint16_t>(table.size()));
+  PutBytes(&out_, table.data(), table.size());
+  Put<uint32_t>(&out_, static_cast<uint32_t>(vshards.size()));
+  PutBytes(&out_, vshards.data(), vshards.size() * sizeof(uint32_t));
+}
+
+void LogRecordBuilder::AddAdmissionInstall(absl::string_view table, absl::string_view counters) {
+  Put<uint8_t>(&out_, kAdmissionInstall);
+  Put<uint16_t>(&out_, static_cast<uint16_t>(table.size()));
+  PutBytes(&out_, table.data(), table.size());
+  Put<uint32_t>(&out_, static_cast<uint32_t>(counters.size()));
+  PutBytes(&out_, counters.data(), counters.size());
+}
+
 absl::StatusOr<LogRecordView> ParseLogRecord(absl::string_view bytes) {
   Reader r(bytes);
   LogRecordView rec;
@@ -156,6 +183,20 @@ absl::StatusOr<LogRecordView> ParseLogRecord(absl::string_view bytes) {
       e.ids.p = r.Skip<int64_t>(e.n);
       e.steps.p = r.Skip<uint64_t>(e.n);
       e.values = r.Skip<float>(size_t{e.n} * e.row_floats);
+    } else if (tag == kDelete) {
+      LogDeleteView& e = rec.deletes.emplace_back();
+      e.table = name;
+      e.n = r.Get<uint32_t>();
+      e.ids.p = r.Skip<int64_t>(e.n);
+    } else if (tag == kDecay) {
+      LogDecayView& e = rec.decays.emplace_back();
+      e.table = name;
+      e.n = r.Get<uint32_t>();
+      e.vshards.p = r.Skip<uint32_t>(e.n);
+    } else if (tag == kAdmissionInstall) {
+      LogAdmissionInstallView& e = rec.admission_installs.emplace_back();
+      e.table = name;
+      e.counters = r.GetView(r.Get<uint32_t>());
     } else if (tag == kDense) {
       rec.has_dense = true;
       LogDenseView& e = rec.dense.emplace_back();
@@ -215,6 +256,19 @@ absl::StatusOr<LogRecord> DecodeLogRecord(absl::string_view bytes) {
     e.ids = CopyArray<int64_t>(v.ids, v.n);
     e.steps = CopyArray<uint64_t>(v.steps, v.n);
     e.values = CopyFloats(v.values, size_t{v.n} * v.row_floats);
+  }
+  for (const LogDeleteView& v : view->deletes) {
+    LogDeleteEntry& e = rec.deletes.emplace_back();
+    e.table = std::string(v.table);
+    e.ids = CopyArray<int64_t>(v.ids, v.n);
+  }
+  for (const LogAdmissionInstallView& v : view->admission_installs) {
+    rec.admission_installs.push_back({std::string(v.table), std::string(v.counters)});
+  }
+  for (const LogDecayView& v : view->decays) {
+    LogDecayEntry& e = rec.decays.emplace_back();
+    e.table = std::string(v.table);
+    e.vshards = CopyArray<uint32_t>(v.vshards, v.n);
   }
   for (const LogDenseView& v : view->dense) {
     LogDenseEntry& e = rec.dense.emplace_back();

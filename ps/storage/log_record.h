@@ -14,8 +14,22 @@
 //        (dim + slot floats), n i64 ids, n u64 steps, n*floats f32 weights then slots
 //   u8 4 (installed dense tensor), u16 name length, name, u64 step, u32 count, count f32
 //        values (weights then slots)
+//   u8 5 (deleted rows: feature eviction, or an imported deletion), u16 name length, name,
+//        u32 n, n i64 ids
+//   u8 6 (admission counters halved: AdmissionSketch::Decay), u16 name length, name, u32 n,
+//        n u32 vshards
+//   u8 7 (admission counters installed: a move's copy), u16 name length, name, u32 length,
+//        the bytes of AdmissionSketch::SerializeVShards
+// A table entry's step 0 is a push that admission counted and dropped (no row changed);
+// in a table with admission, step 1 is the push that admitted its row
+// (EmbeddingTable::CountLogged).
 // Installs are replayed with EmbeddingTable::Install at their step, after any update of
 // the same row with the same step (the install was skipped then, so never logged).
+// A deletion is ordered against the row's updates by its place in the log, not by steps
+// (a row that comes back restarts at step 0): it is applied with the apply lock held
+// exclusively, so every update logged before it was applied before it and every update
+// logged after it was applied after it. Recovery replays each row's updates in step
+// order within the stretches of the log between its deletions.
 #pragma once
 
 #include <cstdint>
@@ -61,8 +75,29 @@ struct LogDenseInstall {
   std::vector<float> values;
 };
 
+// Rows deleted (EmbeddingTable::Delete).
+struct LogDeleteEntry {
+  std::string table;
+  std::vector<int64_t> ids;
+};
+
+// Admission counters halved (one table, some vshards).
+struct LogDecayEntry {
+  std::string table;
+  std::vector<uint32_t> vshards;
+};
+
+// Admission counters of some vshards installed (AdmissionSketch::Restore).
+struct LogAdmissionInstall {
+  std::string table;
+  std::string counters;
+};
+
 struct LogRecord {
   PushKey key;
+  std::vector<LogAdmissionInstall> admission_installs;
+  std::vector<LogDeleteEntry> deletes;
+  std::vector<LogDecayEntry> decays;
   std::vector<LogTableEntry> tables;
   std::vector<LogDenseEntry> dense;
   std::vector<LogInstallEntry> installs;
@@ -81,6 +116,13 @@ class LogRecordBuilder {
   void AddInstall(absl::string_view table, uint32_t row_floats, absl::Span<const int64_t> ids,
                   absl::Span<const uint64_t> steps, absl::Span<const float> values);
   void AddDenseInstall(absl::string_view name, uint64_t step, absl::Span<const float> values);
+  // Rows deleted: the change must be applied with the apply lock held exclusively
+  // (PodStorage::ApplyLogged's `exclusive`), see the file comment.
+  void AddDelete(absl::string_view table, absl::Span<const int64_t> ids);
+  // Admission counters of `vshards` halved (with the apply lock held exclusively).
+  void AddDecay(absl::string_view table, absl::Span<const uint32_t> vshards);
+  // Admission counters installed (a move's copy).
+  void AddAdmissionInstall(absl::string_view table, absl::string_view counters);
   // Whether an entry was added: a record without one changes nothing.
   bool has_entries() const { return out_.size() > kHeaderBytes; }
   // The encoded record; the builder is empty afterwards.
@@ -147,8 +189,27 @@ struct LogDenseInstallView {
   uint32_t n = 0;
   const char* values = nullptr;  // n floats
 };
+struct LogDeleteView {
+  absl::string_view table;
+  uint32_t n = 0;
+  LogArrayView ids;
+  int64_t id(size_t i) const { return ids.Get<int64_t>(i); }
+};
+struct LogDecayView {
+  absl::string_view table;
+  uint32_t n = 0;
+  LogArrayView vshards;
+  uint32_t vshard(size_t i) const { return vshards.Get<uint32_t>(i); }
+};
+struct LogAdmissionInstallView {
+  absl::string_view table;
+  absl::string_view counters;
+};
 struct LogRecordView {
   PushKey key;
+  std::vector<LogAdmissionInstallView> admission_installs;
+  std::vector<LogDeleteView> deletes;
+  std::vector<LogDecayView> decays;
   std::vector<LogTableView> tables;
   std::vector<LogInstallView> installs;
   std::vector<LogDenseView> dense;

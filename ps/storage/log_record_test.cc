@@ -38,6 +38,30 @@ TEST(LogRecordTest, RoundTripsTablesAndDense) {
   EXPECT_EQ(rec->dense[0].grads, (std::vector<float>{0.25f, -1}));
 }
 
+TEST(LogRecordTest, RoundTripsDeletesAndDecays) {
+  PushKey key;  // anonymous, as an eviction's record
+  const std::vector<int64_t> ids = {9, -3, 1LL << 50};
+  LogRecordBuilder b(key, 0);
+  b.AddDelete("emb", ids);
+  b.AddDecay("emb", {0, 7});
+  b.AddAdmissionInstall("emb", "xyz");
+  const std::string bytes = b.Finish();
+  EXPECT_EQ(bytes.size(), 25u + 1 + 2 + 3 + 4 + 3 * 8 + 1 + 2 + 3 + 4 + 2 * 4 + 1 + 2 + 3 + 4 + 3);
+  auto rec = DecodeLogRecord(bytes);
+  ASSERT_TRUE(rec.ok()) << rec.status();
+  ASSERT_EQ(rec->deletes.size(), 1u);
+  EXPECT_EQ(rec->deletes[0].table, "emb");
+  EXPECT_EQ(rec->deletes[0].ids, ids);
+  ASSERT_EQ(rec->decays.size(), 1u);
+  EXPECT_EQ(rec->decays[0].table, "emb");
+  EXPECT_EQ(rec->decays[0].vshards, (std::vector<uint32_t>{0, 7}));
+  ASSERT_EQ(rec->admission_installs.size(), 1u);
+  EXPECT_EQ(rec->admission_installs[0].counters, "xyz");
+  // Cut short: DATA_LOSS, never a read past the end.
+  EXPECT_EQ(DecodeLogRecord(bytes.substr(0, bytes.size() - 1)).status().code(),
+            absl::StatusCode::kDataLoss);
+}
+
 TEST(LogRecordTest, RoundTripsInstalls) {
   PushKey key;  // anonymous, as an import's record
   const std::vector<int64_t> ids = {9, -3};

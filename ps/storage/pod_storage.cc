@@ -5,6 +5,7 @@
 
 #include <glog/logging.h>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "common/base/status_macros.h"
 
@@ -63,14 +64,30 @@ absl::Status PodStorage::AddDense(const DenseSpec& spec) { return db_->PutDense(
 void PodStorage::ApplyLogged(const PushKey& key, size_t record_bytes,
                              absl::FunctionRef<absl::Status(LogRecordBuilder* record)> apply,
                              DurableLog::Done done,
-                             const std::function<void(const std::string& record)>& on_record) {
+                             const std::function<void(const std::string& record)>& on_record,
+                             bool exclusive) {
   if (absl::Status s = log_->health(); !s.ok()) return done(s);
+  if (exclusive && pending() != nullptr) {
+    return done(absl::UnavailableError(
+        "rows cannot be deleted while the recovered log is still being applied (lazy "
+        "start); retry"));
+  }
   // While materialization lags far behind, wait for it, outside the lock it needs.
   log_->WaitForRoom();
   // Applied and appended under the shared apply lock: see BarrierLsn. `done` may mark a
   // push's key applied (periodic mode: inside Append), which the materializer's snapshot
-  // of the de-duplication state relies on happening under this lock too.
-  absl::ReaderMutexLock lock(&apply_mu_);
+  // of the de-duplication state relies on happening under this lock too. A deletion holds
+  // it exclusively (see log_record.h).
+  if (exclusive)
+    apply_mu_.WriterLock();
+  else
+    apply_mu_.ReaderLock();
+  absl::Cleanup unlock = [&] {
+    if (exclusive)
+      apply_mu_.WriterUnlock();
+    else
+      apply_mu_.ReaderUnlock();
+  };
   LogRecordBuilder record(key, record_bytes);
   if (absl::Status s = apply(&record); !s.ok()) return done(s);
   if (!record.has_entries()) return done(absl::OkStatus());

@@ -131,10 +131,17 @@ class PodStorage {
   //
   // `on_record`, when set, gets the encoded record just before it is appended, on this
   // thread and under the apply lock (a replicated primary ships it to its followers).
+  //
+  // `exclusive`: a change that deletes rows (LogRecordBuilder::AddDelete) runs with the
+  // apply lock held exclusively, so its record's place in the log orders it against
+  // every update of the rows it deletes (log_record.h). Such a change is refused with
+  // UNAVAILABLE while a lazy replay's recovered updates are pending (they would be
+  // applied to the deleted rows when read back); retry.
   void ApplyLogged(const PushKey& key, size_t record_bytes,
                    absl::FunctionRef<absl::Status(LogRecordBuilder* record)> apply,
                    DurableLog::Done done,
-                   const std::function<void(const std::string& record)>& on_record = nullptr);
+                   const std::function<void(const std::string& record)>& on_record = nullptr,
+                   bool exclusive = false);
   // Blocks until every change applied so far has its log record written (the source of a
   // move before its last copy); returns the log's write error, if any. Thread-safe.
   absl::Status WaitApplied();
@@ -180,6 +187,7 @@ class PodStorage {
   Durability durability() const { return options_.log.durability; }
   struct Stats {
     uint64_t materialize_rounds = 0, materialized_rows = 0, evicted_rows = 0;
+    uint64_t deleted_rows = 0;  // rows deleted on disk (EmbeddingTable::Delete)
     double last_materialize_ms = 0;
     uint64_t disk_bytes = 0;
   };
@@ -191,6 +199,10 @@ class PodStorage {
   PodStorage(const PodStorageOptions& options, std::unique_ptr<StorageDb> db, ModelStore* store,
              PushDedup* dedup);
   uint64_t BarrierLsn();  // next_lsn read with apply_mu_ held exclusively
+  // A materialization round's cut: BarrierLsn, and in the same exclusive hold, the
+  // admission counters due for decay halved (and the decay logged), then every table's
+  // counters serialized into *admission (by table number) as of the cut.
+  uint64_t CutWithAdmission(std::vector<std::pair<uint32_t, std::string>>* admission);
 
   // Recovery (pod_storage_recover.cc): Recover runs these steps in this order.
   struct RecoveredLog;
@@ -201,6 +213,9 @@ class PodStorage {
   // Reads the log records from `base` on (parsed in place) and indexes every row and dense
   // update; marks the keys of the records applied.
   absl::Status ReadLog(uint64_t base, const TablesByNumber& tables, RecoveredLog* log);
+  // Counts a recovered record's pushes into its tables' admission counters and applies
+  // its decays (records in log order).
+  void CountAdmission(const LogRecordView& rec, const TablesByNumber& tables);
   // Sets recovery_.lazy (stored rows stay on disk until touched) and returns whether the
   // log's row updates wait for their rows too (lazy replay).
   bool ChooseLazy(bool log_updates_rows);
@@ -208,7 +223,8 @@ class PodStorage {
   absl::Status LoadStoredRows(const TablesByNumber& tables);
   // A lazy start without lazy replay: reads back the rows the log updates.
   absl::Status ReadBackLoggedRows(const RecoveredLog& log);
-  // Replays the log's row updates, each row in step order, tables' shards in parallel.
+  // Replays the log's row updates and deletions, each row in step order between its
+  // deletions, tables' shards in parallel.
   void ReplayRows(const RecoveredLog& log);
   absl::Status ReplayDense(RecoveredLog& log);
   // Starts the log writer at `next_lsn`, the materializer and the background load.

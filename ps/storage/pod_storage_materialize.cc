@@ -41,8 +41,10 @@ absl::Status PodStorage::Materialize() {
 
 absl::Status PodStorage::MaterializeLocked() {
   const absl::Time start = absl::Now();
-  // Every update of a record below `cut` is in memory and its key is marked applied.
-  const uint64_t cut = BarrierLsn();
+  // Every update of a record below `cut` is in memory and its key is marked applied;
+  // `admission` holds exactly the counts of the records below it.
+  std::vector<std::pair<uint32_t, std::string>> admission;
+  const uint64_t cut = CutWithAdmission(&admission);
   RETURN_IF_ERROR(log_->WaitWritten(cut));
 
   RowFile file;
@@ -59,6 +61,11 @@ absl::Status PodStorage::MaterializeLocked() {
     file.Clear();
   };
   size_t rows = 0;
+  // Deleted rows (EmbeddingTable::Delete) and dense tensors (few, small) go through the
+  // memtable, flushed below. A round never both writes and deletes one row, and rounds
+  // are sequential, so the order of the two writes does not matter.
+  RowBatch batch = db_->NewRowBatch();
+  uint64_t deleted = 0;
   for (auto& [no, table] : NumberedTables()) {
     const uint32_t dim = table->dim();
     const uint32_t slots = table->slot_floats();
@@ -70,11 +77,13 @@ absl::Status PodStorage::MaterializeLocked() {
         },
         [&] {
           if (file.bytes() >= options_.materialize_group_bytes) write_group();
+        },
+        [&, no = no](int64_t id) {
+          batch.DeleteRow(no, id);
+          ++deleted;
         });
   }
   write_group();
-  // Dense tensors (few, small) through the memtable, flushed below.
-  RowBatch batch = db_->NewRowBatch();
   std::vector<float> values;
   for (auto& d : store_->DenseTensors()) {
     uint64_t step;
@@ -104,7 +113,8 @@ absl::Status PodStorage::MaterializeLocked() {
   // During a lazy replay the recovered records are the only copy of the updates of rows
   // not loaded yet: the log stays whole until ApplyPending has stored those rows.
   if (pending() == nullptr) {
-    RETURN_IF_ERROR(db_->TruncateLog(cut, dedup, options_.log.durability != Durability::kProcess));
+    RETURN_IF_ERROR(
+        db_->TruncateLog(cut, dedup, options_.log.durability != Durability::kProcess, admission));
     log_->Truncated(cut);
   }
   if (options_.memory_budget_bytes > 0) EvictToBudget();
@@ -117,8 +127,34 @@ absl::Status PodStorage::MaterializeLocked() {
   absl::MutexLock lock(&mu_);
   stats_.materialize_rounds++;
   stats_.materialized_rows += rows;
+  stats_.deleted_rows += deleted;
   stats_.last_materialize_ms = absl::ToDoubleMilliseconds(absl::Now() - start);
   return absl::OkStatus();
+}
+
+uint64_t PodStorage::CutWithAdmission(std::vector<std::pair<uint32_t, std::string>>* admission) {
+  std::vector<std::pair<uint32_t, std::shared_ptr<EmbeddingTable>>> tables;
+  for (auto& [no, t] : NumberedTables()) {
+    if (t->admission() != nullptr) tables.emplace_back(no, std::move(t));
+  }
+  absl::WriterMutexLock lock(&apply_mu_);
+  if (!tables.empty()) {
+    LogRecordBuilder decays(PushKey(), 0);
+    for (const auto& [no, t] : tables) {
+      const std::vector<uint32_t> due = t->admission()->DueForDecay();
+      if (due.empty()) continue;
+      t->admission()->Decay(due);
+      decays.AddDecay(t->spec().name(), due);
+    }
+    // Appended under the exclusive hold: ordered against every count (log_record.h).
+    if (decays.has_entries()) {
+      log_->Append(decays.Finish(), [](absl::Status s) {
+        if (!s.ok()) LOG(WARNING) << "admission decay record not written: " << s;
+      });
+    }
+    for (const auto& [no, t] : tables) admission->emplace_back(no, t->admission()->Serialize());
+  }
+  return log_->next_lsn();
 }
 
 void PodStorage::EvictToBudget() {

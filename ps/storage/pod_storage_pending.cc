@@ -55,7 +55,9 @@ void PendingTable::ReplayInto(size_t shard) const {
   for (const auto& [id, chain] : s.rows) {
     Ordered(s, chain, &row);
     for (const PendingUpdate* u : row) {
-      if (u->install) {
+      if (u->erase) {
+        table->Delete(absl::MakeConstSpan(&u->id, 1));
+      } else if (u->install) {
         table->Install(u->id, u->data, u->data + table->dim(), u->step);
       } else {
         table->Replay(u->id, u->data, u->lr, u->step);
@@ -76,6 +78,11 @@ bool PendingTable::Apply(int64_t id, float* values, uint64_t* step, bool* found)
   float* weights = values;
   float* slots = values + dim;
   for (const PendingUpdate* u : row) {
+    if (u->erase) {
+      *found = false;
+      *step = 0;
+      continue;
+    }
     if (u->install) {
       InstallValues(u->data, u->data + dim, u->step, dim, table->slot_floats(), *found, weights,
                     slots, step);
@@ -93,7 +100,10 @@ bool PendingTable::Apply(int64_t id, float* values, uint64_t* step, bool* found)
 // At equal steps the gradient update comes first: an install at the step a row already
 // had was skipped (and so never logged), so an install is never followed by an update
 // with its own step. The log order is nearly step order already (concurrent pushes of one
-// row may log out of step order).
+// row may log out of step order). A deletion stays where the log has it: it was applied
+// with the apply lock held exclusively, so the updates logged before it are exactly those
+// applied before it (log_record.h); each stretch between deletions is sorted alone (a row
+// that came back restarted its steps).
 void PendingTable::Ordered(const Shard& s, const Chain& chain,
                            std::vector<const PendingUpdate*>* row) const {
   row->clear();
@@ -101,8 +111,11 @@ void PendingTable::Ordered(const Shard& s, const Chain& chain,
   auto less = [](const PendingUpdate* a, const PendingUpdate* b) {
     return std::tie(a->step, a->install) < std::tie(b->step, b->install);
   };
-  if (!std::is_sorted(row->begin(), row->end(), less)) {
-    std::sort(row->begin(), row->end(), less);
+  auto begin = row->begin();
+  while (begin != row->end()) {
+    auto end = std::find_if(begin, row->end(), [](const PendingUpdate* u) { return u->erase; });
+    if (!std::is_sorted(begin, end, less)) std::sort(begin, end, less);
+    begin = end == row->end() ? end : end + 1;
   }
 }
 

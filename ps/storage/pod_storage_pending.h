@@ -16,14 +16,15 @@
 
 namespace ps {
 
-// One logged row update (or whole row installed by an import or a move), pointing into the
-// log.
+// One logged row update (or whole row installed by an import or a move, or a deletion),
+// pointing into the log.
 struct PendingUpdate {
   int64_t id;
   uint64_t step;
   const float* data;  // the gradient, or the installed row (weights then slots)
   float lr;
   bool install;
+  bool erase = false;  // the row was deleted here (log order, not step order, places it)
 };
 
 // The recovered log's updates of one table, in log order, with each row's updates
@@ -48,11 +49,12 @@ class PendingTable {
   // The ids of every row with updates, sorted.
   std::vector<int64_t> Ids() const;
   // Applies every update of the rows of `shard` to the table (EmbeddingTable::Replay /
-  // Install skip what a row already holds).
+  // Install skip what a row already holds; a deletion is EmbeddingTable::Delete).
   void ReplayInto(size_t shard) const;
   // The same arithmetic on a row read back from the database (`*found`) or, if it is not
-  // stored, on its initial value: values holds dim weights then the slots. Returns whether
-  // `id` has logged updates.
+  // stored, on its initial value: values holds dim weights then the slots; a row whose
+  // last logged change deleted it ends with *found false. Returns whether `id` has logged
+  // updates.
   bool Apply(int64_t id, float* values, uint64_t* step, bool* found) const;
 
   const std::shared_ptr<EmbeddingTable> table;
@@ -67,7 +69,7 @@ class PendingTable {
     std::vector<uint32_t> next;          // the next update of the same row, or kEnd
     absl::flat_hash_map<int64_t, Chain> rows;
   };
-  // A row's updates in step order (see pod_storage_pending.cc).
+  // A row's updates in step order between its deletions (see pod_storage_pending.cc).
   void Ordered(const Shard& s, const Chain& chain, std::vector<const PendingUpdate*>* row) const;
 
   std::vector<Shard> shards_;

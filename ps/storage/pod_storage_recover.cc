@@ -49,6 +49,7 @@ class RowUpdateIndex {
       ASSIGN_OR_RETURN(LogRecordView rec, ParseLogRecord(entry.record));
       for (const LogTableView& e : rec.tables) counts[e.table] += e.n;
       for (const LogInstallView& e : rec.installs) counts[e.table] += e.n;
+      for (const LogDeleteView& e : rec.deletes) counts[e.table] += e.n;
     }
     for (const auto& [name, count] : counts) {
       if (PendingTable* pt = Find(name); pt != nullptr) pt->Reserve(count);
@@ -66,6 +67,7 @@ class RowUpdateIndex {
                                                 " names table '", e.table, "' (dim ", e.dim,
                                                 ") which the catalog lacks"));
       }
+      entries_.push_back({Entry::kGradients, gradients_.size()});
       gradients_.push_back({pt, e});
     }
     for (const LogInstallView& e : rec.installs) {
@@ -75,24 +77,54 @@ class RowUpdateIndex {
                                                 "' (", e.row_floats,
                                                 " floats per row) which the catalog lacks"));
       }
+      entries_.push_back({Entry::kInstalls, installs_.size()});
       installs_.push_back({pt, e});
+    }
+    for (const LogDeleteView& e : rec.deletes) {
+      PendingTable* pt = Find(e.table);
+      if (pt == nullptr) {
+        return absl::DataLossError(absl::StrCat("log record deletes rows of table '", e.table,
+                                                "' which the catalog lacks"));
+      }
+      entries_.push_back({Entry::kDelete, deletes_.size()});
+      deletes_.push_back({pt, e});
     }
     return absl::OkStatus();
   }
 
-  // Chains each row's updates in log order, one thread per shard of the rows.
+  // Row deletions in the log.
+  size_t deletions() const {
+    size_t n = 0;
+    for (const auto& [pt, e] : deletes_) n += e.n;
+    return n;
+  }
+
+  // Chains each row's updates in log order (a deletion's place among a row's updates is
+  // its log position), one thread per shard of the rows.
   void Build() {
     auto build = [this](size_t shard) {
-      for (const auto& [pt, e] : gradients_) {
-        for (size_t i = 0; i < e.n; ++i) {
-          const int64_t id = e.id(i);
-          if (pt->ShardOf(id) == shard) pt->Add(shard, {id, e.step(i), e.grad(i), e.lr, false});
-        }
-      }
-      for (const auto& [pt, e] : installs_) {
-        for (size_t i = 0; i < e.n; ++i) {
-          const int64_t id = e.id(i);
-          if (pt->ShardOf(id) == shard) pt->Add(shard, {id, e.step(i), e.row(i), 0, true});
+      for (const Entry& entry : entries_) {
+        if (entry.kind == Entry::kGradients) {
+          const auto& [pt, e] = gradients_[entry.index];
+          for (size_t i = 0; i < e.n; ++i) {
+            const int64_t id = e.id(i);
+            // Step 0: a push admission dropped (counted in ReadLog, no row update).
+            if (pt->ShardOf(id) == shard && e.step(i) != 0) {
+              pt->Add(shard, {id, e.step(i), e.grad(i), e.lr, false});
+            }
+          }
+        } else if (entry.kind == Entry::kInstalls) {
+          const auto& [pt, e] = installs_[entry.index];
+          for (size_t i = 0; i < e.n; ++i) {
+            const int64_t id = e.id(i);
+            if (pt->ShardOf(id) == shard) pt->Add(shard, {id, e.step(i), e.row(i), 0, true});
+          }
+        } else {
+          const auto& [pt, e] = deletes_[entry.index];
+          for (size_t i = 0; i < e.n; ++i) {
+            const int64_t id = e.id(i);
+            if (pt->ShardOf(id) == shard) pt->Add(shard, {id, 0, nullptr, 0, false, true});
+          }
         }
       }
     };
@@ -118,6 +150,13 @@ class RowUpdateIndex {
   absl::flat_hash_map<std::string, uint32_t> numbers_;
   std::vector<std::pair<PendingTable*, LogTableView>> gradients_;
   std::vector<std::pair<PendingTable*, LogInstallView>> installs_;
+  std::vector<std::pair<PendingTable*, LogDeleteView>> deletes_;
+  // Every entry above in log order.
+  struct Entry {
+    enum Kind : uint8_t { kGradients, kInstalls, kDelete } kind;
+    size_t index;
+  };
+  std::vector<Entry> entries_;
 };
 
 // Decodes the dense entries of one record into `records` (which must have room: it is never
@@ -155,6 +194,7 @@ struct PodStorage::RecoveredLog {
   std::vector<DenseUpdate> dense;        // pointing into dense_records
   uint64_t next_lsn = 0;                 // the lsn after the last record
   size_t row_updates = 0;                // over every PendingTable
+  size_t deletions = 0;                  // rows deleted (among row_updates)
 };
 
 absl::Status PodStorage::Recover() {
@@ -166,7 +206,10 @@ absl::Status PodStorage::Recover() {
   RecoveredLog log;
   RETURN_IF_ERROR(ReadLog(catalog.log_base, tables, &log));
   const absl::Time log_read = absl::Now();
-  const bool lazy_replay = ChooseLazy(/*log_updates_rows=*/log.row_updates > 0);
+  // A log that deletes rows is replayed before serving: a lazy replay would apply a
+  // deleted row's older updates to it when it is read back, after the deletion is stored.
+  const bool lazy_replay =
+      ChooseLazy(/*log_updates_rows=*/log.row_updates > 0) && log.deletions == 0;
   if (recovery_.lazy) {
     if (lazy_replay) {
       absl::MutexLock lock(&mu_);
@@ -215,6 +258,15 @@ absl::Status PodStorage::LoadCatalog(const StorageDb::Catalog& catalog, TablesBy
   recovery_.tables = catalog.tables.size();
   recovery_.dense = catalog.dense.size();
   if (!catalog.dedup.empty()) RETURN_IF_ERROR(dedup_->Restore(catalog.dedup));
+  // Admission counters as of the log's base; ReadLog counts the records after it.
+  for (const auto& [no, bytes] : catalog.admission) {
+    auto it = tables->find(no);
+    if (it == tables->end() || it->second->admission() == nullptr) continue;
+    if (absl::Status s = it->second->admission()->Restore(bytes, /*with_totals=*/true); !s.ok()) {
+      return absl::DataLossError(absl::StrCat("stored admission counters of '",
+                                              it->second->spec().name(), "': ", s.message()));
+    }
+  }
   return absl::OkStatus();
 }
 
@@ -231,6 +283,7 @@ absl::Status PodStorage::ReadLog(uint64_t base, const TablesByNumber& tables, Re
     log->next_lsn = std::max(log->next_lsn, entry.lsn + 1);
     ASSIGN_OR_RETURN(LogRecordView rec, ParseLogRecord(entry.record));
     RETURN_IF_ERROR(index.Add(rec));
+    CountAdmission(rec, tables);
     if (rec.has_dense) {
       RETURN_IF_ERROR(AddDenseUpdates(*store_, entry.record, &log->dense_records, &log->dense));
     }
@@ -240,7 +293,41 @@ absl::Status PodStorage::ReadLog(uint64_t base, const TablesByNumber& tables, Re
   }
   index.Build();
   for (const auto& [no, pt] : log->pending->tables) log->row_updates += pt->size();
+  log->deletions = index.deletions();
   return absl::OkStatus();
+}
+
+void PodStorage::CountAdmission(const LogRecordView& rec, const TablesByNumber& tables) {
+  // In log order: counts between two decays commute, and a decay was logged with the
+  // apply lock held exclusively, so the counts logged before it were made before it.
+  if (rec.tables.empty() && rec.decays.empty() && rec.admission_installs.empty()) return;
+  auto find = [&](absl::string_view name) -> EmbeddingTable* {
+    absl::MutexLock lock(&mu_);
+    auto it = table_numbers_.find(name);
+    if (it == table_numbers_.end()) return nullptr;
+    auto t = tables.find(it->second);
+    return t == tables.end() || t->second->admission() == nullptr ? nullptr : t->second.get();
+  };
+  for (const LogTableView& e : rec.tables) {
+    EmbeddingTable* t = find(e.table);
+    if (t == nullptr) continue;
+    for (uint32_t i = 0; i < e.n; ++i) t->CountLogged(e.id(i), e.step(i));
+  }
+  for (const LogAdmissionInstallView& e : rec.admission_installs) {
+    EmbeddingTable* t = find(e.table);
+    if (t == nullptr) continue;
+    // Checked when it was installed (PsCore::ImportChunk); the record's CRC held.
+    if (absl::Status s = t->admission()->Restore(e.counters, /*with_totals=*/false); !s.ok()) {
+      LOG(WARNING) << "logged admission counters of '" << e.table << "' not restored: " << s;
+    }
+  }
+  for (const LogDecayView& e : rec.decays) {
+    EmbeddingTable* t = find(e.table);
+    if (t == nullptr) continue;
+    std::vector<uint32_t> vshards(e.n);
+    for (uint32_t i = 0; i < e.n; ++i) vshards[i] = e.vshard(i);
+    t->admission()->Decay(vshards);
+  }
 }
 
 bool PodStorage::ChooseLazy(bool log_updates_rows) {

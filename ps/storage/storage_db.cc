@@ -536,6 +536,9 @@ absl::StatusOr<StorageDb::Catalog> StorageDb::LoadCatalog() {
         return absl::DataLossError(absl::StrCat("stored spec of ", key, " is unreadable"));
       }
       catalog.dense.push_back(spec);
+    } else if (absl::StartsWith(key, "admission/") && key.size() == 10 + 4) {
+      catalog.admission.emplace_back(static_cast<uint32_t>(GetBE(key.data() + 10, 4)),
+                                     std::string(value));
     } else if (key == "dedup") {
       catalog.dedup = std::string(value);
     } else if (key == "log_base" && value.size() == 8) {
@@ -578,8 +581,16 @@ absl::Status StorageDb::ReadLog(uint64_t from, LogRead* out) {
   return absl::OkStatus();
 }
 
-absl::Status StorageDb::TruncateLog(uint64_t cut, absl::string_view dedup, bool sync) {
+absl::Status StorageDb::TruncateLog(
+    uint64_t cut, absl::string_view dedup, bool sync,
+    const std::vector<std::pair<uint32_t, std::string>>& admission) {
   rocksdb::WriteBatch batch;
+  for (const auto& [no, bytes] : admission) {
+    std::string key = "admission/";
+    for (int shift = 24; shift >= 0; shift -= 8) key.push_back(static_cast<char>(no >> shift));
+    RETURN_IF_ERROR(FromRocks(
+        batch.Put(rep_->meta, key, rocksdb::Slice(bytes.data(), bytes.size())), "truncate"));
+  }
   RETURN_IF_ERROR(FromRocks(batch.DeleteRange(rep_->log, LogKey(0), LogKey(cut)), "truncate"));
   RETURN_IF_ERROR(FromRocks(
       batch.Put(rep_->meta, "dedup", rocksdb::Slice(dedup.data(), dedup.size())), "truncate"));

@@ -129,6 +129,8 @@ class StorageDb {
     std::vector<DenseSpec> dense;
     std::string dedup;      // empty if never truncated
     uint64_t log_base = 1;  // log records below it were deleted
+    // Admission counters (AdmissionSketch::Serialize) by table number, as of log_base.
+    std::vector<std::pair<uint32_t, std::string>> admission;
   };
   absl::StatusOr<Catalog> LoadCatalog();
 
@@ -145,7 +147,10 @@ class StorageDb {
   // Stores the de-duplication state and `cut` as the log's base (log records below it are
   // then dead) in one atomic write, then deletes the log files that hold only records below
   // it.
-  absl::Status TruncateLog(uint64_t cut, absl::string_view dedup, bool sync);
+  // `admission`: the admission counters of tables (by number) as of `cut`, stored in the
+  // same write.
+  absl::Status TruncateLog(uint64_t cut, absl::string_view dedup, bool sync,
+                           const std::vector<std::pair<uint32_t, std::string>>& admission = {});
 
   RowBatch NewRowBatch();
   // Writes rows without the WAL: they are durable only after FlushRows, which the
