@@ -135,6 +135,8 @@ absl::Status ExportChangedRows(
     RETURN_IF_ERROR(
         stored->ReadStoredRows(no, chunk, floats, values.data(), steps.data(), found.get()));
     for (size_t i = 0; i < chunk.size(); ++i) {
+      // Deleted by the copy's log (listed as deleted), though still on its disk.
+      if (found[i] && table.DeletePending(chunk[i])) found[i] = false;
       if (!found[i]) {
         if (!changes.deleted.contains(chunk[i])) deleted->push_back(chunk[i]);
         continue;
@@ -389,13 +391,19 @@ absl::Status PlanDelta(PodStorage& stored, const ModelStore& store, const std::s
     absl::StatusOr<uint32_t> no = stored.TableNumber(name);
     if (no.ok()) by_number[*no] = &changes;
   }
-  return journal.ForEachSince(from.seq, [&](uint32_t no, ChangeKind kind, int64_t id) {
+  auto note = [&](uint32_t no, ChangeKind kind, int64_t id) {
     auto it = by_number.find(no);
     if (it == by_number.end()) return absl::OkStatus();  // a table no longer stored
     it->second->changed.insert(id);
     if (kind == ChangeKind::kDelete) it->second->deleted.insert(id);
     return absl::OkStatus();
-  });
+  };
+  RETURN_IF_ERROR(journal.ForEachSince(from.seq, note));
+  // The deletions the copy's log holds (no round has journaled them yet).
+  for (const auto& [no, id] : stored.LoggedDeletes()) {
+    RETURN_IF_ERROR(note(no, ChangeKind::kDelete, id));
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace
@@ -598,12 +606,8 @@ absl::Status PsCore::ApplyInstalls(const Installs& in, LogRecordBuilder* record,
 
 absl::Status PsCore::PrepareImport(const ImportRowsRequest& req, const ShardOwnership& own,
                                    Installs* in, ImportRowsResponse* resp) {
-  if (req.tables_size() == 0 && req.dense_size() == 0 && req.deletes_size() == 0) {
-    return absl::InvalidArgumentError("import names no rows, no dense tensors and no deletions");
-  }
-  if (req.deletes_size() > 0) {
-    // TODO(life-delta): through the pod's DELETE change once it exists (issue 17).
-    return absl::UnimplementedError("this pod cannot delete rows yet");
+  if (req.tables_size() == 0 && req.dense_size() == 0) {
+    return absl::InvalidArgumentError("import names no rows and no dense tensors");
   }
   in->rows.resize(req.tables_size());
   for (int i = 0; i < req.tables_size(); ++i) {
@@ -648,6 +652,38 @@ absl::Status PsCore::PrepareImport(const ImportRowsRequest& req, const ShardOwne
 }
 
 void PsCore::ImportRows(const ImportRowsRequest& req, ImportRowsResponse* resp, Done done) {
+  resp->clear_deleted();
+  if (req.tables_size() == 0 && req.dense_size() == 0 && req.deletes_size() == 0) {
+    return done(
+        absl::InvalidArgumentError("import names no rows, no dense tensors and no deletions"));
+  }
+  // A delta's deletions come first, each through the one deletion path (DeleteRows: a
+  // logged DELETE change), all checked before any is applied.
+  std::vector<std::vector<int64_t>> scratch(req.deletes_size());
+  std::vector<absl::Span<const int64_t>> deletes(req.deletes_size());
+  for (int i = 0; i < req.deletes_size(); ++i) {
+    const TableRows& d = req.deletes(i);
+    std::shared_ptr<EmbeddingTable> t = store_.FindTable(d.table());
+    if (t == nullptr) {
+      return done(absl::NotFoundError(absl::StrCat("table '", d.table(), "' does not exist")));
+    }
+    absl::StatusOr<absl::Span<const int64_t>> ids =
+        PackedView<int64_t>(d.ids(), &scratch[i], "deleted ids of", d.table());
+    if (!ids.ok()) return done(ids.status());
+    if (absl::Status s = CheckOwned(*ownership(), *t, *ids); !s.ok()) return done(s);
+    deletes[i] = *ids;
+  }
+  for (int i = 0; i < req.deletes_size(); ++i) {
+    uint64_t deleted = 0;
+    if (absl::Status s = DeleteRows(req.deletes(i).table(), deletes[i], &deleted); !s.ok()) {
+      return done(s);
+    }
+    resp->set_deleted(resp->deleted() + deleted);
+  }
+  if (req.tables_size() == 0 && req.dense_size() == 0) {
+    resp->set_epoch(ownership()->epoch());
+    return done(absl::OkStatus());
+  }
   // Held from the ownership check until applied, as for a push (see migrate_mu_).
   absl::ReaderMutexLock fence(&migrate_mu_);
   auto own = ownership();

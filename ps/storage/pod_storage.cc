@@ -92,6 +92,12 @@ void PodStorage::ApplyLogged(const PushKey& key, size_t record_bytes,
   if (absl::Status s = apply(&record); !s.ok()) return done(s);
   if (!record.has_entries()) return done(absl::OkStatus());
   std::string bytes = record.Finish();
+  if (exclusive) {
+    // For the change journal (pod_storage_journal.cc); the record was just built whole.
+    if (absl::StatusOr<LogRecordView> rec = ParseLogRecord(bytes); rec.ok()) {
+      NoteLoggedDeletes(*rec);
+    }
+  }
   if (on_record) on_record(bytes);
   log_->Append(std::move(bytes), std::move(done));
 }

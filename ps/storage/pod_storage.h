@@ -179,6 +179,10 @@ class PodStorage {
   // column family's state, not memory's). Thread-safe.
   absl::Status ReadStoredRows(uint32_t table_no, absl::Span<const int64_t> ids, size_t row_floats,
                               float* values, uint64_t* steps, bool* found);
+  // Row deletions logged and not yet in the change journal, by table number: on a copy
+  // opened for an export, exactly the deletions its log holds (the journal has the rest).
+  // Thread-safe.
+  std::vector<std::pair<uint32_t, int64_t>> LoggedDeletes();
 
   const RecoveryStats& recovery() const { return recovery_; }
   // Whether every stored row is in memory (false during a lazy start's background load,
@@ -216,6 +220,12 @@ class PodStorage {
   // Counts a recovered record's pushes into its tables' admission counters and applies
   // its decays (records in log order).
   void CountAdmission(const LogRecordView& rec, const TablesByNumber& tables);
+  // The change journal's deletions (pod_storage_journal.cc): NoteLoggedDeletes keeps the
+  // deletions of a log record (ApplyLogged's deleting changes, recovery's records);
+  // JournalLoggedDeletes notes every one kept so far in the journal (a round, before it
+  // deletes rows from disk), waiting for a deleting change in progress to keep its own.
+  void NoteLoggedDeletes(const LogRecordView& rec);
+  void JournalLoggedDeletes() ABSL_EXCLUSIVE_LOCKS_REQUIRED(materialize_mu_);
   // Sets recovery_.lazy (stored rows stay on disk until touched) and returns whether the
   // log's row updates wait for their rows too (lazy replay).
   bool ChooseLazy(bool log_updates_rows);
@@ -259,6 +269,11 @@ class PodStorage {
   RecoveryStats recovery_;
   std::unique_ptr<DurableLog> log_;
   std::unique_ptr<ChangeJournal> journal_;  // noted and committed under materialize_mu_
+  // Row deletions logged since a round last noted them in the journal (see
+  // pod_storage_journal.cc): a deleted row created again before the round is written as a
+  // row, so the deletion is noted from its log record, not from the round.
+  absl::Mutex deletes_mu_;
+  std::vector<std::pair<uint32_t, int64_t>> logged_deletes_ ABSL_GUARDED_BY(deletes_mu_);
 
   // Held shared by ApplyLogged from apply to append, exclusively by the materializer for
   // an instant (BarrierLsn) and by eviction.

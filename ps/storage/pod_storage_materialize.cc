@@ -91,6 +91,9 @@ absl::Status PodStorage::MaterializeLocked() {
       batch.AddDense(d->spec().name(), step, values);
     }
   }
+  // The journal names every deletion so far before any is written (change_journal.h).
+  JournalLoggedDeletes();
+  if (status.ok()) status = journal_->Commit();
   if (status.ok() && batch.count() > 0) {
     status = log_->WaitWritten(BarrierLsn());
     if (status.ok()) status = db_->WriteRows(&batch);
