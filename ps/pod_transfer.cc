@@ -128,7 +128,7 @@ absl::Status ExportChangedRows(
   constexpr size_t kBatch = 4096;
   std::vector<float> values(kBatch * floats);
   std::vector<uint64_t> steps(kBatch);
-  std::unique_ptr<bool[]> found(new bool[kBatch]);
+  auto found = std::make_unique<bool[]>(kBatch);
   for (size_t at = 0; at < ids.size(); at += kBatch) {
     const auto chunk = absl::MakeConstSpan(ids).subspan(at, std::min(kBatch, ids.size() - at));
     std::fill(found.get(), found.get() + chunk.size(), false);
