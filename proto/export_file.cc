@@ -252,7 +252,7 @@ absl::StatusOr<bool> ExportFileReader::Next(ExportBlock* block) {
   for (uint32_t i = 0; i < records; ++i) {
     std::memcpy(&block->ids[i], p, 8);
     std::memcpy(&block->steps[i], p + 8, 8);
-    std::memcpy(&block->values[i * floats], p + 16, floats * sizeof(float));
+    std::memcpy(block->values.data() + i * floats, p + 16, floats * sizeof(float));
     p += record_bytes;
   }
   summary_.rows += records;
