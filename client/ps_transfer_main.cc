@@ -19,6 +19,12 @@ DEFINE_string(servers, "",
 DEFINE_string(dir, "",
               "The export directory (required). Export: made on the pods' "
               "filesystems as DIR/part-<i>, plus DIR/export.json here.");
+DEFINE_string(since, "",
+              "Export: a delta. The cursor an earlier export printed (\"cursor\" in its "
+              "last line and in DIR/export.json): write only the rows changed since that "
+              "export, and the ids deleted since then. A pod the cursor does not know (new, "
+              "lost its disk) writes all its rows; a cursor older than a pod's change journal "
+              "keeps (--change_journal_mb on the pods) is refused: take a full export.");
 DEFINE_int32(connect_timeout_ms, 30000, "How long to wait for the pods or the master's map.");
 DEFINE_int32(export_timeout_ms, 3600000, "Deadline of each pod's export.");
 DEFINE_int32(batch_rows, 4096, "Import: rows per ImportRows request.");
@@ -33,9 +39,11 @@ constexpr char kUsage[] =
     "ps-transfer: portable export and import of a parameter-server cluster.\n"
     "Usage: ps-transfer (--master=HOST:PORT | --servers=H:P,H:P,...) --dir=DIR export|import\n"
     "  export  every pod writes the rows it owns (weights, optimizer state, steps) and its\n"
-    "          dense tensors into DIR/part-<i>; then DIR/export.json lists the parts\n"
+    "          dense tensors into DIR/part-<i>; then DIR/export.json lists the parts.\n"
+    "          Prints a cursor; --since=CURSOR exports only what changed after it (a delta)\n"
     "  import  reads DIR, checks it, creates the tables, and sends every row to the pod\n"
-    "          owning it now; idempotent (a re-run installs nothing new)\n"
+    "          owning it now; idempotent (a re-run installs nothing new). A delta applies\n"
+    "          on top of the export it follows: its deleted ids first, then its rows\n"
     "The last line printed is one JSON object with the outcome.";
 
 }  // namespace
@@ -49,6 +57,10 @@ int main(int argc, char** argv) {
   const std::string command = argv[1];
   if (command != "export" && command != "import") {
     std::fprintf(stderr, "unknown command '%s'\n%s\n", command.c_str(), kUsage);
+    return 2;
+  }
+  if (command == "import" && !FLAGS_since.empty()) {
+    std::fprintf(stderr, "--since is for export (a delta's import needs no cursor)\n%s\n", kUsage);
     return 2;
   }
   ps::ClusterTarget target;
@@ -71,19 +83,34 @@ int main(int argc, char** argv) {
   if (command == "export") {
     ps::ExportClusterOptions options;
     options.timeout_ms = FLAGS_export_timeout_ms;
+    options.since = FLAGS_since;
     auto index = ps::ExportCluster(*cluster, FLAGS_dir, options);
     if (!index.ok()) {
       std::fprintf(stderr, "ps-transfer export: %s\n", index.status().ToString().c_str());
       return 1;
     }
-    uint64_t rows = 0, dense = 0;
+    uint64_t rows = 0, dense = 0, deleted = 0;
+    int whole = 0;
     for (const auto& p : index->parts()) {
       rows += p.rows();
       dense += p.dense();
+      deleted += p.deleted();
+      if (p.whole()) {
+        ++whole;
+        std::fprintf(stderr,
+                     "ps-transfer export: part %s (pod %s) is written whole: its pod is not in "
+                     "the cursor (a new pod or a lost disk); rows deleted there since the "
+                     "cursor are not listed\n",
+                     p.dir().c_str(), p.pod().c_str());
+      }
     }
-    std::printf("{\"command\":\"export\",\"parts\":%d,\"rows\":%llu,\"dense\":%llu}\n",
-                index->parts_size(), static_cast<unsigned long long>(rows),
-                static_cast<unsigned long long>(dense));
+    // The cursor is made of hex digits, digits, '.', ',' and "v1:": no JSON escaping needed.
+    std::printf(
+        "{\"command\":\"export\",\"parts\":%d,\"rows\":%llu,\"dense\":%llu,\"deleted\":%llu,"
+        "\"delta\":%s,\"whole_parts\":%d,\"cursor\":\"%s\"}\n",
+        index->parts_size(), static_cast<unsigned long long>(rows),
+        static_cast<unsigned long long>(dense), static_cast<unsigned long long>(deleted),
+        FLAGS_since.empty() ? "false" : "true", whole, index->cursor().c_str());
     return 0;
   }
   ps::ImportOptions options;
@@ -105,11 +132,14 @@ int main(int argc, char** argv) {
   }
   std::printf(
       "{\"command\":\"import\",\"parts\":%llu,\"rows\":%llu,\"dense\":%llu,\"installed\":%llu,"
-      "\"skipped\":%llu,\"invalid\":%llu,\"seconds\":%.3f}\n",
+      "\"skipped\":%llu,\"invalid\":%llu,\"deleted_ids\":%llu,\"deleted\":%llu,"
+      "\"seconds\":%.3f}\n",
       static_cast<unsigned long long>(result->parts), static_cast<unsigned long long>(result->rows),
       static_cast<unsigned long long>(result->dense),
       static_cast<unsigned long long>(result->installed),
       static_cast<unsigned long long>(result->skipped),
-      static_cast<unsigned long long>(result->invalid), result->seconds);
+      static_cast<unsigned long long>(result->invalid),
+      static_cast<unsigned long long>(result->deleted_ids),
+      static_cast<unsigned long long>(result->deleted), result->seconds);
   return 0;
 }

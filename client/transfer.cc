@@ -197,6 +197,7 @@ absl::StatusOr<ExportIndex> ExportCluster(const Cluster& cluster, const std::str
   if (fs::exists(dir + "/export.json")) {
     return absl::AlreadyExistsError(absl::StrCat(dir, " already holds an export"));
   }
+  if (!options.since.empty()) RETURN_IF_ERROR(ParseExportCursor(options.since).status());
   std::vector<ExportResponse> responses(cluster.pods.size());
   std::vector<absl::Status> statuses(cluster.pods.size());
   std::vector<std::thread> threads;
@@ -205,6 +206,7 @@ absl::StatusOr<ExportIndex> ExportCluster(const Cluster& cluster, const std::str
       auto stub = PodTransfer::NewStub(Channel(cluster.channels, cluster.pods[i]));
       ExportRequest req;
       req.set_dir(absl::StrCat(dir, "/part-", i));
+      req.set_since(options.since);
       statuses[i] =
           TransferPolicy(options.timeout_ms, 5)
               .Run([&](grpc::ClientContext* ctx) { return stub->Export(ctx, req, &responses[i]); },
@@ -219,13 +221,26 @@ absl::StatusOr<ExportIndex> ExportCluster(const Cluster& cluster, const std::str
   index.set_created(absl::FormatTime(absl::RFC3339_sec, absl::Now(), absl::UTCTimeZone()));
   index.set_num_vshards(cluster.num_vshards);
   index.set_epoch(cluster.epoch);
+  index.set_since(options.since);
+  std::vector<ExportCursorEntry> cursor;
   for (size_t i = 0; i < cluster.pods.size(); ++i) {
     ExportIndex::Part* p = index.add_parts();
     p->set_dir(absl::StrCat("part-", i));
     p->set_pod(cluster.pods[i]);
     p->set_rows(responses[i].rows());
     p->set_dense(responses[i].dense());
+    p->set_deleted(responses[i].deleted());
+    p->set_whole(responses[i].whole());
+    // An in-memory pod names no position (its next delta is whole).
+    if (responses[i].cursor().empty()) continue;
+    auto entries = ParseExportCursor(responses[i].cursor());
+    if (!entries.ok()) {
+      return absl::InternalError(absl::StrCat(
+          "pod ", cluster.pods[i], " answered a damaged cursor: ", entries.status().message()));
+    }
+    cursor.insert(cursor.end(), entries->begin(), entries->end());
   }
+  index.set_cursor(FormatExportCursor(cursor));
   google::protobuf::util::JsonPrintOptions json_options;
   json_options.add_whitespace = true;
   json_options.preserve_proto_field_names = true;
@@ -290,6 +305,10 @@ class Sender {
     absl::MutexLock lock(&mu_);
     return invalid_;
   }
+  uint64_t deleted() {
+    absl::MutexLock lock(&mu_);
+    return deleted_;
+  }
   std::vector<std::string> invalid_rows() {
     absl::MutexLock lock(&mu_);
     return invalid_rows_;
@@ -320,6 +339,7 @@ class Sender {
       installed_ += resp.installed();
       skipped_ += resp.skipped();
       invalid_ += resp.invalid();
+      deleted_ += resp.deleted();
       for (const std::string& r : resp.invalid_rows()) {
         if (invalid_rows_.size() < kNamedInvalid) invalid_rows_.push_back(r);
       }
@@ -339,6 +359,7 @@ class Sender {
   absl::Status status_ ABSL_GUARDED_BY(mu_);
   uint64_t installed_ ABSL_GUARDED_BY(mu_) = 0, skipped_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t invalid_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t deleted_ ABSL_GUARDED_BY(mu_) = 0;
   std::vector<std::string> invalid_rows_ ABSL_GUARDED_BY(mu_);
 };
 
@@ -439,6 +460,10 @@ absl::StatusOr<ImportResult> ImportCluster(const Cluster& cluster, const std::st
                                        t.spec().SerializeAsString(), t.dim(), t.slot_floats(), f,
                                        nullptr));
         }
+        for (const ExportFileInfo& f : t.deleted_files()) {
+          RETURN_IF_ERROR(ReadDataFile(p.dir + "/" + f.name(), ExportKind::kDeletedIds,
+                                       t.spec().SerializeAsString(), 0, 0, f, nullptr));
+        }
       }
       for (const ExportDenseInfo& d : p.manifest.dense()) {
         RETURN_IF_ERROR(ReadDataFile(p.dir + "/" + d.file().name(), ExportKind::kDense,
@@ -470,8 +495,49 @@ absl::StatusOr<ImportResult> ImportCluster(const Cluster& cluster, const std::st
     }
   }
 
-  Sender sender(cluster, options);
   const size_t num_pods = cluster.pods.size();
+  // A delta's deletions first, all of them acknowledged before any row is installed.
+  {
+    Sender deleter(cluster, options);
+    for (const Part& p : parts) {
+      for (const ExportTableInfo& t : p.manifest.tables()) {
+        const std::string& name = t.spec().name();
+        const uint64_t name_hash = NameHash(name);
+        std::vector<TableRows> pending(num_pods);
+        std::vector<size_t> pending_ids(num_pods, 0);
+        auto flush = [&](uint32_t pod) {
+          if (pending_ids[pod] == 0) return;
+          ImportRowsRequest req;
+          req.set_epoch(cluster.epoch);
+          *req.add_deletes() = std::move(pending[pod]);
+          pending[pod] = TableRows();
+          pending_ids[pod] = 0;
+          deleter.Send(pod, std::move(req));
+        };
+        for (const ExportFileInfo& f : t.deleted_files()) {
+          RETURN_IF_ERROR(ReadDataFile(
+              p.dir + "/" + f.name(), ExportKind::kDeletedIds, t.spec().SerializeAsString(), 0, 0,
+              f, [&](const ExportBlock& b) -> absl::Status {
+                RETURN_IF_ERROR(deleter.status());
+                for (int64_t id : b.ids) {
+                  const uint32_t pod =
+                      cluster.owner[VShardOf(RouteHash(name_hash, id), cluster.num_vshards)];
+                  if (pending_ids[pod] == 0) pending[pod].set_table(name);
+                  pending[pod].mutable_ids()->append(reinterpret_cast<const char*>(&id), 8);
+                  if (++pending_ids[pod] >= options.batch_rows) flush(pod);
+                }
+                result.deleted_ids += b.ids.size();
+                return absl::OkStatus();
+              }));
+        }
+        for (uint32_t pod = 0; pod < num_pods; ++pod) flush(pod);
+      }
+    }
+    RETURN_IF_ERROR(deleter.Close());
+    result.deleted = deleter.deleted();
+  }
+
+  Sender sender(cluster, options);
   for (const Part& p : parts) {
     for (const ExportTableInfo& t : p.manifest.tables()) {
       const std::string& name = t.spec().name();

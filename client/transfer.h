@@ -45,11 +45,17 @@ absl::StatusOr<Cluster> DiscoverCluster(const ClusterTarget& target);
 
 struct ExportClusterOptions {
   int timeout_ms = 3600 * 1000;  // per pod's export
+  // A cursor an earlier export printed (ExportIndex.cursor): a delta, only the rows
+  // changed since then and the ids deleted since then (docs/architecture.md, "Incremental
+  // export"). Empty: a full export.
+  std::string since;
 };
 
-// Exports every pod into <dir>/part-<i> and writes <dir>/export.json; returns the index.
-// `dir` is made absolute (pods resolve it themselves). ALREADY_EXISTS if dir holds an
-// export.json.
+// Exports every pod into <dir>/part-<i> and writes <dir>/export.json; returns the index,
+// whose `cursor` is the --since of the next delta. `dir` is made absolute (pods resolve it
+// themselves). ALREADY_EXISTS if dir holds an export.json; INVALID_ARGUMENT for a damaged
+// cursor; FAILED_PRECONDITION when a pod's change journal no longer reaches back to the
+// cursor (take a full export).
 absl::StatusOr<ExportIndex> ExportCluster(const Cluster& cluster, const std::string& dir,
                                           const ExportClusterOptions& options = {});
 
@@ -72,12 +78,17 @@ struct ImportResult {
   // older export's non-finite rows); the rest was installed. The first few, named.
   uint64_t invalid = 0;
   std::vector<std::string> invalid_rows;
+  uint64_t deleted_ids = 0;  // a delta's deleted ids read
+  uint64_t deleted = 0;      // rows the pods deleted (ids they did not hold count nothing)
   uint64_t parts = 0;
   double seconds = 0;
 };
 
 // Imports the export in `dir` (an export.json with parts, or a single part directory)
-// into the cluster. Idempotent: running it again installs nothing new. Every file is
+// into the cluster. Idempotent: running it again installs nothing new. A delta (see
+// ExportClusterOptions.since) applies on top of the export it follows: first every part's
+// deleted ids are deleted, then the rows are installed (a row deleted and created again
+// since the cursor then starts afresh). Every file is
 // checked before anything is sent. Errors: DATA_LOSS (a damaged or truncated file),
 // NOT_FOUND (a file or part the manifests name is missing), INVALID_ARGUMENT (not an export, parts
 // that disagree on a table's spec), ALREADY_EXISTS (the target has the table with another spec), or

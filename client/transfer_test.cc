@@ -3,7 +3,9 @@
 // bit-exact (weights, optimizer slots and per-row steps); an import is idempotent; a
 // damaged or incomplete export is refused before anything is sent; retryable errors are
 // retried, the others are not. Faults come from FlakyPod, a stand-in that forwards the
-// calls transfer.cc makes to a real pod and fails those it is told to.
+// calls transfer.cc makes to a real pod and fails those it is told to. Incremental: a
+// delta export since a full export's cursor, imported on top of that full export, gives
+// the rows a new full export gives (weights, slots, steps), across a restart of a pod.
 #include "client/transfer.h"
 
 #include <grpcpp/grpcpp.h>
@@ -24,6 +26,7 @@
 #include "absl/synchronization/mutex.h"
 #include "client/ps_client.h"
 #include "gtest/gtest.h"
+#include "proto/export_file.h"
 #include "proto/ps.grpc.pb.h"
 #include "ps/ps_server.h"
 
@@ -206,12 +209,14 @@ class TransferTest : public testing::Test {
   }
   void TearDown() override { fs::remove_all(root_); }
 
-  static Pods StartPods(int n, uint32_t vshards) {
+  // In-memory pods, or with `data_dir`, durable pods in <data_dir>-<i>.
+  static Pods StartPods(int n, uint32_t vshards, const std::string& data_dir = "") {
     Pods pods;
     pods.vshards = vshards;
     for (int i = 0; i < n; ++i) {
       PsServerOptions o;
       o.host = "127.0.0.1";
+      if (!data_dir.empty()) o.core.storage.db.dir = absl::StrCat(data_dir, "-", i);
       o.export_root = "/tmp";  // the tests export into /tmp/transfer_test.*/
       auto own = ShardOwnership::FromStaticShard(absl::StrCat(i, "/", n), vshards);
       EXPECT_TRUE(own.ok()) << own.status();
@@ -311,8 +316,135 @@ class TransferTest : public testing::Test {
     return dir;
   }
 
+  // Every table row of a full export: (table, id) -> (step, weights and slots).
+  static std::map<std::pair<std::string, int64_t>, std::pair<uint64_t, std::vector<float>>>
+  ExportedRows(const std::string& dir) {
+    std::map<std::pair<std::string, int64_t>, std::pair<uint64_t, std::vector<float>>> rows;
+    for (const auto& part : fs::directory_iterator(dir)) {
+      if (!part.is_directory()) continue;
+      auto m = ReadManifest(part.path());
+      EXPECT_TRUE(m.ok()) << m.status();
+      if (!m.ok()) continue;
+      for (const ExportTableInfo& t : m->tables()) {
+        const size_t floats = t.dim() + t.slot_floats();
+        for (const ExportFileInfo& f : t.files()) {
+          auto r = ExportFileReader::Open((part.path() / f.name()).string());
+          EXPECT_TRUE(r.ok()) << r.status();
+          if (!r.ok()) continue;
+          ExportBlock b;
+          while (true) {
+            auto more = (*r)->Next(&b);
+            EXPECT_TRUE(more.ok()) << more.status();
+            if (!more.ok() || !*more) break;
+            for (size_t i = 0; i < b.ids.size(); ++i) {
+              rows[{t.spec().name(), b.ids[i]}] = {
+                  b.steps[i], std::vector<float>(b.values.begin() + i * floats,
+                                                 b.values.begin() + (i + 1) * floats)};
+            }
+          }
+        }
+      }
+    }
+    return rows;
+  }
+
   std::string root_;
 };
+
+TEST_F(TransferTest, ADeltaImportedOnItsFullExportEqualsANewFullExport) {
+  const std::string data = root_ + "/src";
+  Pods src = StartPods(2, 32, data);
+  auto a = Connect(src, 1);
+  ASSERT_NE(a, nullptr);
+  CreateAndTrain(*a);
+  if (HasFatalFailure()) return;
+  auto from = Discover(src.addresses);
+  ASSERT_TRUE(from.ok()) << from.status();
+  auto full = ExportCluster(*from, root_ + "/e0");
+  ASSERT_TRUE(full.ok()) << full.status();
+  ASSERT_EQ(ParseExportCursor(full->cursor())->size(), 2u) << full->cursor();
+
+  // Changes to a few rows (and new ones), then pod 1 restarts: the cursor still holds.
+  std::vector<int64_t> few = {Ids()[3], Ids()[70], Ids()[400], 123456789, -5};
+  std::vector<float> ga(few.size() * 8, 0.5f), gf(few.size() * 4, -0.25f);
+  ASSERT_TRUE(a->Push({{"emb/adam", few, ga.data()}, {"ftrl", few, gf.data()}}).ok());
+  // Two rows of each table deleted (as eviction deletes them, on the pod that owns them);
+  // one comes back at once, at a lower step than the full export holds.
+  const std::vector<int64_t> gone = {Ids()[10], Ids()[11]};
+  for (const std::string table : {"emb/adam", "ftrl"}) {
+    for (int64_t id : gone) {
+      int owners = 0;
+      for (auto& server : src.servers) {
+        const absl::Status s = server->core().DeleteRows(table, {id});
+        if (s.code() == absl::StatusCode::kFailedPrecondition) continue;  // not its vshard
+        ASSERT_TRUE(s.ok()) << s;
+        ++owners;
+      }
+      ASSERT_EQ(owners, 1);
+    }
+  }
+  const std::vector<int64_t> back = {Ids()[11]};
+  ASSERT_TRUE(a->Push({{"emb/adam", back, ga.data()}, {"ftrl", back, gf.data()}}).ok());
+  a.reset();
+  src.servers[1].reset();
+  PsServerOptions o;
+  o.host = "127.0.0.1";
+  o.export_root = "/tmp";
+  o.core.storage.db.dir = data + "-1";
+  auto own = ShardOwnership::FromStaticShard("1/2", 32);
+  ASSERT_TRUE(own.ok());
+  auto restarted = PsServer::Start(o, *own);
+  ASSERT_TRUE(restarted.ok()) << restarted.status();
+  src.servers[1] = *std::move(restarted);
+  src.addresses[1] = absl::StrCat("127.0.0.1:", src.servers[1]->port());
+  a = Connect(src, 1);
+  ASSERT_NE(a, nullptr);
+  ASSERT_TRUE(a->Push({{"emb/adam", few, ga.data()}, {"ftrl", few, gf.data()}}).ok());
+
+  from = Discover(src.addresses);
+  ASSERT_TRUE(from.ok()) << from.status();
+  ExportClusterOptions since;
+  since.since = full->cursor();
+  auto delta = ExportCluster(*from, root_ + "/d1", since);
+  ASSERT_TRUE(delta.ok()) << delta.status();
+  EXPECT_EQ(delta->since(), full->cursor());
+  uint64_t delta_rows = 0, deleted = 0;
+  for (const auto& p : delta->parts()) {
+    EXPECT_FALSE(p.whole()) << p.dir();
+    delta_rows += p.rows();
+    deleted += p.deleted();
+  }
+  EXPECT_EQ(delta_rows, 2 * few.size() + 2);  // the rows that changed (or came back)
+  EXPECT_EQ(deleted, 2 * gone.size());
+  auto full1 = ExportCluster(*from, root_ + "/e1");
+  ASSERT_TRUE(full1.ok()) << full1.status();
+
+  // Into a cluster of another shape: the full export, then the delta.
+  Pods dst = StartPods(3, 64);
+  auto to = Discover(dst.addresses);
+  ASSERT_TRUE(to.ok()) << to.status();
+  ASSERT_TRUE(ImportCluster(*to, root_ + "/e0").ok());
+  auto applied = ImportCluster(*to, root_ + "/d1");
+  ASSERT_TRUE(applied.ok()) << applied.status();
+  EXPECT_EQ(applied->rows, delta_rows);
+  EXPECT_EQ(applied->deleted_ids, deleted);
+  auto copy = ExportCluster(*to, root_ + "/copy");
+  ASSERT_TRUE(copy.ok()) << copy.status();
+  const auto expected = ExportedRows(root_ + "/e1");
+  EXPECT_EQ(expected.count({"ftrl", 123456789}), 1u);  // a row the delta created
+  EXPECT_EQ(ExportedRows(root_ + "/copy"), expected);
+  ExpectSame(Pull(*Connect(dst, 2)), Pull(*a));
+
+  // In-memory pods keep no journal: their delta is whole, and names no position.
+  auto whole = ExportCluster(*to, root_ + "/d2", since);
+  ASSERT_TRUE(whole.ok()) << whole.status();
+  for (const auto& p : whole->parts()) EXPECT_TRUE(p.whole());
+  EXPECT_EQ(whole->cursor(), "v1:");
+  // A cursor that is none is refused before any pod is asked.
+  since.since = "last tuesday";
+  EXPECT_EQ(ExportCluster(*from, root_ + "/d3", since).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
 
 TEST_F(TransferTest, ExportImportsIntoAClusterOfAnotherSizeBitExact) {
   Pods src = StartPods(2, 64);

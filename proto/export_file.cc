@@ -7,7 +7,11 @@
 #include <algorithm>
 #include <cstring>
 
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
 #include "common/base/crc32c.h"
 #include "common/base/status_macros.h"
 
@@ -157,8 +161,14 @@ absl::StatusOr<std::unique_ptr<ExportFileReader>> ExportFileReader::Open(const s
     return absl::DataLossError(absl::StrCat(path, ": header checksum mismatch"));
   }
   if (kind != static_cast<uint32_t>(ExportKind::kTableRows) &&
-      kind != static_cast<uint32_t>(ExportKind::kDense)) {
+      kind != static_cast<uint32_t>(ExportKind::kDense) &&
+      kind != static_cast<uint32_t>(ExportKind::kDeletedIds)) {
     return absl::DataLossError(absl::StrCat(path, ": unknown file kind ", kind));
+  }
+  if (kind == static_cast<uint32_t>(ExportKind::kDeletedIds) &&
+      (r->dim_ != 0 || r->slot_floats_ != 0)) {
+    return absl::DataLossError(absl::StrCat(path, ": a deleted-ids file with ", r->dim_,
+                                            " weights and ", r->slot_floats_, " slots per record"));
   }
   r->kind_ = static_cast<ExportKind>(kind);
   return r;
@@ -242,11 +252,51 @@ absl::StatusOr<bool> ExportFileReader::Next(ExportBlock* block) {
   for (uint32_t i = 0; i < records; ++i) {
     std::memcpy(&block->ids[i], p, 8);
     std::memcpy(&block->steps[i], p + 8, 8);
-    std::memcpy(&block->values[i * floats], p + 16, floats * sizeof(float));
+    std::memcpy(block->values.data() + i * floats, p + 16, floats * sizeof(float));
     p += record_bytes;
   }
   summary_.rows += records;
   return true;
+}
+
+std::string FormatExportCursor(const std::vector<ExportCursorEntry>& entries) {
+  std::string out = "v1:";
+  for (size_t i = 0; i < entries.size(); ++i) {
+    if (i > 0) out += ",";
+    absl::StrAppendFormat(&out, "%016x.%d.%016x", entries[i].identity, entries[i].seq,
+                          entries[i].tag);
+  }
+  return out;
+}
+
+absl::StatusOr<std::vector<ExportCursorEntry>> ParseExportCursor(const std::string& cursor) {
+  constexpr size_t kMaxEntries = 65536;
+  if (!absl::StartsWith(cursor, "v1:")) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("'", cursor.substr(0, 64),
+                     "' is no export cursor (one starts with v1:; use what an "
+                     "export printed)"));
+  }
+  std::vector<ExportCursorEntry> out;
+  const absl::string_view body = absl::string_view(cursor).substr(3);
+  if (body.empty()) return out;
+  for (absl::string_view e : absl::StrSplit(body, ',')) {
+    if (out.size() == kMaxEntries) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("the export cursor has more than ", kMaxEntries, " entries"));
+    }
+    std::vector<absl::string_view> f = absl::StrSplit(e, '.');
+    ExportCursorEntry c;
+    if (f.size() != 3 || f[0].size() != 16 || f[2].size() != 16 ||
+        !absl::SimpleHexAtoi(f[0], &c.identity) || !absl::SimpleAtoi(f[1], &c.seq) ||
+        !absl::SimpleHexAtoi(f[2], &c.tag) || c.identity == 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("export cursor entry '", e.substr(0, 64),
+                       "' is damaged (expected <16 hex digits>.<number>.<16 hex digits>)"));
+    }
+    out.push_back(c);
+  }
+  return out;
 }
 
 }  // namespace ps

@@ -2,13 +2,14 @@
 // rows, or one dense tensor, with a checksum per block and one over the whole file.
 //
 // Layout, little-endian:
-//   header  "PSEXPORT", u32 version (1), u32 kind (1 table rows, 2 dense tensor),
+//   header  "PSEXPORT", u32 version (1), u32 kind (1 table rows, 2 dense tensor, 3 deleted
+//           ids: a delta export's rows deleted since its cursor; dim and slots 0),
 //           u32 spec length, spec (TableSpec / DenseSpec, protobuf binary, normalized),
 //           u32 dim (a dense tensor's numel), u32 slot floats (optimizer state per record),
 //           u32 CRC-32C of the header bytes before it
 //   blocks  u32 records, u64 payload bytes, payload, u32 CRC-32C of the payload;
 //           a record is i64 id, u64 step, dim f32 weights, slot floats f32 (a dense
-//           tensor is one record with id 0)
+//           tensor is one record with id 0; a deleted id is id and step 0, no floats)
 //   end     a block of 0 records and 0 payload bytes (its CRC is 0)
 // A file without the end block is truncated (DATA_LOSS), as is one with bytes after it.
 #pragma once
@@ -22,7 +23,24 @@
 
 namespace ps {
 
-enum class ExportKind : uint32_t { kTableRows = 1, kDense = 2 };
+enum class ExportKind : uint32_t { kTableRows = 1, kDense = 2, kDeletedIds = 3 };
+
+// The position an export was cut at, per pod (ps/storage/change_journal.h: the pod's
+// database identity, its change journal's entry and that entry's tag). A cluster's cursor
+// is every part's position, as text: "v1:" then, comma-separated, "<identity hex>.<seq>.<tag
+// hex>" (e.g. "v1:9f2c03a1e4b5d6c7.42.1b2e..."); "v1:" alone names no pod (every pod exports
+// whole). `ps-transfer export` prints it; `--since` takes it back.
+struct ExportCursorEntry {
+  uint64_t identity = 0;
+  uint64_t seq = 0;
+  uint64_t tag = 0;
+  bool operator==(const ExportCursorEntry& o) const {
+    return identity == o.identity && seq == o.seq && tag == o.tag;
+  }
+};
+std::string FormatExportCursor(const std::vector<ExportCursorEntry>& entries);
+// INVALID_ARGUMENT naming what is wrong: not a cursor, a damaged entry, over 65536 entries.
+absl::StatusOr<std::vector<ExportCursorEntry>> ParseExportCursor(const std::string& cursor);
 
 struct ExportFileSummary {
   uint64_t rows = 0;    // records

@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <vector>
 
 #include "common/base/crc32c.h"
 
@@ -102,6 +103,49 @@ TEST_F(ExportFileTest, RoundTripsRecordsAcrossBlocks) {
     EXPECT_EQ(all.values[i * 5 + 0], i * 1.f);
     EXPECT_EQ(all.values[i * 5 + 1], -i * 0.5f);
     EXPECT_EQ(all.values[i * 5 + 3], i * 0.125f);
+  }
+}
+
+TEST_F(ExportFileTest, DeletedIdsRoundTripAndCarryNoFloats) {
+  const std::string path = dir_ + "/d.psx";
+  auto w = ExportFileWriter::Create(path, ExportKind::kDeletedIds, "spec", 0, 0, 64);
+  ASSERT_TRUE(w.ok()) << w.status();
+  const float none = 0;
+  const std::vector<int64_t> ids = {-3, 0, int64_t{1} << 62, 17, 5, 6, 7, 8, 9};
+  for (int64_t id : ids) ASSERT_TRUE((*w)->Add(id, 0, &none, &none).ok());
+  ASSERT_TRUE((*w)->Finish().ok());
+  ExportBlock all;
+  ExportFileSummary sum;
+  ASSERT_TRUE(ReadFile(path, &all, &sum).ok());
+  EXPECT_EQ(all.ids, ids);
+  EXPECT_TRUE(all.values.empty());
+  EXPECT_EQ(sum.rows, ids.size());
+  auto r = ExportFileReader::Open(path);
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ((*r)->kind(), ExportKind::kDeletedIds);
+
+  // A deleted-ids header that claims floats per record is damage, not a newer format.
+  const std::string floats = dir_ + "/f.psx";
+  auto bad = ExportFileWriter::Create(floats, ExportKind::kDeletedIds, "spec", 1, 0);
+  ASSERT_TRUE(bad.ok());
+  ASSERT_TRUE((*bad)->Finish().ok());
+  EXPECT_EQ(ExportFileReader::Open(floats).status().code(), absl::StatusCode::kDataLoss);
+}
+
+TEST(ExportCursorTest, FormatsAndParsesBackAndRefusesDamage) {
+  const std::vector<ExportCursorEntry> entries = {{0x9f2c03a1e4b5d6c7, 42, 0x1b}, {1, 0, 0}};
+  const std::string text = FormatExportCursor(entries);
+  EXPECT_EQ(text, "v1:9f2c03a1e4b5d6c7.42.000000000000001b,0000000000000001.0.0000000000000000");
+  auto back = ParseExportCursor(text);
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(*back, entries);
+  EXPECT_TRUE(ParseExportCursor("v1:")->empty());
+  EXPECT_EQ(FormatExportCursor({}), "v1:");
+  for (const char* bad :
+       {"", "v2:0000000000000001.0.0000000000000000", "v1:1.2.3", "v1:,",
+        "v1:0000000000000001.x.0000000000000000", "v1:0000000000000000.1.0000000000000000",
+        "v1:0000000000000001.1.0000000000000000.5", "v1:000000000000000g.1.0000000000000000"}) {
+    EXPECT_EQ(ParseExportCursor(bad).status().code(), absl::StatusCode::kInvalidArgument) << bad;
   }
 }
 

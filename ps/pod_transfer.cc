@@ -13,6 +13,8 @@
 #include <string>
 #include <vector>
 
+#include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
@@ -95,13 +97,91 @@ bool ExportableRow(const Optimizer& opt, const std::string& table, int64_t id, c
   return false;
 }
 
+// What changed in one table since a delta's cursor (from the change journal).
+struct TableChanges {
+  absl::flat_hash_set<int64_t> changed;  // written or deleted
+  absl::flat_hash_set<int64_t> deleted;  // deleted at least once
+};
+
+// A delta's rows of one table: every id of changes.changed that `table` does not hold in
+// memory (those were written already: the rows the copy's log updates) and this pod owns,
+// read from the copy's rows column family in batches; fn gets each stored one (id, step,
+// dim weights then slots). Into *deleted: every id deleted since the cursor (an import
+// deletes them before it installs, so a row deleted and created again starts afresh), and
+// every owned changed id that is held nowhere now.
+absl::Status ExportChangedRows(
+    EmbeddingTable& table, PodStorage* stored, const ShardOwnership& own,
+    const TableChanges& changes, std::vector<int64_t>* deleted,
+    const std::function<absl::Status(int64_t id, uint64_t step, const float* values)>& fn) {
+  const std::string& name = table.spec().name();
+  const uint64_t name_hash = table.name_hash();
+  const size_t floats = size_t{table.dim()} + table.slot_floats();
+  ASSIGN_OR_RETURN(const uint32_t no, stored->TableNumber(name));
+  deleted->assign(changes.deleted.begin(), changes.deleted.end());
+  std::vector<int64_t> ids;
+  for (int64_t id : changes.changed) {
+    if (!own.Owns(VShardOf(RouteHash(name_hash, id), own.num_vshards()))) continue;
+    if (table.Inspect(id, [](const RowView&) {})) continue;  // resident: written already
+    ids.push_back(id);
+  }
+  std::sort(ids.begin(), ids.end());  // reads in key order
+  constexpr size_t kBatch = 4096;
+  std::vector<float> values(kBatch * floats);
+  std::vector<uint64_t> steps(kBatch);
+  auto found = std::make_unique<bool[]>(kBatch);
+  for (size_t at = 0; at < ids.size(); at += kBatch) {
+    const auto chunk = absl::MakeConstSpan(ids).subspan(at, std::min(kBatch, ids.size() - at));
+    std::fill(found.get(), found.get() + chunk.size(), false);
+    RETURN_IF_ERROR(
+        stored->ReadStoredRows(no, chunk, floats, values.data(), steps.data(), found.get()));
+    for (size_t i = 0; i < chunk.size(); ++i) {
+      // Deleted by the copy's log (listed as deleted), though still on its disk.
+      if (found[i] && table.DeletePending(chunk[i])) found[i] = false;
+      if (!found[i]) {
+        if (!changes.deleted.contains(chunk[i])) deleted->push_back(chunk[i]);
+        continue;
+      }
+      RETURN_IF_ERROR(fn(chunk[i], steps[i], values.data() + i * floats));
+    }
+  }
+  std::sort(deleted->begin(), deleted->end());
+  return absl::OkStatus();
+}
+
+// Writes a delta's deleted ids of one table (files of kind 3, at most kMaxIdsPerFile each).
+absl::Status WriteDeletedIds(const std::vector<int64_t>& ids, const std::string& spec_bytes,
+                             const std::string& dir, size_t index, ExportTableInfo* info) {
+  constexpr size_t kMaxIdsPerFile = size_t{16} << 20;  // 256 MB of records
+  const float none = 0;
+  for (size_t at = 0; at < ids.size(); at += kMaxIdsPerFile) {
+    const std::string name =
+        absl::StrFormat("deleted-%04d-%05d.psx", index, info->deleted_files_size());
+    ASSIGN_OR_RETURN(auto writer,
+                     ExportFileWriter::Create(dir + "/" + name, ExportKind::kDeletedIds, spec_bytes,
+                                              /*dim=*/0, /*slot_floats=*/0));
+    for (size_t i = at; i < std::min(ids.size(), at + kMaxIdsPerFile); ++i) {
+      RETURN_IF_ERROR(writer->Add(ids[i], 0, &none, &none));
+    }
+    ASSIGN_OR_RETURN(ExportFileSummary sum, writer->Finish());
+    ExportFileInfo* f = info->add_deleted_files();
+    f->set_name(name);
+    f->set_rows(sum.rows);
+    f->set_bytes(sum.bytes);
+    f->set_crc32c(sum.crc32c);
+    info->set_deleted(info->deleted() + sum.rows);
+  }
+  return absl::OkStatus();
+}
+
 // Writes one table's owned rows into files of about max_file_bytes; rows that are no
 // valid state are left out and counted in *invalid (see ExportableRow).
 // With `stored` (a lazily opened snapshot), the rows not resident in `table` are read from
 // its rows column family: resident rows are the newer ones (the log updated them).
+// With `changes` (a delta), only the resident rows and the stored rows of changes->changed
+// are written, and the deleted ids into deleted-ids files.
 absl::Status ExportTable(EmbeddingTable& table, PodStorage* stored, const ShardOwnership& own,
                          const std::string& dir, size_t index, const ExportOptions& options,
-                         ExportTableInfo* info, uint64_t* invalid) {
+                         const TableChanges* changes, ExportTableInfo* info, uint64_t* invalid) {
   const TableSpec& spec = table.spec();
   const Optimizer opt = Optimizer::For(spec);
   const uint64_t invalid_before = *invalid;
@@ -145,7 +225,22 @@ absl::Status ExportTable(EmbeddingTable& table, PodStorage* stored, const ShardO
     status = writer->Add(r.id, r.step, r.weights, r.slots);
   });
   RETURN_IF_ERROR(status);
-  if (stored != nullptr) {
+  if (changes != nullptr) {
+    std::vector<int64_t> deleted;
+    RETURN_IF_ERROR(ExportChangedRows(
+        table, stored, own, *changes, &deleted,
+        [&](int64_t id, uint64_t step, const float* v) -> absl::Status {
+          if (!ExportableRow(opt, spec.name(), id, v, v + table.dim(), table.dim(), invalid)) {
+            return absl::OkStatus();
+          }
+          if (writer->bytes() >= options.max_file_bytes) {
+            RETURN_IF_ERROR(finish());
+            RETURN_IF_ERROR(open());
+          }
+          return writer->Add(id, step, v, v + table.dim());
+        }));
+    RETURN_IF_ERROR(WriteDeletedIds(deleted, spec_bytes, dir, index, info));
+  } else if (stored != nullptr) {
     RETURN_IF_ERROR(stored->ForEachStoredRow(spec.name(), [&](const StoredRow& r) -> absl::Status {
       if (!own.Owns(VShardOf(RouteHash(name_hash, r.id), own.num_vshards()))) {
         return absl::OkStatus();
@@ -175,10 +270,23 @@ absl::Status ExportTable(EmbeddingTable& table, PodStorage* stored, const ShardO
   return finish();
 }
 
+// What a delta export writes: the cursor it starts from, and, unless the part is written
+// whole, the changes since then per table name.
+struct Delta {
+  std::string since;  // empty: a full export
+  bool whole = false;
+  absl::flat_hash_map<std::string, TableChanges> tables;
+};
+
 absl::Status WriteExport(ModelStore& store, PodStorage* stored, const ShardOwnership& own,
                          const std::string& dir, bool consistent, const ExportOptions& options,
-                         ExportResponse* resp) {
+                         const Delta& delta, const std::string& cursor, ExportResponse* resp) {
   ExportManifest manifest;
+  manifest.set_cursor(cursor);
+  manifest.set_since(delta.since);
+  manifest.set_whole(delta.whole);
+  const bool by_changes = !delta.since.empty() && !delta.whole;
+  const TableChanges no_changes;
   manifest.set_format("ps-export");
   manifest.set_version(1);
   manifest.set_created(absl::FormatTime(absl::RFC3339_sec, absl::Now(), absl::UTCTimeZone()));
@@ -195,9 +303,16 @@ absl::Status WriteExport(ModelStore& store, PodStorage* stored, const ShardOwner
   uint64_t invalid = 0;
   for (size_t i = 0; i < tables.size(); ++i) {
     ExportTableInfo* info = manifest.add_tables();
-    RETURN_IF_ERROR(ExportTable(*tables[i], stored, own, dir, i, options, info, &invalid));
+    const TableChanges* changes = nullptr;
+    if (by_changes) {
+      auto it = delta.tables.find(tables[i]->spec().name());
+      changes = it == delta.tables.end() ? &no_changes : &it->second;
+    }
+    RETURN_IF_ERROR(ExportTable(*tables[i], stored, own, dir, i, options, changes, info, &invalid));
     resp->set_rows(resp->rows() + info->rows());
+    resp->set_deleted(resp->deleted() + info->deleted());
     for (const ExportFileInfo& f : info->files()) bytes += f.bytes();
+    for (const ExportFileInfo& f : info->deleted_files()) bytes += f.bytes();
   }
   auto dense = store.DenseTensors();
   std::sort(dense.begin(), dense.end(),
@@ -238,6 +353,56 @@ absl::Status WriteExport(ModelStore& store, PodStorage* stored, const ShardOwner
   resp->set_consistent(consistent);
   resp->set_num_vshards(own.num_vshards());
   resp->set_epoch(own.epoch());
+  resp->set_cursor(cursor);
+  resp->set_whole(delta.whole);
+  return absl::OkStatus();
+}
+
+// Decides what a delta of the copy `stored` writes: whole (its database is not in `since`,
+// or `since` names a position outside its history), or the changes the journal lists after
+// its position in `since` (FAILED_PRECONDITION when the journal no longer reaches back
+// there).
+absl::Status PlanDelta(PodStorage& stored, const ModelStore& store, const std::string& since,
+                       Delta* delta) {
+  delta->since = since;
+  ASSIGN_OR_RETURN(std::vector<ExportCursorEntry> entries, ParseExportCursor(since));
+  const ChangeJournal& journal = stored.journal();
+  const JournalPosition now = journal.position();
+  auto mine = std::find_if(entries.begin(), entries.end(),
+                           [&](const ExportCursorEntry& e) { return e.identity == now.identity; });
+  if (mine == entries.end()) {
+    LOG(INFO) << "export: the cursor does not name this pod's database; writing its rows whole";
+    delta->whole = true;
+    return absl::OkStatus();
+  }
+  const JournalPosition from{mine->identity, mine->seq, mine->tag};
+  ASSIGN_OR_RETURN(const bool covered, journal.Covers(from));
+  if (!covered) {
+    LOG(WARNING) << "export: the cursor's position " << from.seq
+                 << " is not one of this database's history (restored from an older copy?); "
+                    "writing its rows whole";
+    delta->whole = true;
+    return absl::OkStatus();
+  }
+  absl::flat_hash_map<uint32_t, TableChanges*> by_number;
+  for (const auto& t : store.Tables()) delta->tables[t->spec().name()];
+  // Pointers into delta->tables once it no longer grows (a flat map moves its values).
+  for (auto& [name, changes] : delta->tables) {
+    absl::StatusOr<uint32_t> no = stored.TableNumber(name);
+    if (no.ok()) by_number[*no] = &changes;
+  }
+  auto note = [&](uint32_t no, ChangeKind kind, int64_t id) {
+    auto it = by_number.find(no);
+    if (it == by_number.end()) return absl::OkStatus();  // a table no longer stored
+    it->second->changed.insert(id);
+    if (kind == ChangeKind::kDelete) it->second->deleted.insert(id);
+    return absl::OkStatus();
+  };
+  RETURN_IF_ERROR(journal.ForEachSince(from.seq, note));
+  // The deletions the copy's log holds (no round has journaled them yet).
+  for (const auto& [no, id] : stored.LoggedDeletes()) {
+    RETURN_IF_ERROR(note(no, ChangeKind::kDelete, id));
+  }
   return absl::OkStatus();
 }
 
@@ -258,7 +423,14 @@ absl::Status ExportPod(PsCore& core, const ExportRequest& req, ExportResponse* r
   auto own = core.ownership();
   absl::Status status;
   if (core.storage() == nullptr) {
-    status = WriteExport(core.store(), nullptr, *own, dir, /*consistent=*/false, options, resp);
+    // No change journal: a delta of an in-memory pod holds every row (whole), and its
+    // export names no position (the next delta is whole again).
+    Delta delta;
+    delta.since = req.since();
+    delta.whole = !req.since().empty();
+    if (delta.whole) RETURN_IF_ERROR(ParseExportCursor(req.since()).status());
+    status = WriteExport(core.store(), nullptr, *own, dir, /*consistent=*/false, options, delta,
+                         /*cursor=*/"", resp);
   } else {
     // A consistent cut: a checkpoint of the database, recovered aside exactly as a restart
     // would (stored rows plus the log replayed), then written out.
@@ -280,9 +452,15 @@ absl::Status ExportPod(PsCore& core, const ExportRequest& req, ExportResponse* r
       storage_options.lazy_start = true;
       storage_options.background_load = false;
       auto storage = PodStorage::Open(storage_options, &store, &dedup);
-      status = storage.ok() ? WriteExport(store, storage->get(), *own, dir,
-                                          /*consistent=*/true, options, resp)
-                            : storage.status();
+      status = storage.status();
+      Delta delta;
+      if (status.ok() && !req.since().empty())
+        status = PlanDelta(**storage, store, req.since(), &delta);
+      if (status.ok()) {
+        const JournalPosition at = (*storage)->journal().position();
+        status = WriteExport(store, storage->get(), *own, dir, /*consistent=*/true, options, delta,
+                             FormatExportCursor({{at.identity, at.seq, at.tag}}), resp);
+      }
     }
     fs::remove_all(snapshot, ec);
   }
@@ -474,6 +652,38 @@ absl::Status PsCore::PrepareImport(const ImportRowsRequest& req, const ShardOwne
 }
 
 void PsCore::ImportRows(const ImportRowsRequest& req, ImportRowsResponse* resp, Done done) {
+  resp->clear_deleted();
+  if (req.tables_size() == 0 && req.dense_size() == 0 && req.deletes_size() == 0) {
+    return done(
+        absl::InvalidArgumentError("import names no rows, no dense tensors and no deletions"));
+  }
+  // A delta's deletions come first, each through the one deletion path (DeleteRows: a
+  // logged DELETE change), all checked before any is applied.
+  std::vector<std::vector<int64_t>> scratch(req.deletes_size());
+  std::vector<absl::Span<const int64_t>> deletes(req.deletes_size());
+  for (int i = 0; i < req.deletes_size(); ++i) {
+    const TableRows& d = req.deletes(i);
+    std::shared_ptr<EmbeddingTable> t = store_.FindTable(d.table());
+    if (t == nullptr) {
+      return done(absl::NotFoundError(absl::StrCat("table '", d.table(), "' does not exist")));
+    }
+    absl::StatusOr<absl::Span<const int64_t>> ids =
+        PackedView<int64_t>(d.ids(), &scratch[i], "deleted ids of", d.table());
+    if (!ids.ok()) return done(ids.status());
+    if (absl::Status s = CheckOwned(*ownership(), *t, *ids); !s.ok()) return done(s);
+    deletes[i] = *ids;
+  }
+  for (int i = 0; i < req.deletes_size(); ++i) {
+    uint64_t deleted = 0;
+    if (absl::Status s = DeleteRows(req.deletes(i).table(), deletes[i], &deleted); !s.ok()) {
+      return done(s);
+    }
+    resp->set_deleted(resp->deleted() + deleted);
+  }
+  if (req.tables_size() == 0 && req.dense_size() == 0) {
+    resp->set_epoch(ownership()->epoch());
+    return done(absl::OkStatus());
+  }
   // Held from the ownership check until applied, as for a push (see migrate_mu_).
   absl::ReaderMutexLock fence(&migrate_mu_);
   auto own = ownership();

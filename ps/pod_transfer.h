@@ -23,8 +23,16 @@ struct ExportOptions {
 // <dir>/.snapshot, opens that copy lazily (only the rows its log updates come into
 // memory), writes those and streams the other stored rows, then deletes the copy. An
 // in-memory pod writes its live rows, each row whole, while pushes continue.
-// Errors: INVALID_ARGUMENT (empty dir), ALREADY_EXISTS (dir holds a manifest.json),
-// file system errors (RESOURCE_EXHAUSTED when the disk is full). Blocking; thread-safe.
+// Every export of a durable pod returns its position (resp->cursor; proto/export_file.h).
+// With req.since (a delta, docs/architecture.md "Incremental export"): from the same cut,
+// only the rows the change journal (ps/storage/change_journal.h) names after this pod's
+// position in `since`, plus the rows the snapshot's log updates, and the ids deleted since
+// then (files of kind 3); a pod `since` does not name, or whose position there is not one of
+// its history, writes every row (resp->whole), as does an in-memory pod.
+// Errors: INVALID_ARGUMENT (empty dir, a damaged cursor), ALREADY_EXISTS (dir holds a
+// manifest.json), FAILED_PRECONDITION (`since` older than the change journal keeps: take a
+// full export), file system errors (RESOURCE_EXHAUSTED when the disk is full). Blocking;
+// thread-safe.
 absl::Status ExportPod(PsCore& core, const ExportRequest& req, ExportResponse* resp,
                        const ExportOptions& options = {});
 

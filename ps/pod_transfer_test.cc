@@ -1,6 +1,9 @@
 // Export and import on one pod (PsCore, no transport): an exported pod's files hold
 // every row exactly; installs are durable (recovered bit for bit after a crash, also when
 // interleaved with pushes and materialization), idempotent, and validated like pushes.
+// Incremental exports: a delta since a cursor, applied to the export that printed the
+// cursor, equals a new full export, across a crash and a vshard move; a cursor the pod does
+// not know exports whole; one older than the change journal keeps is refused.
 #include "ps/pod_transfer.h"
 
 #include <gtest/gtest.h>
@@ -11,8 +14,11 @@
 #include <limits>
 #include <map>
 #include <random>
+#include <set>
 
+#include "absl/strings/match.h"
 #include "absl/synchronization/notification.h"
+#include "common/base/status_macros.h"
 #include "common/routing/hash.h"
 #include "proto/export_file.h"
 #include "proto/packed.h"
@@ -42,8 +48,10 @@ class PodTransferTest : public ::testing::Test {
   void TearDown() override { std::filesystem::remove_all(root_); }
 
   std::unique_ptr<PsCore> Open(const std::string& name, bool materialize_on_close,
-                               ShardOwnership own = ShardOwnership::All(16)) {
+                               ShardOwnership own = ShardOwnership::All(16),
+                               uint64_t journal_bytes = uint64_t{1} << 30) {
     PsCoreOptions options;
+    options.storage.journal.max_bytes = journal_bytes;
     options.storage.db.dir = root_ + "/" + name;
     options.storage.materialize_ms = 600000;
     options.storage.materialize_on_close = materialize_on_close;
@@ -57,13 +65,16 @@ class PodTransferTest : public ::testing::Test {
     return *std::move(core);
   }
 
-  static void PushSome(PsCore& core, uint64_t first_seq, int n, uint32_t seed) {
+  // n pushes of 8 random ids of [0, 60]; the ids pushed go into *pushed.
+  static void PushSome(PsCore& core, uint64_t first_seq, int n, uint32_t seed,
+                       std::set<int64_t>* pushed = nullptr) {
     std::mt19937 rng(seed);
     std::uniform_int_distribution<int64_t> id(0, 60);
     std::normal_distribution<float> g;
     for (uint64_t s = first_seq; s < first_seq + n; ++s) {
       std::vector<int64_t> ids(8);
       for (auto& x : ids) x = id(rng);
+      if (pushed != nullptr) pushed->insert(ids.begin(), ids.end());
       std::vector<float> grads(ids.size() * 4);
       for (float& x : grads) x = g(rng);
       PushRequest req;
@@ -98,7 +109,7 @@ class PodTransferTest : public ::testing::Test {
       if (f.path().extension() != ".psx") continue;
       auto r = ExportFileReader::Open(f.path());
       EXPECT_TRUE(r.ok()) << r.status();
-      if (!r.ok()) continue;
+      if (!r.ok() || (*r)->kind() != ExportKind::kTableRows) continue;
       TableRows* rows = req.add_tables();
       TableSpec spec;
       spec.ParseFromString((*r)->spec_bytes());
@@ -127,8 +138,312 @@ class PodTransferTest : public ::testing::Test {
     return result;
   }
 
+  // The table rows (kind 1) and deleted ids (kind 3) of the export parts in `dirs`.
+  struct Part {
+    Rows rows;
+    std::set<int64_t> deleted;
+  };
+  static Part ReadRows(const std::vector<std::string>& dirs) {
+    Part part;
+    for (const std::string& dir : dirs) {
+      for (const auto& f : std::filesystem::directory_iterator(dir)) {
+        if (f.path().extension() != ".psx") continue;
+        auto r = ExportFileReader::Open(f.path());
+        EXPECT_TRUE(r.ok()) << r.status();
+        if (!r.ok()) continue;
+        const ExportKind kind = (*r)->kind();
+        const size_t floats = (*r)->dim() + (*r)->slot_floats();
+        ExportBlock b;
+        for (;;) {
+          auto more = (*r)->Next(&b);
+          EXPECT_TRUE(more.ok()) << more.status();
+          if (!more.ok() || !*more) break;
+          for (size_t i = 0; i < b.ids.size(); ++i) {
+            if (kind == ExportKind::kDeletedIds) {
+              part.deleted.insert(b.ids[i]);
+              continue;
+            }
+            EXPECT_EQ(kind, ExportKind::kTableRows);
+            std::vector<float> v(b.values.begin() + i * floats,
+                                 b.values.begin() + (i + 1) * floats);
+            v.push_back(static_cast<float>(b.steps[i]));
+            EXPECT_TRUE(part.rows.emplace(b.ids[i], v).second) << "id " << b.ids[i] << " twice";
+          }
+        }
+      }
+    }
+    return part;
+  }
+
+  // What ps-transfer import does with a delta on top of `base`: deletions first, then the
+  // install rule (a row is installed if missing or at a lower step).
+  static Rows ApplyDelta(Rows base, const Part& delta) {
+    for (int64_t id : delta.deleted) base.erase(id);
+    for (const auto& [id, v] : delta.rows) {
+      auto it = base.find(id);
+      if (it == base.end() || it->second.back() < v.back()) base[id] = v;
+    }
+    return base;
+  }
+
+  static absl::StatusOr<ExportResponse> Export(PsCore& core, const std::string& dir,
+                                               const std::string& since = "") {
+    ExportRequest req;
+    req.set_dir(dir);
+    req.set_since(since);
+    ExportResponse resp;
+    RETURN_IF_ERROR(ExportPod(core, req, &resp));
+    return resp;
+  }
+
   std::string root_;
 };
+
+TEST_F(PodTransferTest, ADeltaOnThePreviousExportEqualsANewExportAcrossACrash) {
+  auto a = Open("a", /*materialize_on_close=*/false);
+  PushSome(*a, 1, 30, 1);
+  ASSERT_TRUE(a->storage()->Materialize().ok());
+  PushSome(*a, 31, 10, 2);  // in the log only at the export
+  auto full = Export(*a, root_ + "/e0");
+  ASSERT_TRUE(full.ok()) << full.status();
+  ASSERT_TRUE(absl::StartsWith(full->cursor(), "v1:")) << full->cursor();
+  const Part e0 = ReadRows({root_ + "/e0"});
+  ASSERT_EQ(e0.rows.size(), full->rows());
+
+  // A few changes, materialized or only logged, then a crash: the cursor survives.
+  std::set<int64_t> changed;
+  PushSome(*a, 41, 1, 3, &changed);
+  ASSERT_TRUE(a->storage()->Materialize().ok());
+  PushSome(*a, 42, 1, 4, &changed);
+  a.reset();  // nothing materialized at close: as a kill -9 leaves it
+  a = Open("a", false);
+  PushSome(*a, 43, 1, 5, &changed);  // in the recovered pod's log only
+
+  auto delta = Export(*a, root_ + "/d1", full->cursor());
+  ASSERT_TRUE(delta.ok()) << delta.status();
+  EXPECT_FALSE(delta->whole());
+  EXPECT_EQ(delta->deleted(), 0u);
+  const Part d1 = ReadRows({root_ + "/d1"});
+  std::set<int64_t> ids;
+  for (const auto& [id, v] : d1.rows) ids.insert(id);
+  EXPECT_EQ(ids, changed);  // exactly what changed: nothing else, nothing less
+  EXPECT_LT(d1.rows.size(), e0.rows.size());
+
+  auto full1 = Export(*a, root_ + "/e1");
+  ASSERT_TRUE(full1.ok()) << full1.status();
+  const Part e1 = ReadRows({root_ + "/e1"});
+  EXPECT_EQ(ApplyDelta(e0.rows, d1), e1.rows);
+  EXPECT_EQ(e1.rows, Snapshot(*a));
+
+  // Nothing changed since the last cursor: an empty delta.
+  auto none = Export(*a, root_ + "/d2", full1->cursor());
+  ASSERT_TRUE(none.ok()) << none.status();
+  EXPECT_FALSE(none->whole());
+  EXPECT_EQ(none->rows(), 0u);
+  // Each export's cursor moves on only when rows were written.
+  EXPECT_EQ(none->cursor(), full1->cursor());
+}
+
+// Pushes gradient `g` to `ids` of "emb" under key (5, 1, seq).
+void PushIds(PsCore& core, uint64_t seq, const std::vector<int64_t>& ids, float g) {
+  PushRequest req;
+  req.mutable_key()->set_worker_id(5);
+  req.mutable_key()->set_incarnation(1);
+  req.mutable_key()->set_sequence(seq);
+  TableGrads* t = req.add_tables();
+  t->set_table("emb");
+  *t->mutable_ids() = Pack<int64_t>(ids);
+  *t->mutable_grads() = Pack<float>(std::vector<float>(ids.size() * 4, g));
+  PushResponse resp;
+  ASSERT_TRUE(core.Push(req, &resp).ok());
+}
+
+// Deleted rows (eviction's path, PsCore::DeleteRows) are listed as deleted, also a row
+// deleted and created again before a round wrote either (the round writes it as a row
+// only): applied to the previous export, the delta must drop the old row's higher step.
+TEST_F(PodTransferTest, ADeltaListsDeletionsAlsoOfRowsCreatedAgain) {
+  auto a = Open("a", /*materialize_on_close=*/false);
+  std::vector<int64_t> ids;
+  for (int64_t id = 0; id < 30; ++id) ids.push_back(id);
+  for (uint64_t seq = 1; seq <= 3; ++seq) PushIds(*a, seq, ids, 0.25f);  // every row at step 3
+  auto full = Export(*a, root_ + "/e0");
+  ASSERT_TRUE(full.ok()) << full.status();
+  const Part e0 = ReadRows({root_ + "/e0"});
+
+  ASSERT_TRUE(a->DeleteRows("emb", {1, 2, 3}).ok());
+  ASSERT_TRUE(a->DeleteRows("emb", {4}).ok());
+  PushIds(*a, 4, {4}, 1.0f);  // created again at step 1, in the same round
+  ASSERT_TRUE(a->storage()->Materialize().ok());
+  ASSERT_TRUE(a->DeleteRows("emb", {5}).ok());
+  ASSERT_TRUE(a->DeleteRows("emb", {6}).ok());
+  PushIds(*a, 5, {6}, 1.0f);
+  a.reset();  // a crash: the last deletions are in the log only
+  a = Open("a", false);
+
+  auto delta = Export(*a, root_ + "/d1", full->cursor());
+  ASSERT_TRUE(delta.ok()) << delta.status();
+  EXPECT_FALSE(delta->whole());
+  const Part d1 = ReadRows({root_ + "/d1"});
+  EXPECT_EQ(d1.deleted, (std::set<int64_t>{1, 2, 3, 4, 5, 6}));
+  ASSERT_EQ(d1.rows.count(4), 1u);
+  ASSERT_EQ(d1.rows.count(6), 1u);
+  EXPECT_EQ(d1.rows.at(4).back(), 1.0f);  // its step: a new row
+  EXPECT_EQ(d1.rows.size(), 2u);
+  EXPECT_EQ(delta->deleted(), 6u);
+
+  auto full1 = Export(*a, root_ + "/e1");
+  ASSERT_TRUE(full1.ok()) << full1.status();
+  const Part e1 = ReadRows({root_ + "/e1"});
+  EXPECT_EQ(e1.rows.size(), e0.rows.size() - 4);
+  EXPECT_EQ(ApplyDelta(e0.rows, d1), e1.rows);
+  EXPECT_EQ(e1.rows, Snapshot(*a));
+
+  // The import's side: the delta's deletions through ImportRows, then its rows.
+  auto b = Open("b", false);
+  ImportRowsResponse resp;
+  ASSERT_TRUE(Import(*b, ReadPart(root_ + "/e0"), &resp).ok());
+  ImportRowsRequest deletes;
+  TableRows* t = deletes.add_deletes();
+  t->set_table("emb");
+  t->set_ids(Pack<int64_t>(std::vector<int64_t>(d1.deleted.begin(), d1.deleted.end())));
+  ASSERT_TRUE(Import(*b, deletes, &resp).ok());
+  EXPECT_EQ(resp.deleted(), 6u);
+  ASSERT_TRUE(Import(*b, ReadPart(root_ + "/d1"), &resp).ok());
+  EXPECT_EQ(resp.installed(), 2u);
+  EXPECT_EQ(Snapshot(*b), e1.rows);
+  b.reset();  // the deletions and installs are durable
+  b = Open("b", false);
+  EXPECT_EQ(Snapshot(*b), e1.rows);
+}
+
+TEST_F(PodTransferTest, ADeltaFollowsAVShardMove) {
+  constexpr uint32_t kV = 16;
+  auto a = Open("a", false, *ShardOwnership::Create(kV, 0, {}));
+  auto b = Open("b", false, *ShardOwnership::Create(kV, 0, {}));
+  ASSERT_TRUE(a && b);
+  auto assign = [&](uint64_t epoch, const std::vector<uint32_t>& owned,
+                    const std::vector<uint32_t>& in, const std::vector<uint32_t>& out) {
+    Assignment x;
+    x.set_epoch(epoch);
+    x.set_num_vshards(kV);
+    for (uint32_t v : owned) x.add_owned(v);
+    for (uint32_t v : in) x.add_moving_in(v);
+    for (uint32_t v : out) x.add_moving_out(v);
+    return x;
+  };
+  std::vector<uint32_t> all, moving = {1, 5, 9}, rest;
+  for (uint32_t v = 0; v < kV; ++v) {
+    all.push_back(v);
+    if (v != 1 && v != 5 && v != 9) rest.push_back(v);
+  }
+  ApplyAssignmentResponse ar;
+  ASSERT_TRUE(a->ApplyAssignment(assign(1, all, {}, {}), &ar).ok());
+  ASSERT_TRUE(b->ApplyAssignment(assign(1, {}, {}, {}), &ar).ok());
+  PushSome(*a, 1, 20, 1);
+  auto ea = Export(*a, root_ + "/e0a");
+  auto eb = Export(*b, root_ + "/e0b");
+  ASSERT_TRUE(ea.ok() && eb.ok());
+  // The cluster's cursor: every part's position.
+  auto pa = ParseExportCursor(ea->cursor());
+  auto pb = ParseExportCursor(eb->cursor());
+  ASSERT_TRUE(pa.ok() && pb.ok());
+  std::vector<ExportCursorEntry> entries = *pa;
+  entries.insert(entries.end(), pb->begin(), pb->end());
+  const std::string cursor = FormatExportCursor(entries);
+  ASSERT_EQ(*ParseExportCursor(cursor), entries);
+
+  // Move vshards 1, 5, 9 from A to B (as the master runs it), then train on both.
+  ASSERT_TRUE(a->ApplyAssignment(assign(2, all, {}, moving), &ar).ok());
+  ASSERT_TRUE(b->ApplyAssignment(assign(2, {}, moving, {}), &ar).ok());
+  MigrateBeginRequest begin;
+  begin.set_move_id(3);
+  for (uint32_t v : moving) begin.add_vshards(v);
+  MigrateBeginResponse begun;
+  ASSERT_TRUE(a->MigrateBegin(begin, &begun).ok());
+  ASSERT_TRUE(b->BeginImport(3, moving).ok());
+  for (auto phase : {MigrateExportRequest::SNAPSHOT, MigrateExportRequest::FINAL}) {
+    MigrateExportRequest req;
+    req.set_move_id(3);
+    req.set_phase(phase);
+    for (;;) {
+      MigrateExportResponse chunk;
+      ASSERT_TRUE(a->MigrateExport(req, &chunk).ok());
+      uint64_t rows = 0, bytes = 0;
+      ASSERT_TRUE(b->ImportChunk(chunk, &rows, &bytes).ok());
+      if (chunk.done()) break;
+      req.set_cursor(chunk.next_cursor());
+    }
+  }
+  ASSERT_TRUE(b->FinishImport().ok());
+  ASSERT_TRUE(b->ApplyAssignment(assign(3, moving, {}, {}), &ar).ok());
+  ASSERT_TRUE(a->ApplyAssignment(assign(3, rest, {}, {}), &ar).ok());
+  // Pushes go to the owner of each id now (a client routes them so).
+  std::mt19937 rng(9);
+  for (uint64_t seq = 100; seq < 104; ++seq) {
+    std::vector<int64_t> on_a, on_b;
+    for (int i = 0; i < 16; ++i) {
+      const int64_t id = rng() % 80;
+      const uint32_t v = VShardOf(RouteHash(NameHash("emb"), id), kV);
+      (std::count(moving.begin(), moving.end(), v) ? on_b : on_a).push_back(id);
+    }
+    for (auto [core, ids] :
+         {std::pair<PsCore*, std::vector<int64_t>*>{a.get(), &on_a}, {b.get(), &on_b}}) {
+      if (ids->empty()) continue;
+      PushRequest req;
+      req.mutable_key()->set_worker_id(6);
+      req.mutable_key()->set_incarnation(1);
+      req.mutable_key()->set_sequence(seq);
+      TableGrads* t = req.add_tables();
+      t->set_table("emb");
+      *t->mutable_ids() = Pack<int64_t>(*ids);
+      *t->mutable_grads() = Pack<float>(std::vector<float>(ids->size() * 4, 0.5f));
+      PushResponse resp;
+      ASSERT_TRUE(core->Push(req, &resp).ok());
+    }
+  }
+  auto da = Export(*a, root_ + "/d1a", cursor);
+  auto db = Export(*b, root_ + "/d1b", cursor);
+  ASSERT_TRUE(da.ok() && db.ok()) << da.status() << db.status();
+  EXPECT_FALSE(da->whole());
+  EXPECT_FALSE(db->whole());
+  auto fa = Export(*a, root_ + "/e1a");
+  auto fb = Export(*b, root_ + "/e1b");
+  ASSERT_TRUE(fa.ok() && fb.ok());
+  const Part e0 = ReadRows({root_ + "/e0a", root_ + "/e0b"});
+  const Part d1 = ReadRows({root_ + "/d1a", root_ + "/d1b"});
+  const Part e1 = ReadRows({root_ + "/e1a", root_ + "/e1b"});
+  EXPECT_EQ(ApplyDelta(e0.rows, d1), e1.rows);
+  EXPECT_LT(d1.rows.size(), e1.rows.size());
+
+  // A pod the cursor does not name (a new pod, a lost disk) writes every row it holds.
+  auto c = Open("c", false, *ShardOwnership::Create(kV, 0, {}));
+  ASSERT_TRUE(c->ApplyAssignment(assign(1, all, {}, {}), &ar).ok());
+  PushSome(*c, 1, 5, 4);
+  auto whole = Export(*c, root_ + "/d1c", cursor);
+  ASSERT_TRUE(whole.ok()) << whole.status();
+  EXPECT_TRUE(whole->whole());
+  EXPECT_EQ(ReadRows({root_ + "/d1c"}).rows, Snapshot(*c));
+}
+
+TEST_F(PodTransferTest, ACursorOlderThanTheJournalIsRefused) {
+  // A journal that keeps only its newest entry.
+  auto a = Open("a", false, ShardOwnership::All(16), /*journal_bytes=*/0);
+  PushSome(*a, 1, 5, 1);
+  auto e0 = Export(*a, root_ + "/e0");
+  ASSERT_TRUE(e0.ok()) << e0.status();
+  PushSome(*a, 6, 5, 2);
+  auto e1 = Export(*a, root_ + "/e1");  // its round drops e0's entry
+  ASSERT_TRUE(e1.ok()) << e1.status();
+  auto old = Export(*a, root_ + "/d0", e0->cursor());
+  EXPECT_EQ(old.status().code(), absl::StatusCode::kFailedPrecondition) << old.status();
+  EXPECT_NE(old.status().message().find("take a full export"), std::string::npos);
+  EXPECT_TRUE(Export(*a, root_ + "/d1", e1->cursor()).ok());
+  // Not a cursor at all.
+  EXPECT_EQ(Export(*a, root_ + "/d2", "yesterday").status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(Export(*a, root_ + "/d3", "v1:12.3.4").status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
 
 TEST_F(PodTransferTest, ExportThenImportIsExactAndDurable) {
   Rows source;

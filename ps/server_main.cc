@@ -73,6 +73,11 @@ DEFINE_int32(max_log_mb, 1024,
 DEFINE_int32(materialize_ms, 1000,
              "With --data_dir: how often changed rows are written to the database and the "
              "push log truncated. Recovery replays about this much of the log.");
+DEFINE_int64(change_journal_mb, 1024,
+             "With --data_dir: MB of change journal kept (about 13 bytes per changed row per "
+             "materialization round): which rows changed when, for incremental exports "
+             "(ps-transfer export --since). An export asking for a cursor older than what is "
+             "kept is refused (take a full export). 0: keep only the newest round.");
 DEFINE_double(
     memory_budget_mb, 0,
     "With --data_dir: MB of table rows kept in memory (fractions allowed); colder rows are evicted "
@@ -159,13 +164,17 @@ int BadFlags(const absl::Status& status) {
 // first group's is the one logged.
 
 // --data_dir, --durability, --flush_ms, --max_log_mb, --materialize_ms,
-// --memory_budget_mb, --lazy_start, --lazy_start_rows.
+// --change_journal_mb, --memory_budget_mb, --lazy_start, --lazy_start_rows.
 absl::StatusOr<ps::PodStorageOptions> StorageOptionsFromFlags() {
   ps::PodStorageOptions storage;
   storage.db.dir = FLAGS_data_dir;
   storage.materialize_ms = FLAGS_materialize_ms;
   storage.log.max_log_bytes = uint64_t(std::max(FLAGS_max_log_mb, 0)) << 20;
   storage.log.flush_ms = FLAGS_flush_ms;
+  if (FLAGS_change_journal_mb < 0 || FLAGS_change_journal_mb > (int64_t{1} << 30)) {
+    return absl::InvalidArgumentError("--change_journal_mb must be in [0, 2^30]");
+  }
+  storage.journal.max_bytes = uint64_t(FLAGS_change_journal_mb) << 20;
   if (FLAGS_memory_budget_mb < 0 || (FLAGS_memory_budget_mb > 0 && FLAGS_data_dir.empty())) {
     return absl::InvalidArgumentError("--memory_budget_mb must be >= 0 and needs --data_dir");
   }

@@ -3,7 +3,10 @@
 // tensor; ps-transfer exports it and imports it into a fresh 3-pod cluster of 128
 // vshards. Every row must then be bit-exact, and an identical further push must give
 // bit-exact identical results on both clusters, which proves optimizer slots and per-row
-// steps moved too. The imported rows survive a SIGKILL of a target pod.
+// steps moved too. The imported rows survive a SIGKILL of a target pod. Incremental:
+// `ps-transfer export --since=CURSOR` after a SIGKILL of a source pod writes only what
+// changed, its import on top of the full export gives the source's rows, and a cursor
+// older than a pod's change journal is refused.
 #include <google/protobuf/util/json_util.h>
 #include <grpcpp/grpcpp.h>
 #include <unistd.h>
@@ -95,6 +98,9 @@ class Cluster {
     return absl::StrCat(root_, "/", name_, "-", i, what);
   }
 
+  // Flags every pod gets on top of the defaults (from the next Start on).
+  void AddFlag(std::string flag) { extra_.push_back(std::move(flag)); }
+
   absl::Status Start(size_t i) {
     pods_[i].reset();
     unlink(File(i, ".port").c_str());
@@ -108,6 +114,7 @@ class Cluster {
                                      absl::StrCat("--export_root=", root_),
                                      "--materialize_ms=300",
                                      "--shutdown_grace_ms=1000"};
+    argv.insert(argv.end(), extra_.begin(), extra_.end());
     auto child = ChildProcess::Start(argv, File(i, ".log"));
     if (!child.ok()) return child.status();
     pods_[i] = std::move(child).value();
@@ -154,6 +161,7 @@ class Cluster {
   uint32_t vshards_;
   std::vector<std::unique_ptr<ChildProcess>> pods_;
   std::vector<int> ports_;
+  std::vector<std::string> extra_;
 };
 
 // Runs ps-transfer; returns its exit code and puts its output in *out.
@@ -174,6 +182,14 @@ uint64_t JsonNumber(const std::string& out, const std::string& key) {
   const size_t at = out.rfind("\"" + key + "\":");
   return at == std::string::npos ? 0
                                  : std::strtoull(out.c_str() + at + key.size() + 3, nullptr, 10);
+}
+
+// The string after "key": in the last JSON line of a tool's output ("" if absent).
+std::string JsonString(const std::string& out, const std::string& key) {
+  const size_t at = out.rfind("\"" + key + "\":\"");
+  if (at == std::string::npos) return "";
+  const size_t from = at + key.size() + 4;
+  return out.substr(from, out.find('"', from) - from);
 }
 
 std::vector<int64_t> Ids() {
@@ -446,6 +462,100 @@ TEST(ExportImportTest, RowsNoUpdateCouldLeaveAreSkippedAndNamed) {
       }
     }
   }
+}
+
+TEST(ExportImportTest, DeltaSinceACursorAfterAKillAppliesOnTheFullExport) {
+  integration::TempDir tmp("export_import_delta");
+  ASSERT_FALSE(tmp.path().empty());
+  Cluster src(tmp.path(), "src", 2, 32);
+  ASSERT_TRUE(src.StartAll().ok()) << src.Logs();
+  auto a = src.Connect(1);
+  ASSERT_TRUE(a.ok()) << a.status();
+  ASSERT_TRUE((*a)->CreateTable(AdamSpec()).ok());
+  ASSERT_TRUE((*a)->CreateTable(FtrlSpec()).ok());
+  ASSERT_TRUE((*a)->CreateDense(DenseW()).ok());
+  Train(**a, 1, 2);
+  if (HasFatalFailure()) return;
+  std::string out;
+  ASSERT_EQ(RunTransfer({"--servers=" + src.Servers(), "--dir=" + tmp.path() + "/full", "export"},
+                        tmp.path() + "/full.log", &out),
+            0)
+      << out << src.Logs();
+  const std::string cursor = JsonString(out, "cursor");
+  ASSERT_EQ(cursor.rfind("v1:", 0), 0u) << out;
+  const uint64_t full_rows = JsonNumber(out, "rows");
+
+  // A few rows change; pod 0 is killed and restarts from its disk.
+  const std::vector<int64_t> few = {Ids()[1], Ids()[500], Ids()[2999], 77777777};
+  std::vector<float> ga(few.size() * 8, 0.5f), gf(few.size() * 4, 0.5f);
+  ASSERT_TRUE((*a)->Push({{"emb/adam", few, ga.data()}, {"ftrl", few, gf.data()}}).ok());
+  a->reset();
+  src.Kill(0);
+  ASSERT_TRUE(src.Start(0).ok()) << src.Logs();
+  a = src.Connect(2);
+  ASSERT_TRUE(a.ok()) << a.status();
+  const Snapshot expected = Pull(**a);
+
+  ASSERT_EQ(RunTransfer({"--servers=" + src.Servers(), "--dir=" + tmp.path() + "/delta",
+                         "--since=" + cursor, "export"},
+                        tmp.path() + "/delta.log", &out),
+            0)
+      << out << src.Logs();
+  EXPECT_EQ(JsonNumber(out, "rows"), 2 * few.size()) << out;  // both tables' changed rows
+  EXPECT_EQ(JsonNumber(out, "whole_parts"), 0u) << out;
+  EXPECT_LT(JsonNumber(out, "rows"), full_rows);
+  EXPECT_NE(JsonString(out, "cursor"), cursor) << out;
+
+  Cluster dst(tmp.path(), "dst", 1, 16);
+  ASSERT_TRUE(dst.StartAll().ok()) << dst.Logs();
+  for (const char* dir : {"/full", "/delta"}) {
+    ASSERT_EQ(RunTransfer({"--servers=" + dst.Servers(), "--dir=" + tmp.path() + dir, "import"},
+                          tmp.path() + dir + "-import.log", &out),
+              0)
+        << out << dst.Logs();
+  }
+  auto b = dst.Connect(3);
+  ASSERT_TRUE(b.ok()) << b.status();
+  const Snapshot imported = Pull(**b);
+  EXPECT_TRUE(BitEqual(imported.adam, expected.adam));
+  EXPECT_TRUE(BitEqual(imported.ftrl, expected.ftrl));
+  EXPECT_TRUE(BitEqual(imported.dense, expected.dense));
+  // --since belongs to export.
+  EXPECT_EQ(RunTransfer({"--servers=" + dst.Servers(), "--dir=" + tmp.path() + "/delta",
+                         "--since=" + cursor, "import"},
+                        tmp.path() + "/bad-usage.log", &out),
+            2);
+}
+
+TEST(ExportImportTest, ACursorOlderThanTheChangeJournalIsRefused) {
+  integration::TempDir tmp("export_import_old_cursor");
+  ASSERT_FALSE(tmp.path().empty());
+  Cluster src(tmp.path(), "src", 1, 16);
+  src.AddFlag("--change_journal_mb=0");  // keeps the newest round only
+  ASSERT_TRUE(src.StartAll().ok()) << src.Logs();
+  auto a = src.Connect(1);
+  ASSERT_TRUE(a.ok()) << a.status();
+  ASSERT_TRUE((*a)->CreateTable(FtrlSpec()).ok());
+  std::vector<int64_t> ids = Ids();
+  std::vector<float> g(ids.size() * 4, 0.25f);
+  ASSERT_TRUE((*a)->Push({{"ftrl", ids, g.data()}}).ok());
+  std::string out;
+  ASSERT_EQ(RunTransfer({"--servers=" + src.Servers(), "--dir=" + tmp.path() + "/e0", "export"},
+                        tmp.path() + "/e0.log", &out),
+            0)
+      << out;
+  const std::string old = JsonString(out, "cursor");
+  ASSERT_TRUE((*a)->Push({{"ftrl", ids, g.data()}}).ok());
+  ASSERT_EQ(RunTransfer({"--servers=" + src.Servers(), "--dir=" + tmp.path() + "/e1", "export"},
+                        tmp.path() + "/e1.log", &out),
+            0)
+      << out;
+  EXPECT_EQ(RunTransfer({"--servers=" + src.Servers(), "--dir=" + tmp.path() + "/d",
+                         "--since=" + old, "export"},
+                        tmp.path() + "/d.log", &out),
+            1);
+  EXPECT_NE(out.find("FAILED_PRECONDITION"), std::string::npos) << out;
+  EXPECT_NE(out.find("take a full export"), std::string::npos) << out;
 }
 
 }  // namespace

@@ -21,6 +21,7 @@ absl::StatusOr<std::unique_ptr<PodStorage>> PodStorage::Open(const PodStorageOpt
   db_options.sync_log_on_rotate = options.log.durability != Durability::kProcess;
   ASSIGN_OR_RETURN(std::unique_ptr<StorageDb> db, StorageDb::Open(db_options));
   std::unique_ptr<PodStorage> storage(new PodStorage(options, std::move(db), store, dedup));
+  ASSIGN_OR_RETURN(storage->journal_, ChangeJournal::Open(storage->db_.get(), options.journal));
   RETURN_IF_ERROR(storage->Recover());
   return storage;
 }
@@ -91,6 +92,12 @@ void PodStorage::ApplyLogged(const PushKey& key, size_t record_bytes,
   if (absl::Status s = apply(&record); !s.ok()) return done(s);
   if (!record.has_entries()) return done(absl::OkStatus());
   std::string bytes = record.Finish();
+  if (exclusive) {
+    // For the change journal (pod_storage_journal.cc); the record was just built whole.
+    if (absl::StatusOr<LogRecordView> rec = ParseLogRecord(bytes); rec.ok()) {
+      NoteLoggedDeletes(*rec);
+    }
+  }
   if (on_record) on_record(bytes);
   log_->Append(std::move(bytes), std::move(done));
 }
@@ -136,6 +143,21 @@ absl::Status PodStorage::DropRows(
     RETURN_IF_ERROR(db_->FlushRows());
   }
   return absl::OkStatus();
+}
+
+absl::StatusOr<uint32_t> PodStorage::TableNumber(const std::string& table) {
+  absl::MutexLock lock(&mu_);
+  auto it = table_numbers_.find(table);
+  if (it == table_numbers_.end()) {
+    return absl::NotFoundError(absl::StrCat("table '", table, "' is not stored"));
+  }
+  return it->second;
+}
+
+absl::Status PodStorage::ReadStoredRows(uint32_t table_no, absl::Span<const int64_t> ids,
+                                        size_t row_floats, float* values, uint64_t* steps,
+                                        bool* found) {
+  return db_->ReadRows(table_no, ids, row_floats, values, steps, found);
 }
 
 absl::Status PodStorage::Checkpoint(const std::string& dir) {

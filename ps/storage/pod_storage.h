@@ -39,6 +39,7 @@
 #include "absl/synchronization/mutex.h"
 #include "embedding/model_store.h"
 #include "embedding/row_source.h"
+#include "ps/storage/change_journal.h"
 #include "ps/storage/durable_log.h"
 #include "ps/storage/log_record.h"
 #include "ps/storage/push_dedup.h"
@@ -49,6 +50,8 @@ namespace ps {
 struct PodStorageOptions {
   StorageDbOptions db;
   DurableLogOptions log;
+  // Retention of the change journal (incremental exports; change_journal.h).
+  ChangeJournalOptions journal;
   // How often changed rows are written out and the log truncated. Recovery replays at
   // most about this much of the log; 1 s keeps restarts fast at a small write cost.
   int materialize_ms = 1000;
@@ -166,6 +169,21 @@ class PodStorage {
   absl::Status ForEachStoredRow(const std::string& table,
                                 const std::function<absl::Status(const StoredRow&)>& fn);
 
+  // The change journal: which ids each round wrote or deleted (incremental exports).
+  // Lives as long as the storage; thread-safe (change_journal.h).
+  const ChangeJournal& journal() const { return *journal_; }
+  // The number the database gives table `table` (journal entries name tables by it), or
+  // NOT_FOUND. Thread-safe.
+  absl::StatusOr<uint32_t> TableNumber(const std::string& table);
+  // Reads stored rows of table number `table_no` by id, as StorageDb::ReadRows (the rows
+  // column family's state, not memory's). Thread-safe.
+  absl::Status ReadStoredRows(uint32_t table_no, absl::Span<const int64_t> ids, size_t row_floats,
+                              float* values, uint64_t* steps, bool* found);
+  // Row deletions logged and not yet in the change journal, by table number: on a copy
+  // opened for an export, exactly the deletions its log holds (the journal has the rest).
+  // Thread-safe.
+  std::vector<std::pair<uint32_t, int64_t>> LoggedDeletes();
+
   const RecoveryStats& recovery() const { return recovery_; }
   // The database's identity and whether this start created it (StorageDb::storage_id,
   // StorageDb::created): what the pod reports to the master at registration.
@@ -206,6 +224,12 @@ class PodStorage {
   // Counts a recovered record's pushes into its tables' admission counters and applies
   // its decays (records in log order).
   void CountAdmission(const LogRecordView& rec, const TablesByNumber& tables);
+  // The change journal's deletions (pod_storage_journal.cc): NoteLoggedDeletes keeps the
+  // deletions of a log record (ApplyLogged's deleting changes, recovery's records);
+  // JournalLoggedDeletes notes every one kept so far in the journal (a round, before it
+  // deletes rows from disk), waiting for a deleting change in progress to keep its own.
+  void NoteLoggedDeletes(const LogRecordView& rec);
+  void JournalLoggedDeletes() ABSL_EXCLUSIVE_LOCKS_REQUIRED(materialize_mu_);
   // Sets recovery_.lazy (stored rows stay on disk until touched) and returns whether the
   // log's row updates wait for their rows too (lazy replay).
   bool ChooseLazy(bool log_updates_rows);
@@ -248,6 +272,12 @@ class PodStorage {
   PushDedup* const dedup_;
   RecoveryStats recovery_;
   std::unique_ptr<DurableLog> log_;
+  std::unique_ptr<ChangeJournal> journal_;  // noted and committed under materialize_mu_
+  // Row deletions logged since a round last noted them in the journal (see
+  // pod_storage_journal.cc): a deleted row created again before the round is written as a
+  // row, so the deletion is noted from its log record, not from the round.
+  absl::Mutex deletes_mu_;
+  std::vector<std::pair<uint32_t, int64_t>> logged_deletes_ ABSL_GUARDED_BY(deletes_mu_);
 
   // Held shared by ApplyLogged from apply to append, exclusively by the materializer for
   // an instant (BarrierLsn) and by eviction.

@@ -74,10 +74,12 @@ bool PodStorage::ApplyPending(const Pending& pending) {
         table.Inspect(id, [&, no = no](const RowView& r) {
           file.AddRow(no, r.id, r.step, absl::MakeConstSpan(r.weights, dim),
                       absl::MakeConstSpan(r.slots, slots));
+          journal_->Note(no, r.id, ChangeKind::kWrite);
         });
       }
       // As in a round: the rows may hold newer pushes, whose records must be written first.
       status = log_->WaitWritten(BarrierLsn());
+      if (status.ok()) status = journal_->Commit();  // before the rows (change_journal.h)
       if (status.ok()) status = db_->IngestRows(&file);
       rows += chunk.size();
     }

@@ -55,6 +55,8 @@ absl::Status PodStorage::MaterializeLocked() {
   auto write_group = [&] {
     if (!status.ok() || file.count() == 0) return;
     status = log_->WaitWritten(BarrierLsn());
+    // The journal names the group's ids before they are written (change_journal.h).
+    if (status.ok()) status = journal_->Commit();
     if (status.ok()) status = db_->IngestRows(&file);
     file.Clear();
   };
@@ -71,6 +73,7 @@ absl::Status PodStorage::MaterializeLocked() {
         [&, no = no](const RowView& r) {
           file.AddRow(no, r.id, r.step, absl::MakeConstSpan(r.weights, dim),
                       absl::MakeConstSpan(r.slots, slots));
+          journal_->Note(no, r.id, ChangeKind::kWrite);
         },
         [&] {
           if (file.bytes() >= options_.materialize_group_bytes) write_group();
@@ -88,6 +91,9 @@ absl::Status PodStorage::MaterializeLocked() {
       batch.AddDense(d->spec().name(), step, values);
     }
   }
+  // The journal names every deletion so far before any is written (change_journal.h).
+  JournalLoggedDeletes();
+  if (status.ok()) status = journal_->Commit();
   if (status.ok() && batch.count() > 0) {
     status = log_->WaitWritten(BarrierLsn());
     if (status.ok()) status = db_->WriteRows(&batch);

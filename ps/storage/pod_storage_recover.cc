@@ -284,6 +284,7 @@ absl::Status PodStorage::ReadLog(uint64_t base, const TablesByNumber& tables, Re
     ASSIGN_OR_RETURN(LogRecordView rec, ParseLogRecord(entry.record));
     RETURN_IF_ERROR(index.Add(rec));
     CountAdmission(rec, tables);
+    NoteLoggedDeletes(rec);  // for the change journal (pod_storage_journal.cc)
     if (rec.has_dense) {
       RETURN_IF_ERROR(AddDenseUpdates(*store_, entry.record, &log->dense_records, &log->dense));
     }

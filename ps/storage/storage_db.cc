@@ -831,6 +831,42 @@ absl::Status StorageDb::Checkpoint(const std::string& dir) {
   return rep_->log_files->CopyTo(dir + "/pushlog");
 }
 
+absl::Status StorageDb::WriteMeta(
+    absl::Span<const std::pair<std::string, std::string>> puts,
+    absl::Span<const std::pair<std::string, std::string>> delete_ranges, bool sync) {
+  rocksdb::WriteBatch batch;
+  for (const auto& [from, to] : delete_ranges) {
+    RETURN_IF_ERROR(FromRocks(batch.DeleteRange(rep_->meta, from, to), "meta delete"));
+  }
+  for (const auto& [key, value] : puts) {
+    RETURN_IF_ERROR(FromRocks(batch.Put(rep_->meta, key, value), "meta put"));
+  }
+  rocksdb::WriteOptions options;
+  options.sync = sync;
+  return FromRocks(rep_->db->Write(options, &batch), "cannot write the meta column family");
+}
+
+absl::Status StorageDb::ScanMeta(
+    absl::string_view from, absl::string_view to,
+    const std::function<absl::Status(absl::string_view key, absl::string_view value)>& fn) {
+  std::unique_ptr<rocksdb::Iterator> it(rep_->db->NewIterator(rocksdb::ReadOptions(), rep_->meta));
+  for (it->Seek(rocksdb::Slice(from.data(), from.size())); it->Valid(); it->Next()) {
+    const absl::string_view key(it->key().data(), it->key().size());
+    if (key >= to) break;
+    RETURN_IF_ERROR(fn(key, absl::string_view(it->value().data(), it->value().size())));
+  }
+  return FromRocks(it->status(), "cannot read the meta column family");
+}
+
+absl::StatusOr<std::string> StorageDb::GetMeta(absl::string_view key) {
+  std::string value;
+  const rocksdb::Status s = rep_->db->Get(rocksdb::ReadOptions(), rep_->meta,
+                                          rocksdb::Slice(key.data(), key.size()), &value);
+  if (s.IsNotFound()) return absl::NotFoundError(absl::StrCat("no meta key ", key));
+  RETURN_IF_ERROR(FromRocks(s, "cannot read the meta column family"));
+  return value;
+}
+
 uint64_t StorageDb::disk_bytes() {
   uint64_t total = 0;
   for (auto* cf : {rep_->meta, rep_->rows, rep_->log}) {

@@ -9,6 +9,7 @@
 //         "dedup"         -> PushDedup::Serialize() as of the last log truncation
 //         "log_base"      -> u64be: log records below it were deleted
 //         "storage_id"    -> 32 hex digits, random, written when the database is created
+//         "journal..."    -> the change journal (ps/storage/change_journal.h)
 //   rows  u32be table number, u64be id^2^63 -> u64 step, dim weights, slot floats
 //         ff ff ff ff, dense name           -> u64 step, weights, slot floats
 //   log   u64be log sequence number         -> one push record (ps/storage/log_record.h): written
@@ -200,6 +201,19 @@ class StorageDb {
 
   // A consistent copy of the database in `dir` (must not exist), hard-linked where it can.
   absl::Status Checkpoint(const std::string& dir);
+
+  // Keys of the meta column family that other storage code owns (the change journal,
+  // ps/storage/change_journal.h). WriteMeta applies the puts and the deletions of the key
+  // ranges [first, second) in one atomic write (fsynced with `sync`). ScanMeta calls fn for
+  // every key in [from, to), in order; fn's views live only during the call. GetMeta:
+  // NOT_FOUND for a missing key. Thread-safe.
+  absl::Status WriteMeta(absl::Span<const std::pair<std::string, std::string>> puts,
+                         absl::Span<const std::pair<std::string, std::string>> delete_ranges,
+                         bool sync);
+  absl::Status ScanMeta(
+      absl::string_view from, absl::string_view to,
+      const std::function<absl::Status(absl::string_view key, absl::string_view value)>& fn);
+  absl::StatusOr<std::string> GetMeta(absl::string_view key);
 
   // RocksDB's estimate of the stored rows (keys of the rows column family).
   uint64_t EstimateRows();

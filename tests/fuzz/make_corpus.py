@@ -157,6 +157,9 @@ def export_file():
         "table_fix_checksums": b"\x00" + table,
         "dense": b"\x01" + export(2, field(1, 2, b"bias"), 3, 0, [[(0, 7, [1, 2, 3])]]),
         "empty": b"\x01" + export(1, b"", 4, 8, []),
+        # a delta's deleted ids: kind 3, no floats per record
+        "deleted_ids": b"\x01" + export(3, spec, 0, 0, [[(-7, 0, []), (1 << 40, 0, [])], [(3, 0, [])]]),
+        "deleted_ids_with_floats": b"\x01" + export(3, spec, 1, 0, [[(-7, 0, [1])]]),
         "truncated": b"\x01" + table[:-5],
         "newer_version": b"\x00" + b"PSEXPORT" + struct.pack("<I", 2) + table[12:],
     }
