@@ -252,7 +252,10 @@ absl::StatusOr<bool> ExportFileReader::Next(ExportBlock* block) {
   for (uint32_t i = 0; i < records; ++i) {
     std::memcpy(&block->ids[i], p, 8);
     std::memcpy(&block->steps[i], p + 8, 8);
-    std::memcpy(block->values.data() + i * floats, p + 16, floats * sizeof(float));
+    // A deleted-ids file (kind 3) has no floats: values stays empty (data() may be null).
+    if (floats != 0) {
+      std::memcpy(block->values.data() + i * floats, p + 16, floats * sizeof(float));
+    }
     p += record_bytes;
   }
   summary_.rows += records;
