@@ -141,6 +141,8 @@ $PY "$EX/baseline.py" --manifest="$MANIFEST" --records_per_task="$PER_TASK" \
 
 echo "== ps-admin status"
 "$BIN/ps-admin" --master="$MASTER" status
+echo "== ps-admin tables (rows, admission, eviction per table)"
+"$BIN/ps-admin" --master="$MASTER" tables
 
 AUC_PS="$($PY -c "import json; print(f\"{json.load(open('$RUN/auc_ps.json'))['auc']:.4f}\")")"
 AUC_BASE="$($PY -c "import json; print(f\"{json.load(open('$RUN/auc_baseline.json'))['auc']:.4f}\")")"

@@ -120,21 +120,24 @@ def features(cat):
     return KeyedJagged.from_dense({FEATURE: cat.reshape(-1, 1)})
 
 
-def ps_model(client, stats, pull_every=1, create=True, init_seed=0, staleness=0):
+def ps_model(client, stats, pull_every=1, create=True, init_seed=0, staleness=0,
+             admit_after=0):
     """A DeepFM whose embedding rows and dense parameters live on the PS; ``stats`` as
     for :class:`DeepFM`. Returns (model, PsOptimizer). Creating the table and tensors is
     idempotent (for the same ``init_seed``: the seed of the PS initializers, the PS's
     counterpart of the baseline's torch seed; every worker of a job must pass the same).
     ``pull_every``: refresh the dense parameters every this many steps; ``staleness``:
-    the optimizer's S (elastic_ps.torch_modules)."""
+    the optimizer's S (elastic_ps.torch_modules); ``admit_after``: the table's admission
+    count (a row is created at its id's N-th push; 0 or 1: at once)."""
     from elastic_ps.torch_modules import (PsDense, PsEmbeddingBagCollection,
                                           PsEmbeddingBagConfig, PsOptimizer)
 
     seed = {"seed": int(init_seed)} if init_seed else {}
+    lifecycle = {"admit_after": int(admit_after)} if admit_after > 1 else {}
     emb = PsEmbeddingBagCollection(client, [PsEmbeddingBagConfig(
         TABLE, 1 + K, mode="sum", feature_names=[FEATURE], create=create,
         optimizer="adagrad", learning_rate=SPARSE_LR, initial_accumulator=INITIAL_ACCUMULATOR,
-        initializer="normal", stddev=EMB_STDDEV, **seed)])
+        initializer="normal", stddev=EMB_STDDEV, **seed, **lifecycle)])
     model = DeepFM(emb, stats)
     dense = PsDense(client, model.dense_net, DENSE_PREFIX, pull_every=pull_every,
                     create=create, optimizer="adagrad", learning_rate=DENSE_LR,

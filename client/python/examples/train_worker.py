@@ -193,6 +193,9 @@ def main():
     ap.add_argument("--no_create", action="store_true",
                     help="join the job without creating it from the manifest")
     ap.add_argument("--batch", type=int, default=deepfm.BATCH, help="minibatch size")
+    ap.add_argument("--admit_after", type=int, default=0,
+                    help="admission: create an embedding row only at its id's N-th push "
+                    "(0 or 1: at once); every worker of a job must pass the same")
     ap.add_argument("--staleness", type=int, default=DEFAULT_STALENESS,
                     help="S: pushes are asynchronous with at most S steps in flight, and a "
                     "step sees every update of this worker but those of its S latest steps "
@@ -238,7 +241,8 @@ def main():
         print(f"{name}: job {args.job}: {n} tasks", flush=True)
     client = worker.client
     model, ps_opt = deepfm.ps_model(client, stats, pull_every=args.dense_every,
-                                    init_seed=args.init_seed, staleness=args.staleness)
+                                    init_seed=args.init_seed, staleness=args.staleness,
+                                    admit_after=args.admit_after)
     dense_binder = ps_opt.dense[0]
     progress = Progress(name, args.log_every_s)
     done = {"train": 0, "eval": 0}
