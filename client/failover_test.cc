@@ -220,5 +220,102 @@ TEST(FailoverPushTest, DeposedPrimaryRefusingAfterAnUnknownFateKeepsTheKey) {
   EXPECT_EQ(out.stats.duplicate_pushes, 1u);
 }
 
+// A pod that answers every push UNAVAILABLE and runs the test's hook with the push's
+// ordinal (1 for the first) before answering.
+class DeadAddress final : public ParameterServer::Service {
+ public:
+  explicit DeadAddress(std::function<void(int)> on_push) : on_push_(std::move(on_push)) {}
+  grpc::Status Describe(grpc::ServerContext*, const DescribeRequest*,
+                        DescribeResponse* resp) override {
+    *resp->add_tables()->mutable_spec() = Counter();
+    resp->set_num_vshards(kVShards);
+    resp->set_epoch(1);
+    resp->set_owned_vshards(std::string(kVShards / 8, '\xff'));
+    return grpc::Status::OK;
+  }
+  grpc::Status Push(grpc::ServerContext*, const PushRequest*, PushResponse*) override {
+    int n;
+    {
+      absl::MutexLock lock(&mu_);
+      n = ++pushes_;
+    }
+    on_push_(n);
+    return kUnavailable;
+  }
+  int pushes() {
+    absl::MutexLock lock(&mu_);
+    return pushes_;
+  }
+
+ private:
+  const std::function<void(int)> on_push_;
+  absl::Mutex mu_;
+  int pushes_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+// One pod ps-0 owning every vshard, at `address`.
+ShardMapResponse OnePod(uint64_t epoch, const std::string& address) {
+  ShardMapResponse m;
+  m.set_epoch(epoch);
+  m.set_num_vshards(kVShards);
+  m.set_replication(2);
+  PodInfo* p = m.add_pods();
+  p->set_pod_id("ps-0");
+  p->set_address(address);
+  p->set_state(PodInfo::LIVE);
+  for (uint32_t v = 0; v < kVShards; ++v) m.add_owner(0);
+  return m;
+}
+
+TEST(FailoverPushTest, RetryFollowsThePodToItsNewAddressAfterTheMapMovedOn) {
+  // A push routed at epoch 1 keeps failing at ps-0's address A. The client's refresh
+  // brings epoch 2 (another change: ps-0 still at A), then ps-0 comes back at address B
+  // (epoch 3). The retries must refresh again (the address they failed at is the newest
+  // the client knows) and follow ps-0 to B, not stay at A until their attempts run out.
+  PsServerOptions o;
+  o.host = "127.0.0.1";
+  std::vector<uint32_t> all(kVShards);
+  for (uint32_t v = 0; v < kVShards; ++v) all[v] = v;
+  auto restarted = PsServer::Start(o, *ShardOwnership::Create(kVShards, 3, all));
+  ASSERT_TRUE(restarted.ok()) << restarted.status();
+  CreateTableRequest create;
+  *create.mutable_spec() = Counter();
+  CreateTableResponse created;
+  ASSERT_TRUE((*restarted)->core().CreateTable(create, &created).ok());
+  const std::string new_address = absl::StrCat("127.0.0.1:", (*restarted)->port());
+
+  FakeMaster master;
+  int master_port = 0;
+  auto master_server = Serve(&master, &master_port);
+  std::string old_address;
+  DeadAddress dead([&](int n) {
+    if (n == 1) master.Set(OnePod(2, old_address));  // the map moves on, ps-0 still at A
+    if (n == 3) master.Set(OnePod(3, new_address));  // sent after the refresh to epoch 2
+  });
+  int dead_port = 0;
+  auto dead_server = Serve(&dead, &dead_port);
+  old_address = absl::StrCat("127.0.0.1:", dead_port);
+  master.Set(OnePod(1, old_address));
+
+  ClientOptions options;
+  options.master = absl::StrCat("127.0.0.1:", master_port);
+  options.num_vshards = kVShards;
+  options.initial_backoff_ms = 1;
+  options.max_backoff_ms = 5;
+  options.map_refresh_ms = 1;
+  options.max_attempts = 30;
+  auto client = PsClient::Connect(options);
+  ASSERT_TRUE(client.ok()) << client.status();
+  std::vector<int64_t> ids(32);
+  for (int i = 0; i < 32; ++i) ids[i] = i;
+  std::vector<float> grads(ids.size() * kDim, -1.0f);
+  absl::Status pushed = (*client)->Push({{"emb", ids, grads.data()}});
+  ASSERT_TRUE(pushed.ok()) << pushed;
+  EXPECT_LT(dead.pushes(), 30);  // it left A instead of using up its attempts there
+  std::vector<float> rows(ids.size() * kDim);
+  ASSERT_TRUE((*client)->Pull({{"emb", ids, rows.data()}}).ok());
+  for (float v : rows) ASSERT_EQ(v, 1.0f);
+}
+
 }  // namespace
 }  // namespace ps

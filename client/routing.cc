@@ -117,6 +117,14 @@ bool Router::FailedOver(const Pod& pod, uint64_t seen_epoch) const {
   return true;  // gone from the map
 }
 
+uint64_t Router::StaleAfter(const Pod& pod, uint64_t rpc_epoch) const {
+  auto r = current();
+  for (const auto& p : r->pods) {
+    if (p.get() == &pod) return std::max(rpc_epoch, r->map.epoch());
+  }
+  return rpc_epoch;
+}
+
 std::shared_ptr<Pod> Router::Resolve(const std::shared_ptr<Pod>& pod) const {
   auto r = current();
   for (const auto& p : r->pods) {

@@ -74,6 +74,13 @@ class Router {
   // `pod` itself if that id is gone or has no address.
   std::shared_ptr<Pod> Resolve(const std::shared_ptr<Pod>& pod) const;
 
+  // The epoch a retry of an RPC routed at `rpc_epoch`, whose attempt just failed at
+  // `pod`, must see a newer map than (Refresh's `seen_epoch`): the current routing's when
+  // it still names `pod` (that id at that address: the address that failed is the newest
+  // the client knows, so only a fetch can find a new one, e.g. the pod restarted
+  // elsewhere), else `rpc_epoch`.
+  uint64_t StaleAfter(const Pod& pod, uint64_t rpc_epoch) const;
+
   // Whether the vshards `pod` led at `seen_epoch` failed over: the current routing is
   // newer, replicated (R >= 2), and `pod` is in it no longer up (its lease ran out: the
   // master promoted its followers). A pod that is up answers for itself (it knows the

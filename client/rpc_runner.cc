@@ -73,13 +73,16 @@ void RpcRunner::Retry(RpcState* rpc, const std::shared_ptr<Op>& op, std::functio
   const absl::Duration backoff = policy_->Backoff(rpc->attempt);
   if (router_->follows_master() && RetryPolicy::RefreshMapBefore(rpc->attempt + 1)) {
     timer_->After(backoff, [this, rpc, op, again = std::move(again)]() mutable {
-      router_->Refresh(rpc->epoch, [this, rpc, op, again = std::move(again)] {
-        if (rpc->reroute && rpc->reroutes < options_.max_reroutes &&
-            router_->FailedOver(*rpc->pod, rpc->epoch)) {
-          return Reroute(rpc, op);
-        }
-        again();
-      });
+      // A map newer than the one that gave the failed address (not merely newer than the
+      // RPC's own), so that a pod restarted elsewhere is found however old the RPC is.
+      router_->Refresh(router_->StaleAfter(*rpc->pod, rpc->epoch),
+                       [this, rpc, op, again = std::move(again)] {
+                         if (rpc->reroute && rpc->reroutes < options_.max_reroutes &&
+                             router_->FailedOver(*rpc->pod, rpc->epoch)) {
+                           return Reroute(rpc, op);
+                         }
+                         again();
+                       });
     });
   } else {
     timer_->After(backoff, std::move(again));

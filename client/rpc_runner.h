@@ -5,7 +5,9 @@
 // - A retryable code: the same request again to the same pod identity (found again by
 //   id, possibly at a new address), after the policy's backoff, up to its max_attempts.
 //   Before the attempts the policy names (the third on) a client that follows a master
-//   refreshes the map first, so a pod restarted at a new address is found. A push keeps
+//   refreshes the map first (for a map newer than the one that gave the address that
+//   failed: Router::StaleAfter), so a pod restarted at a new address is found, however
+//   old the RPC's own epoch. A push keeps
 //   its key: the pod applies it once.
 // - Failover (R >= 2): when that refresh shows that the pod's vshards failed over to their
 //   followers (Router::FailedOver: the master holds the pod lost), an RPC with
