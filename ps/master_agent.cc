@@ -176,9 +176,13 @@ class MasterAgentImpl final : public MasterAgent {
     return Apply(sent, resp.assignment());
   }
 
-  // Installs the assignment if it differs from the core's ownership, then renews the write
-  // lease (in that order: a deposed primary back from a pause must never hold a fresh
-  // lease with the vshards it no longer leads), and syncs the catalog.
+  // Syncs the catalog, installs the assignment if it differs from the core's ownership,
+  // then renews the write lease. The catalog comes first so a pod never serves vshards
+  // without the tables of the map it serves (a pod back on an empty disk answered NOT_FOUND,
+  // which is final for clients, between the two); the assignment is installed even if the
+  // catalog failed (a deposed primary must learn it), but then no lease is renewed, so a
+  // primary takes no writes until its tables exist. The lease comes last: a deposed primary
+  // back from a pause must never hold a fresh lease with the vshards it no longer leads.
   absl::Status Apply(absl::Time sent, const PodAssignment& a) {
     heartbeat_interval_ = std::max(absl::Milliseconds(10), absl::Milliseconds(a.lease_ms()) / 3);
     Assignment assignment;
@@ -188,11 +192,14 @@ class MasterAgentImpl final : public MasterAgent {
     *assignment.mutable_moving_in() = a.moving_in();
     *assignment.mutable_moving_out() = a.moving_out();
     if (a.has_replication()) *assignment.mutable_replication() = a.replication();
+    const absl::Status catalog = a.catalog_version() != catalog_version_
+                                     ? SyncCatalog(a.catalog_version())
+                                     : absl::OkStatus();
     ApplyAssignmentResponse applied;
     // Ignored when older than what the master already sent the pod directly.
     if (absl::Status s = core_->ApplyAssignment(assignment, &applied); !s.ok()) return s;
+    if (!catalog.ok()) return catalog;
     RenewLease(sent, a);
-    if (a.catalog_version() != catalog_version_) return SyncCatalog(a.catalog_version());
     return absl::OkStatus();
   }
 
