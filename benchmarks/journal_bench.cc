@@ -118,9 +118,9 @@ int main(int argc, char** argv) {
       if ((round + 1) % FLAGS_report_every == 0 || round + 1 == FLAGS_rounds) {
         const ps::ChangeJournal::Stats st = j.stats();
         std::printf(
-            "round %llu: journal %.1f MB, history %llu rounds (floor %llu), merges %llu, "
+            "round %llu: journal %.1f MiB, history %llu rounds (floor %llu), merges %llu, "
             "commit mean %.1f ms max %.0f ms\n",
-            static_cast<unsigned long long>(round + 1), st.bytes / 1e6,
+            static_cast<unsigned long long>(round + 1), st.bytes / 1048576.0,
             static_cast<unsigned long long>(round + 1 - st.floor),
             static_cast<unsigned long long>(st.floor), static_cast<unsigned long long>(st.merges),
             1e3 * commit_s / (round + 1), 1e3 * max_commit_s);
@@ -159,10 +159,10 @@ int main(int argc, char** argv) {
                 changed == 0 ? 0.0 : 100.0 * (named - changed) / changed);
   }
   std::printf(
-      "RESULT merge=%d rounds=%llu changes=%llu journal_mb=%.1f (max %llu) history_rounds=%llu "
+      "RESULT merge=%d rounds=%llu changes=%llu journal_mib=%.1f (max %llu) history_rounds=%llu "
       "merges=%llu commit_mean_ms=%.1f commit_max_ms=%.0f run_s=%.1f wrong_deltas=%d\n",
       FLAGS_merge ? 1 : 0, static_cast<unsigned long long>(FLAGS_rounds),
-      static_cast<unsigned long long>(FLAGS_changes), st.bytes / 1e6,
+      static_cast<unsigned long long>(FLAGS_changes), st.bytes / 1048576.0,
       static_cast<unsigned long long>(FLAGS_journal_mb),
       static_cast<unsigned long long>(FLAGS_rounds - st.floor),
       static_cast<unsigned long long>(st.merges), 1e3 * commit_s / FLAGS_rounds, 1e3 * max_commit_s,
