@@ -90,11 +90,13 @@ void PsCore::ApplyShipped(const Change& change, ApplyFn apply, Done done) {
   if (ack_leader) gather->Arrive(absl::OkStatus());  // only this pod's copy counts
   bool shipped = false;
   // The order lock: the next change applies only after this one's record is queued for
-  // every follower, so each follower receives every row's updates in step order.
-  absl::MutexLock order(&ship_mu_);
+  // every follower, so each follower receives every row's updates in step order. It is
+  // released once the record is queued: its checksum and log append need no order.
+  absl::ReleasableMutexLock order(&ship_mu_);
   auto ship = [&](const std::string& record) {
     shipped = true;
     replicator_->Ship(record, replicas);
+    order.Release();
   };
   if (storage_ != nullptr) {
     storage_->ApplyLogged(
