@@ -9,6 +9,9 @@
 #     and R=2 / R=1 (goal >= 0.6).
 #     ACK=leader runs R=2 with --replication_ack=leader (the order lock and the follower's
 #     work, without waiting for it).
+#     OLD=DIR (another build's bin directory, e.g. a build of main) runs each round with
+#     both builds in turn (old R=1, old R=2, new R=1, new R=2), and prints each build's
+#     medians and ratio: on a shared machine only figures taken alternately compare.
 #   benchmarks/replication.sh failover [KILLS=5] [LEASE_MS=1000]
 #     time from a primary's SIGKILL to pushes accepted again: --replication=2, a client
 #     (Python SDK, benchmarks/push_probe.py) pushing 256-id batches in a loop, ps-0 killed;
@@ -42,9 +45,9 @@ wait_port() {
   exit 1
 }
 
-# start_cluster RUN R LEASE_MS: master + ps-0, ps-1 under $DIR/RUN; sets MASTER and POD0.
+# start_cluster RUN R LEASE_MS [BIN]: master + ps-0, ps-1 under $DIR/RUN; sets MASTER and POD0.
 start_cluster() {
-  local run="$DIR/$1" r="$2" lease="$3"
+  local run="$DIR/$1" r="$2" lease="$3" BIN="${4:-$BIN}"
   mkdir -p "$run"
   "$BIN/ps-master" --data_dir="$run/master" --num_ps=2 --num_vshards="$VSHARDS" \
     --replication="$r" --replication_ack="${ACK:-all}" --host=127.0.0.1 --port=0 --port_file="$run/master.port" \
@@ -72,26 +75,34 @@ median() { sort -g | awk '{a[NR]=$1} END {if (NR) print a[int((NR+1)/2)]}'; }
 
 throughput() {
   local rounds="${1:-3}" seconds="${2:-10}"
-  : >"$DIR/r1" && : >"$DIR/r2"
-  echo "push rows/s, R=1 and R=2 alternated, $rounds rounds of $seconds s (load $(cut -d' ' -f1-3 /proc/loadavg))"
+  local builds=(new)
+  [[ -n "${OLD:-}" ]] && builds=(old new)
+  for b in "${builds[@]}"; do : >"$DIR/$b-r1" && : >"$DIR/$b-r2"; done
+  echo "push rows/s, R=1 and R=2 alternated (builds: ${builds[*]}), $rounds rounds of $seconds s (load $(cut -d' ' -f1-3 /proc/loadavg))"
   for round in $(seq 1 "$rounds"); do
-    for r in 1 2; do
-      start_cluster "t$round-r$r" "$r" 10000
-      local out
-      out=$("$BIN/ps-bench" --target=grpc --master="$MASTER" --op=push --optimizer=adagrad \
-        --dim=64 --batch=1024 --rows=200000 --inflight=8 --threads=2 --seconds="$seconds" 2>&1 |
-        grep "rows/s" | tail -1)
-      local rate
-      rate=$(echo "$out" | sed -n 's/.*: \([0-9]*\) rows\/s.*/\1/p')
-      echo "  round $round R=$r: ${rate:-FAILED} rows/s  ($out; load $(cut -d' ' -f1 /proc/loadavg))"
-      [[ -n "$rate" ]] && echo "$rate" >>"$DIR/r$r"
-      cleanup
+    for b in "${builds[@]}"; do
+      local bin="$BIN"
+      [[ $b == old ]] && bin="$OLD"
+      for r in 1 2; do
+        start_cluster "t$round-$b-r$r" "$r" 10000 "$bin"
+        local out
+        out=$("$bin/ps-bench" --target=grpc --master="$MASTER" --op=push --optimizer=adagrad \
+          --dim=64 --batch=1024 --rows=200000 --inflight=8 --threads=2 --seconds="$seconds" 2>&1 |
+          grep "rows/s" | tail -1)
+        local rate
+        rate=$(echo "$out" | sed -n 's/.*: \([0-9]*\) rows\/s.*/\1/p')
+        echo "  round $round $b R=$r: ${rate:-FAILED} rows/s  ($out; load $(cut -d' ' -f1 /proc/loadavg))"
+        [[ -n "$rate" ]] && echo "$rate" >>"$DIR/$b-r$r"
+        cleanup
+      done
     done
   done
-  local m1 m2
-  m1=$(median <"$DIR/r1")
-  m2=$(median <"$DIR/r2")
-  echo "median R=1: $m1 rows/s; R=2: $m2 rows/s; R=2/R=1 = $(echo "scale=3; $m2 / $m1" | bc)"
+  for b in "${builds[@]}"; do
+    local m1 m2
+    m1=$(median <"$DIR/$b-r1")
+    m2=$(median <"$DIR/$b-r2")
+    echo "$b: median R=1: $m1 rows/s; R=2: $m2 rows/s; R=2/R=1 = $(echo "scale=3; $m2 / $m1" | bc)"
+  done
 }
 
 failover() {

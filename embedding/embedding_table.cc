@@ -334,6 +334,21 @@ class EmbeddingTableImpl final : public EmbeddingTable {
     const uint64_t h = RouteHash(name_hash_, id);
     Stripe& s = StripeOf(h);
     SpinLockHolder lock(&s.mu);
+    ReplayLocked(s, id, h, grad, lr, step, stamped_ ? now_stamp() : 0);
+  }
+
+  void ReplayRows(absl::Span<const int64_t> ids, const float* grads, float lr,
+                  absl::Span<const uint64_t> steps) override {
+    const uint32_t now = stamped_ ? now_stamp() : 0;
+    ForEachGroup(ids, /*for_write=*/true, [&](size_t i, Stripe& s, uint64_t h) {
+      if (steps[i] == 0) return;  // as Replay
+      ReplayLocked(s, ids[i], h, grads + i * layout_.dim, lr, steps[i], now);
+    });
+  }
+
+  // One logged update of row `id` (Replay), under its stripe's lock.
+  void ReplayLocked(Stripe& s, int64_t id, uint64_t h, const float* grad, float lr, uint64_t step,
+                    uint32_t now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mu) {
     const uint32_t slot = FindOrCreate(s, id, h);
     float* row = RowAt(s, slot);
     uint64_t row_step = GetStep(row);
@@ -343,7 +358,7 @@ class EmbeddingTableImpl final : public EmbeddingTable {
     }
     SetStep(row, row_step);
     MarkDirty(s, slot);
-    if (stamped_) Stamp(s, slot, now_stamp());
+    Stamp(s, slot, now);
   }
 
   void Restore(int64_t id, const float* weights, const float* slots, uint64_t step) override {

@@ -91,6 +91,12 @@ class EmbeddingTable {
   // must be replayed in increasing step order. Step 0 (a push admission dropped) changes
   // no row: its count is CountLogged's. Thread-safe.
   virtual void Replay(int64_t id, const float* grad, float lr, uint64_t step) = 0;
+  // Replay of updates (ids[i], grads[i*dim, (i+1)*dim), steps[i]) for every i in order,
+  // as a push visits its rows (index and rows prefetched a group at a time), so a
+  // follower or recovery replaying a logged entry does not wait on one cache miss per row.
+  // steps.size() == ids.size(). Thread-safe.
+  virtual void ReplayRows(absl::Span<const int64_t> ids, const float* grads, float lr,
+                          absl::Span<const uint64_t> steps) = 0;
 
   // Sets row `id` to the given weights (dim floats), optimizer slots (slot_floats()) and
   // update count, creating it if missing; the row is not marked dirty. Thread-safe.

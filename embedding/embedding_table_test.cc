@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <map>
 #include <random>
 #include <thread>
 #include <vector>
@@ -255,6 +256,50 @@ TEST(EmbeddingTableTest, ReplayAndInstallSkipWhatARowHasAlready) {
     seen = true;
   });
   EXPECT_TRUE(seen);
+}
+
+// ReplayRows (a follower's batched replay) leaves every row bit-identical to the table
+// that pushed, and to Replay one row at a time: updates in step order, duplicates within
+// an entry in order, steps a row already has skipped, step 0 (admission dropped) no row.
+TEST(EmbeddingTableTest, ReplayRowsMatchesThePushAndReplayOneByOne) {
+  for (auto opt : {OptimizerSpec::ADAGRAD, OptimizerSpec::ADAM}) {
+    const TableSpec spec = Spec(8, opt);
+    auto pushed = Make(spec);
+    auto batched = Make(spec, /*stripes=*/4);  // few stripes: groups share them
+    auto single = Make(spec);
+    std::mt19937_64 rng(7);
+    for (int round = 0; round < 30; ++round) {
+      std::vector<int64_t> ids(100);
+      for (int64_t& id : ids) id = static_cast<int64_t>(rng() % 64);  // duplicates
+      std::vector<float> grads(ids.size() * 8);
+      for (float& g : grads) g = static_cast<float>(static_cast<int>(rng() % 2001) - 1000) / 997;
+      const float lr = 0.01f * static_cast<float>(round % 3 + 1);
+      std::vector<uint64_t> steps(ids.size());
+      pushed->Push(ids, grads.data(), lr, steps.data());
+      steps.push_back(0);  // an admission-dropped push of a row never seen: no row
+      ids.push_back(1000);
+      grads.resize(ids.size() * 8, 1.0f);
+      batched->ReplayRows(ids, grads.data(), lr, steps);
+      if (round % 5 == 0) batched->ReplayRows(ids, grads.data(), lr, steps);  // again: no-op
+      for (size_t i = 0; i < ids.size(); ++i) {
+        single->Replay(ids[i], grads.data() + i * 8, lr, steps[i]);
+      }
+    }
+    auto rows = [](EmbeddingTable& t) {
+      std::map<int64_t, std::vector<float>> out;
+      t.ForEachRow([&](const RowView& r) {
+        std::vector<float>& v = out[r.id];
+        v.assign(r.weights, r.weights + 8);
+        v.insert(v.end(), r.slots, r.slots + t.slot_floats());
+        v.push_back(static_cast<float>(r.step));
+      });
+      return out;
+    };
+    const auto want = rows(*pushed);
+    ASSERT_EQ(want.size(), 64u);
+    EXPECT_EQ(rows(*batched), want) << OptimizerSpec::Kind_Name(opt);
+    EXPECT_EQ(rows(*single), want) << OptimizerSpec::Kind_Name(opt);
+  }
 }
 
 // Delete removes rows and, with track_dirty, reports every deleted id once to the next

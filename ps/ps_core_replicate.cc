@@ -51,7 +51,7 @@ class Gather {
 // Rows of vshards the follower does not follow from the sender are left out (see
 // ReplicateRecords): then `*_data` holds the kept rows' floats (else empty: the view's).
 struct ParsedRecord {
-  std::string bytes;  // owns what `view` points into
+  absl::string_view bytes;  // the request's record, which `view` points into
   LogRecordView view;
   std::vector<std::vector<int64_t>> table_ids, install_ids, delete_ids;
   std::vector<std::vector<uint64_t>> table_steps, install_steps;
@@ -90,11 +90,13 @@ void PsCore::ApplyShipped(const Change& change, ApplyFn apply, Done done) {
   if (ack_leader) gather->Arrive(absl::OkStatus());  // only this pod's copy counts
   bool shipped = false;
   // The order lock: the next change applies only after this one's record is queued for
-  // every follower, so each follower receives every row's updates in step order.
-  absl::MutexLock order(&ship_mu_);
+  // every follower, so each follower receives every row's updates in step order. It is
+  // released once the record is queued: its checksum and log append need no order.
+  absl::ReleasableMutexLock order(&ship_mu_);
   auto ship = [&](const std::string& record) {
     shipped = true;
     replicator_->Ship(record, replicas);
+    order.Release();
   };
   if (storage_ != nullptr) {
     storage_->ApplyLogged(
@@ -202,19 +204,29 @@ void PsCore::ReplicateRecords(const ReplicateRecordsRequest& req, ReplicateRecor
   std::vector<ParsedRecord> records(req.records_size());
   for (int r = 0; r < req.records_size(); ++r) {
     ParsedRecord& p = records[r];
-    p.bytes = req.records(r);
+    p.bytes = req.records(r);  // the request outlives the batch's apply: no copy
     absl::StatusOr<LogRecordView> view = ParseLogRecord(p.bytes);
     if (!view.ok()) return refuse(absl::InvalidArgumentError(view.status().message()));
     p.view = *std::move(view);
+    // `install`: whole rows (weights and slots) rather than gradients.
     auto check_rows = [&](absl::string_view table, uint32_t count, const LogArrayView& ids,
                           const LogArrayView& steps, uint32_t row_floats, const char* data,
-                          std::vector<int64_t>* out_ids, std::vector<uint64_t>* out_steps,
+                          bool install, std::vector<int64_t>* out_ids,
+                          std::vector<uint64_t>* out_steps,
                           std::vector<float>* out_data) -> absl::Status {
       auto t = store_.FindTable(std::string(table));
       if (t == nullptr) {
         // The catalog reaches this pod by heartbeat: the primary retries the batch.
         return absl::UnavailableError(
             absl::StrCat("table '", table, "' is not known here yet; retry"));
+      }
+      // The rows are read at this table's stride: a record of another shape is refused
+      // rather than read past its end.
+      const uint32_t expected = install ? t->dim() + t->slot_floats() : t->dim();
+      if (row_floats != expected) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("a record from ", req.primary(), " has rows of ", row_floats,
+                         " floats for table '", table, "', whose rows here have ", expected));
       }
       out_ids->reserve(count);
       out_steps->reserve(count);
@@ -243,8 +255,8 @@ void PsCore::ReplicateRecords(const ReplicateRecordsRequest& req, ReplicateRecor
       p.table_steps.emplace_back();
       p.table_data.emplace_back();
       if (absl::Status s =
-              check_rows(t.table, t.n, t.ids, t.steps, t.dim, t.grads, &p.table_ids.back(),
-                         &p.table_steps.back(), &p.table_data.back());
+              check_rows(t.table, t.n, t.ids, t.steps, t.dim, t.grads, /*install=*/false,
+                         &p.table_ids.back(), &p.table_steps.back(), &p.table_data.back());
           !s.ok()) {
         return refuse(s);
       }
@@ -254,7 +266,7 @@ void PsCore::ReplicateRecords(const ReplicateRecordsRequest& req, ReplicateRecor
       p.install_steps.emplace_back();
       p.install_data.emplace_back();
       if (absl::Status s =
-              check_rows(t.table, t.n, t.ids, t.steps, t.row_floats, t.values,
+              check_rows(t.table, t.n, t.ids, t.steps, t.row_floats, t.values, /*install=*/true,
                          &p.install_ids.back(), &p.install_steps.back(), &p.install_data.back());
           !s.ok()) {
         return refuse(s);
@@ -338,9 +350,9 @@ void PsCore::ReplicateRecords(const ReplicateRecordsRequest& req, ReplicateRecor
         EmbeddingTable& table = *tables[i];
         const float* grads = KeptData(p.table_data[i], t.grads);
         const std::vector<int64_t>& ids = p.table_ids[i];
-        for (size_t k = 0; k < ids.size(); ++k) {
-          table.Replay(ids[k], grads + k * t.dim, t.lr, p.table_steps[i][k]);
-          table.CountLogged(ids[k], p.table_steps[i][k]);  // admission
+        table.ReplayRows(ids, grads, t.lr, p.table_steps[i]);
+        if (table.admission() != nullptr) {
+          for (size_t k = 0; k < ids.size(); ++k) table.CountLogged(ids[k], p.table_steps[i][k]);
         }
         if (record != nullptr && !ids.empty()) {
           record->AddTable(t.table, t.lr, t.dim, ids, p.table_steps[i], grads);

@@ -203,6 +203,80 @@ TEST_P(ReplicateTest, FollowerRowsAreBitIdenticalAfterConcurrentPushes) {
   EXPECT_EQ(b_->replication_stats().records_applied, 160u);
 }
 
+// The order the primary applies and ships in: many rounds of writers pushing at once to
+// the same few rows of an Adagrad and an Adam table (one request, both tables), whose
+// updates do not commute. After each round (every push acknowledged, so held by the
+// follower) both pods hold the same bytes for every row, steps included. Fails if two
+// changes can reach the follower in another order than their steps on the primary.
+TEST_P(ReplicateTest, SameRowsPushedConcurrentlyStayBitIdenticalRoundAfterRound) {
+  for (PsCore* core : {a_.get(), b_.get()}) {
+    CreateTableRequest req;
+    req.mutable_spec()->set_name("ada");
+    req.mutable_spec()->set_dim(kDim);
+    req.mutable_spec()->mutable_optimizer()->set_kind(OptimizerSpec::ADAGRAD);
+    CreateTableResponse resp;
+    ASSERT_TRUE(core->CreateTable(req, &resp).ok());
+  }
+  auto rows_of = [](PsCore& core, const std::string& table) {
+    std::map<int64_t, std::string> rows;
+    auto t = core.store().FindTable(table);
+    t->ForEachRow([&](const RowView& r) {
+      std::string& out = rows[r.id];
+      out.append(reinterpret_cast<const char*>(r.weights), kDim * sizeof(float));
+      out.append(reinterpret_cast<const char*>(r.slots), t->slot_floats() * sizeof(float));
+      out.append(reinterpret_cast<const char*>(&r.step), sizeof(r.step));
+    });
+    return rows;
+  };
+  constexpr int kRounds = 8, kWriters = 4, kPushes = 25, kRows = 16;
+  uint64_t seq = 1;
+  for (int round = 0; round < kRounds; ++round) {
+    std::vector<std::thread> writers;
+    for (uint64_t w = 1; w <= kWriters; ++w) {
+      writers.emplace_back([&, w, first = seq] {
+        for (uint64_t k = 0; k < kPushes; ++k) {
+          // Every row in every push, in an order of its own, some twice.
+          std::vector<int64_t> ids;
+          for (int64_t i = 0; i < kRows + 4; ++i) ids.push_back((i * 5 + k + w) % kRows);
+          PushRequest push = MakePush(ids, 0.01f * static_cast<float>(w + k % 3), w, first + k);
+          *push.add_tables() = push.tables(0);
+          push.mutable_tables(1)->set_table("ada");
+          PushResponse resp;
+          ASSERT_TRUE(a_->Push(push, &resp).ok());
+        }
+      });
+    }
+    for (auto& t : writers) t.join();
+    seq += kPushes;
+    for (const std::string table : {"emb", "ada"}) {
+      const auto primary = rows_of(*a_, table);
+      ASSERT_EQ(primary.size(), static_cast<size_t>(kRows));
+      ASSERT_EQ(rows_of(*b_, table), primary) << table << " after round " << round;
+    }
+  }
+  EXPECT_EQ(b_->replication_stats().records_applied,
+            static_cast<uint64_t>(kRounds * kWriters * kPushes));
+}
+
+// A follower refuses (and applies nothing of) a record whose rows have another shape than
+// its table's: it would read them at the table's stride, past the record's end.
+TEST_P(ReplicateTest, FollowerRefusesARecordOfTheWrongShape) {
+  LogRecordBuilder builder(PushKey(), 256);
+  const std::vector<int64_t> ids = {1, 2};
+  const std::vector<uint64_t> steps = {1, 1};
+  const std::vector<float> grads(2 * (kDim - 1), 1.0f);
+  builder.AddTable("emb", 0.1f, kDim - 1, ids, steps, grads.data());
+  ReplicateRecordsRequest req;
+  req.set_epoch(2);
+  req.set_primary("a");
+  req.add_records(builder.Finish());
+  ReplicateRecordsResponse resp;
+  absl::Status s = absl::UnknownError("not called");
+  b_->ReplicateRecords(req, &resp, [&](absl::Status st) { s = st; });
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_TRUE(Rows(*b_).empty());
+}
+
 // Issue 17: deletions (the logged DELETE change) and admission decisions reach the
 // follower through the same records: rows, including a deleted row that came back from
 // its initial value, stay bit-identical, and so do the admission counters.
