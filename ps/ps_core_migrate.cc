@@ -186,6 +186,8 @@ absl::Status PsCore::ApplyAssignment(const Assignment& req, ApplyAssignmentRespo
     if (replicator_ != nullptr && !role.followers.empty()) {
       replicator_->AddFollowers(req.replication().pod_id(), req.epoch(), role.followers);
     }
+    // The first assignment after a restart: the recovered log's records before any new one.
+    if (storage_ != nullptr) ResolveRecoveredLog(next);
     if (current->epoch() != next.epoch() || current->Bitmap() != next.Bitmap()) {
       LOG(INFO) << "shard map epoch " << next.epoch() << ": owning " << next.owned_count() << " of "
                 << n << " vshards";
@@ -233,6 +235,14 @@ absl::Status PsCore::ApplyAssignment(const Assignment& req, ApplyAssignmentRespo
     if (role.deposed && failed_over) {
       replicator_->Abandon(absl::UnavailableError(
           absl::StrCat("this pod is no longer the primary at epoch ", req.epoch(), "; retry")));
+      // Recovered records still waiting for followers (ResolveRecoveredLog): their rows go
+      // with the vshards, so their keys are forgotten; the new primary decides.
+      if (storage_ != nullptr && storage_->holds_recovered_log()) {
+        const size_t keys = dedup_.ReleaseAll(/*applied=*/false);
+        storage_->ReleaseRecoveredLog();
+        LOG(WARNING) << "deposed before the followers held the recovered log: " << keys
+                     << " push keys forgotten";
+      }
     }
     replicator_->SetFollowers(req.replication().pod_id(), req.epoch(), role.followers);
   }
