@@ -417,6 +417,9 @@ absl::Status PsCore::MigrateExport(const MigrateExportRequest& req, MigrateExpor
     });
   }
   if (req.cursor() == 0 && req.phase() == MigrateExportRequest::FINAL) {
+    // Fenced, and every push applied to the vshards is durable (and held by the followers):
+    // their keys go with the rows, so a retry of one at the destination is a duplicate.
+    resp->set_push_dedup(dedup_.Serialize());
     // Fenced: the admission counters of the vshards count nothing more here.
     for (const auto& t : store_.Tables()) {
       if (t->admission() == nullptr) continue;
@@ -608,6 +611,14 @@ absl::Status PsCore::ImportChunk(const MigrateExportResponse& chunk, uint64_t* r
   });
   absl::MutexLock lock(&import_mu_);
   RETURN_IF_ERROR(import_error_);
+  if (!chunk.push_dedup().empty()) {
+    // After the rows: the keys of the pushes they hold (the FINAL chunk). Stored with this
+    // pod's de-duplication state at its next materialization round.
+    if (absl::Status s = dedup_.Merge(chunk.push_dedup()); !s.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("the move's push de-duplication state: ", s.message()));
+    }
+  }
   for (const MigratedRows& e : chunk.rows()) {
     *rows += e.ids().size() / sizeof(int64_t);
     *bytes += e.ids().size() + e.steps().size() + e.values().size();
