@@ -56,6 +56,27 @@ absl::StatusOr<std::vector<std::string>> Membership::FailOver(const std::vector<
   std::map<std::string, std::vector<uint32_t>> promoted;  // new primary -> vshards
   std::vector<uint32_t> stranded;                         // no live follower to promote
   uint32_t dropped = 0;
+  // The live pod of a vshard's `ack_set` with the most of `primary`'s log: the fewest
+  // records shipped to it and not yet acknowledged in the primary's latest lag report
+  // (unreported: last, it may have just joined; ties: the earlier in the ack set).
+  auto most_caught_up = [&](const std::string& primary, std::vector<std::string>& ack_set) {
+    std::map<std::string, uint64_t> unheld;
+    if (auto it = lag_reports_.find(primary); it != lag_reports_.end()) {
+      for (const FollowerLag& f : it->second.followers) unheld[f.follower()] = f.records();
+    }
+    auto best = ack_set.end();
+    uint64_t best_unheld = 0;
+    for (auto f = ack_set.begin(); f != ack_set.end(); ++f) {
+      if (!Live(*f, now)) continue;
+      auto reported = unheld.find(*f);
+      const uint64_t n = reported == unheld.end() ? UINT64_MAX : reported->second;
+      if (best == ack_set.end() || n < best_unheld) {
+        best = f;
+        best_unheld = n;
+      }
+    }
+    return best;
+  };
   for (int v = 0; v < next.owner_size(); ++v) {
     ReplicaSet* set = next.mutable_followers(v);
     // The lost pods leave the ack set: the primary acknowledges without them from now on.
@@ -70,10 +91,9 @@ absl::StatusOr<std::vector<std::string>> Membership::FailOver(const std::vector<
     }
     const std::string owner = next.owner(v);
     if (gone.count(owner) > 0) {
-      // Every follower still in the ack set holds every acknowledged record: the first
-      // live one becomes the primary.
-      auto live = std::find_if(kept.begin(), kept.end(),
-                               [&](const std::string& f) { return Live(f, now); });
+      // Every follower still in the ack set holds every acknowledged record, so any live
+      // one is correct; the one with the most of the log keeps the most unacknowledged.
+      auto live = most_caught_up(owner, kept);
       if (live == kept.end()) {
         stranded.push_back(v);
       } else {

@@ -4,6 +4,7 @@
 // refused (moves, another R for the data dir), and a pod that comes back without its data
 // (another storage id) losing its copies at once.
 #include <algorithm>
+#include <map>
 
 #include "gtest/gtest.h"
 #include "master/cluster_config.h"
@@ -15,10 +16,12 @@ namespace {
 
 class ReplicasTest : public testing::Test {
  protected:
-  void SetUp() override {
+  void SetUp() override { Start(/*replication=*/2); }
+
+  void Start(uint32_t replication) {
     options_.num_vshards = 12;
     options_.num_ps = 3;
-    options_.replication = 2;
+    options_.replication = replication;
     options_.lease = absl::Seconds(1);
     options_.clock = [this] { return now_; };
     auto config = LoadOrCreateCluster(store_, options_);
@@ -48,10 +51,18 @@ class ReplicasTest : public testing::Test {
     RegisterPodResponse resp;
     return membership_->RegisterPod(req, &resp, nullptr, tell);
   }
-  void Heartbeat(const std::string& id, const std::string& address) {
+  // `unheld`: the lag report a primary sends, follower -> records not yet acknowledged.
+  void Heartbeat(const std::string& id, const std::string& address,
+                 const std::map<std::string, uint64_t>& unheld = {}) {
     PodHeartbeatRequest req;
     req.set_pod_id(id);
     req.set_address(address);
+    for (const auto& [follower, records] : unheld) {
+      FollowerLag* lag = req.add_followers();
+      lag->set_follower(follower);
+      lag->set_records(records);
+      lag->set_bytes(records * 100);
+    }
     PodHeartbeatResponse resp;
     ASSERT_TRUE(membership_->PodHeartbeat(req, &resp).ok());
   }
@@ -200,6 +211,43 @@ TEST_F(ReplicasTest, FreshDataWhereNoStorageIdWasRecordedIsALoss) {
   const ShardMapResponse map = Map();
   for (uint32_t v = 4; v < 8; ++v) EXPECT_EQ(OwnerOf(map, v), "ps-2") << v;
   for (uint32_t v = 0; v < 4; ++v) EXPECT_TRUE(FollowersOf(map, v).empty()) << v;
+}
+
+// R = 3: ps-0's vshards 0..3 have the followers ps-1 and ps-2.
+class ThreeCopiesTest : public ReplicasTest {
+ protected:
+  void SetUp() override { Start(/*replication=*/3); }
+
+  // ps-0 reports `unheld`, then its lease runs out while ps-1 and ps-2 stay live.
+  void LosePs0After(const std::map<std::string, uint64_t>& unheld) {
+    ASSERT_EQ(FollowersOf(Map(), 0), (std::vector<std::string>{"ps-1", "ps-2"}));
+    Heartbeat("ps-0", "h:0", unheld);
+    now_ += absl::Milliseconds(700);
+    Heartbeat("ps-1", "h:1");
+    Heartbeat("ps-2", "h:2");
+    now_ += absl::Milliseconds(700);
+    membership_->ExpireLeases(now_);
+  }
+};
+
+TEST_F(ThreeCopiesTest, FailoverPromotesTheFollowerHoldingTheMostOfTheLog) {
+  // ps-2 is first in nothing but holds everything ps-0 shipped; ps-1 lags by 7 records.
+  LosePs0After({{"ps-1", 7}, {"ps-2", 0}});
+  const ShardMapResponse map = Map();
+  for (uint32_t v = 0; v < 4; ++v) {
+    EXPECT_EQ(OwnerOf(map, v), "ps-2") << v;
+    EXPECT_EQ(FollowersOf(map, v), std::vector<std::string>{"ps-1"}) << v;
+  }
+}
+
+TEST_F(ThreeCopiesTest, EqualOrUnreportedFollowersKeepTheAckSetOrder) {
+  LosePs0After({{"ps-1", 3}, {"ps-2", 3}});
+  EXPECT_EQ(OwnerOf(Map(), 0), "ps-1");
+}
+
+TEST_F(ThreeCopiesTest, AReportedFollowerIsPreferredToAnUnreportedOne) {
+  LosePs0After({{"ps-2", 12}});
+  EXPECT_EQ(OwnerOf(Map(), 0), "ps-2");
 }
 
 TEST_F(ReplicasTest, MovesAndAnotherFactorAreRefused) {

@@ -52,7 +52,9 @@ absl::Status RunMigrateImport(PsCore* core, const MigrateImportRequest& req,
   std::vector<uint32_t> vshards(req.vshards().begin(), req.vshards().end());
   RETURN_IF_ERROR(core->BeginImport(req.move_id(), vshards));
   grpc::ChannelArguments args;
-  args.SetMaxReceiveMessageSize(static_cast<int>(options.chunk_bytes * 2 + (16 << 20)));
+  // A chunk, and in the FINAL one the source's push de-duplication state (~0.5 KiB per
+  // writer: 64 MiB is 100k writers, PushDedupOptions::max_writers).
+  args.SetMaxReceiveMessageSize(static_cast<int>(options.chunk_bytes * 2 + (80 << 20)));
   auto stub = ParameterServer::NewStub(options.channels.Make(req.source(), args));
   const absl::Time start = absl::Now();
   ASSIGN_OR_RETURN(uint64_t rows,

@@ -151,6 +151,15 @@ PsCore::~PsCore() {
     }
     evictor_.join();
   }
+  if (storage_ != nullptr) {
+    // A replicated pod keeps its log at shutdown: records its followers may not hold yet are
+    // re-shipped from it at the next start (ResolveRecoveredLog).
+    const bool replicated = replicator_ != nullptr && replicator_->active();
+    storage_->SetTruncateGate(replicated ? std::function<absl::Status()>([] {
+      return absl::UnavailableError("replicated pod shutting down");
+    })
+                                         : nullptr);
+  }
   replicator_.reset();
   storage_.reset();
 }
@@ -170,6 +179,7 @@ absl::StatusOr<std::unique_ptr<PsCore>> PsCore::Open(PsCoreOptions options,
   if (durable) {
     ASSIGN_OR_RETURN(core->storage_,
                      PodStorage::Open(options.storage, &core->store_, &core->dedup_));
+    core->StartReplicatedStorage();
   }
   if (options.eviction_interval_ms > 0) {
     core->evictor_ = std::thread([c = core.get()] { c->RunEviction(); });

@@ -427,6 +427,16 @@ class PsCore {
   absl::Mutex ship_mu_ ABSL_ACQUIRED_AFTER(migrate_mu_);
   absl::Mutex follow_mu_;                   // one replicated batch at a time
   std::atomic<int64_t> write_lease_ns_{0};  // absl::ToUnixNanos of the lease's end
+  // The log this pod recovered at start (ps_core_replicate.cc; PodStorage::
+  // ForEachRecoveredRecord): its keys are held (a retry gets ABORTED) until the first
+  // assignment says what the pod is. StartReplicatedStorage (Open) installs the storage's
+  // truncate gate and releases the recovered log of a pod with a static shard (no master);
+  // ResolveRecoveredLog (the first assignment) re-ships to the followers the records of the
+  // vshards this pod leads, whose keys stay held until the followers hold them, keeps the
+  // keys of vshards it follows and forgets the others (their rows are dropped).
+  void StartReplicatedStorage();
+  void ResolveRecoveredLog(const ShardOwnership& own) ABSL_EXCLUSIVE_LOCKS_REQUIRED(migrate_mu_);
+  bool recovered_unresolved_ ABSL_GUARDED_BY(migrate_mu_) = false;
 
   // Feature eviction: one pass at a time; the thread and its stop signal.
   absl::Mutex evict_pass_mu_;

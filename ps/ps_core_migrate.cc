@@ -186,6 +186,8 @@ absl::Status PsCore::ApplyAssignment(const Assignment& req, ApplyAssignmentRespo
     if (replicator_ != nullptr && !role.followers.empty()) {
       replicator_->AddFollowers(req.replication().pod_id(), req.epoch(), role.followers);
     }
+    // The first assignment after a restart: the recovered log's records before any new one.
+    if (storage_ != nullptr) ResolveRecoveredLog(next);
     if (current->epoch() != next.epoch() || current->Bitmap() != next.Bitmap()) {
       LOG(INFO) << "shard map epoch " << next.epoch() << ": owning " << next.owned_count() << " of "
                 << n << " vshards";
@@ -233,6 +235,14 @@ absl::Status PsCore::ApplyAssignment(const Assignment& req, ApplyAssignmentRespo
     if (role.deposed && failed_over) {
       replicator_->Abandon(absl::UnavailableError(
           absl::StrCat("this pod is no longer the primary at epoch ", req.epoch(), "; retry")));
+      // Recovered records still waiting for followers (ResolveRecoveredLog): their rows go
+      // with the vshards, so their keys are forgotten; the new primary decides.
+      if (storage_ != nullptr && storage_->holds_recovered_log()) {
+        const size_t keys = dedup_.ReleaseAll(/*applied=*/false);
+        storage_->ReleaseRecoveredLog();
+        LOG(WARNING) << "deposed before the followers held the recovered log: " << keys
+                     << " push keys forgotten";
+      }
     }
     replicator_->SetFollowers(req.replication().pod_id(), req.epoch(), role.followers);
   }
@@ -407,6 +417,9 @@ absl::Status PsCore::MigrateExport(const MigrateExportRequest& req, MigrateExpor
     });
   }
   if (req.cursor() == 0 && req.phase() == MigrateExportRequest::FINAL) {
+    // Fenced, and every push applied to the vshards is durable (and held by the followers):
+    // their keys go with the rows, so a retry of one at the destination is a duplicate.
+    resp->set_push_dedup(dedup_.Serialize());
     // Fenced: the admission counters of the vshards count nothing more here.
     for (const auto& t : store_.Tables()) {
       if (t->admission() == nullptr) continue;
@@ -598,6 +611,14 @@ absl::Status PsCore::ImportChunk(const MigrateExportResponse& chunk, uint64_t* r
   });
   absl::MutexLock lock(&import_mu_);
   RETURN_IF_ERROR(import_error_);
+  if (!chunk.push_dedup().empty()) {
+    // After the rows: the keys of the pushes they hold (the FINAL chunk). Stored with this
+    // pod's de-duplication state at its next materialization round.
+    if (absl::Status s = dedup_.Merge(chunk.push_dedup()); !s.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("the move's push de-duplication state: ", s.message()));
+    }
+  }
   for (const MigratedRows& e : chunk.rows()) {
     *rows += e.ids().size() / sizeof(int64_t);
     *bytes += e.ids().size() + e.steps().size() + e.values().size();

@@ -410,6 +410,113 @@ void PsCore::ReplicateRecords(const ReplicateRecordsRequest& req, ReplicateRecor
   wait->Arrive(absl::OkStatus());
 }
 
+void PsCore::StartReplicatedStorage() {
+  // A record leaves the log only once every follower holds it: a restart re-ships its log
+  // (ResolveRecoveredLog), not what a round truncated. A round whose followers lag skips
+  // the truncation (the log grows until they catch up or leave the ack set).
+  storage_->SetTruncateGate([this]() -> absl::Status {
+    if (replicator_ == nullptr || !replicator_->active()) return absl::OkStatus();
+    return replicator_->WaitHeld(absl::Now() + absl::Seconds(1));
+  });
+  if (!storage_->holds_recovered_log()) return;
+  // A pod with a master starts owning nothing and learns its role from its first
+  // assignment; one with a static shard, or without a replica sender, never has followers.
+  if (replicator_ == nullptr || ownership()->owned_count() > 0) {
+    dedup_.ReleaseAll(/*applied=*/true);
+    storage_->ReleaseRecoveredLog();
+    return;
+  }
+  absl::WriterMutexLock fence(&migrate_mu_);
+  recovered_unresolved_ = true;
+}
+
+void PsCore::ResolveRecoveredLog(const ShardOwnership& own) {
+  if (!recovered_unresolved_) return;
+  recovered_unresolved_ = false;
+  if (role_.factor < 2) {
+    const size_t keys = dedup_.ReleaseAll(/*applied=*/true);
+    storage_->ReleaseRecoveredLog();
+    VLOG(1) << "recovered log released (no replication): " << keys << " push keys applied";
+    return;
+  }
+  const uint32_t n = own.num_vshards();
+  // Shipped records finish on sender threads: the last one releases the log, unless one
+  // failed (this pod was deposed or is stopping; ApplyAssignment then forgets the keys).
+  struct Reship {
+    std::atomic<uint64_t> pending{1};
+    std::atomic<bool> failed{false};
+  };
+  auto reship = std::make_shared<Reship>();
+  auto finish = [this, reship](const PushKey& key, const absl::Status& s) {
+    if (s.ok()) {
+      dedup_.Release(key, /*applied=*/true);
+    } else {
+      reship->failed.store(true);
+    }
+    if (reship->pending.fetch_sub(1) != 1) return;
+    if (reship->failed.load()) {
+      LOG(WARNING) << "recovered log records did not all reach the followers; their keys stay "
+                      "held and the log is kept";
+      return;
+    }
+    storage_->ReleaseRecoveredLog();
+    LOG(INFO) << "the followers hold every record of the recovered log";
+  };
+  uint64_t shipped = 0, kept = 0, forgotten = 0;
+  // Ordered before every change under this assignment (the caller holds migrate_mu_
+  // exclusively): each follower receives the recovered records first, then the new ones,
+  // each row's updates in step order; replay skips what a follower already holds.
+  absl::MutexLock order(&ship_mu_);
+  absl::Status walked =
+      storage_->ForEachRecoveredRecord([&](absl::string_view bytes) -> absl::Status {
+        ASSIGN_OR_RETURN(LogRecordView rec, ParseLogRecord(bytes));
+        bool leads = false, follows = false;
+        auto note = [&](uint32_t v) {
+          leads = leads || own.Owns(v);
+          follows = follows || (v < role_.primary_of.size() && !role_.primary_of[v].empty());
+        };
+        auto note_ids = [&](absl::string_view table, uint32_t count, auto id_of) {
+          auto t = store_.FindTable(std::string(table));
+          if (t == nullptr) return;
+          for (uint32_t i = 0; i < count; ++i)
+            note(VShardOf(RouteHash(t->name_hash(), id_of(i)), n));
+        };
+        for (const LogTableView& t : rec.tables)
+          note_ids(t.table, t.n, [&](uint32_t i) { return t.id(i); });
+        for (const LogInstallView& t : rec.installs) {
+          note_ids(t.table, t.n, [&](uint32_t i) { return t.id(i); });
+        }
+        for (const LogDeleteView& t : rec.deletes) {
+          note_ids(t.table, t.n, [&](uint32_t i) { return t.id(i); });
+        }
+        for (const LogDenseView& d : rec.dense) note(DenseVShard(d.name, n));
+        for (const LogDenseInstallView& d : rec.dense_installs) note(DenseVShard(d.name, n));
+        if (leads) {
+          ++shipped;
+          reship->pending.fetch_add(1);
+          replicator_->Ship(std::string(bytes),
+                            [finish, key = rec.key](absl::Status s) { finish(key, s); });
+        } else if (follows) {
+          ++kept;  // its primary logged it first
+          dedup_.Release(rec.key, /*applied=*/true);
+        } else {
+          ++forgotten;  // its vshards' rows are dropped here: their primary decides
+          dedup_.Release(rec.key, /*applied=*/false);
+        }
+        return absl::OkStatus();
+      });
+  if (!walked.ok()) {
+    // Keys stay held (a retry is told to wait, never "duplicate") and the log is kept.
+    LOG(ERROR) << "could not read back the recovered log to re-ship it: " << walked;
+    return;
+  }
+  LOG(INFO) << "recovered log: " << shipped << " records of vshards this pod leads re-shipped to "
+            << role_.followers.size() << " followers (their keys wait for them), " << kept
+            << " of vshards it follows kept, " << forgotten << " of vshards it left forgotten";
+  PushKey none;
+  finish(none, absl::OkStatus());
+}
+
 PsCore::ReplicationStats PsCore::replication_stats() const {
   ReplicationStats out;
   {

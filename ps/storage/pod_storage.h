@@ -185,6 +185,21 @@ class PodStorage {
   std::vector<std::pair<uint32_t, int64_t>> LoggedDeletes();
 
   const RecoveryStats& recovery() const { return recovery_; }
+
+  // Replication (pod_storage_recover.cc; docs/architecture.md, "Replication"). The records
+  // recovered from the log at start, which the followers of a replicated primary may not
+  // hold (its ship queue died with the process): their keys are held in the PushDedup
+  // (PushDedup::Hold) and the log is not truncated until ReleaseRecoveredLog, so a restart
+  // before then recovers them again. ForEachRecoveredRecord reads them back from the
+  // database in log order (`fn`'s first error stops the walk and is returned); the views
+  // live for the call. Thread-safe.
+  absl::Status ForEachRecoveredRecord(const std::function<absl::Status(absl::string_view)>& fn);
+  void ReleaseRecoveredLog();
+  bool holds_recovered_log() const { return recovered_held_.load(); }
+  // Asked by each materialization round before it truncates the log: a non-OK answer keeps
+  // the log whole this round (a replicated primary's records below the cut that its
+  // followers do not hold yet). Null: always truncate. Thread-safe.
+  void SetTruncateGate(std::function<absl::Status()> gate);
   // The database's identity and whether this start created it (StorageDb::storage_id,
   // StorageDb::created): what the pod reports to the master at registration.
   const std::string& storage_id() const { return db_->storage_id(); }
@@ -294,6 +309,13 @@ class PodStorage {
   absl::flat_hash_map<uint32_t, std::unique_ptr<RowSource>> sources_ ABSL_GUARDED_BY(mu_);
   Stats stats_ ABSL_GUARDED_BY(mu_);
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
+
+  // The log recovered at start, [recovered_base_, recovered_end_): kept whole while
+  // recovered_held_. MayTruncate: neither that nor the gate keeps it.
+  uint64_t recovered_base_ = 0, recovered_end_ = 0;
+  std::atomic<bool> recovered_held_{false};
+  std::function<absl::Status()> truncate_gate_ ABSL_GUARDED_BY(materialize_mu_);
+  bool MayTruncate() ABSL_EXCLUSIVE_LOCKS_REQUIRED(materialize_mu_);
 
   std::thread materializer_;
   std::thread loader_;

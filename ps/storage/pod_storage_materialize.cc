@@ -115,7 +115,7 @@ absl::Status PodStorage::MaterializeLocked() {
   RETURN_IF_ERROR(log_->WaitWritten(dedup_lsn));
   // During a lazy replay the recovered records are the only copy of the updates of rows
   // not loaded yet: the log stays whole until ApplyPending has stored those rows.
-  if (pending() == nullptr) {
+  if (pending() == nullptr && MayTruncate()) {
     RETURN_IF_ERROR(
         db_->TruncateLog(cut, dedup, options_.log.durability != Durability::kProcess, admission));
     log_->Truncated(cut);

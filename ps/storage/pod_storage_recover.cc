@@ -288,10 +288,14 @@ absl::Status PodStorage::ReadLog(uint64_t base, const TablesByNumber& tables, Re
     if (rec.has_dense) {
       RETURN_IF_ERROR(AddDenseUpdates(*store_, entry.record, &log->dense_records, &log->dense));
     }
-    // The change is durable: a retry of its key must not apply it again.
-    auto claim = dedup_->Begin(rec.key);
-    if (claim.ok() && *claim == PushDedup::Claim::kNew) dedup_->Finish(rec.key, true);
+    // The change is durable here: a retry of its key must not apply it again. Held, not
+    // yet applied, until the pod knows its role: a replicated primary's followers may lack
+    // it (see ForEachRecoveredRecord).
+    dedup_->Hold(rec.key);
   }
+  recovered_base_ = base;
+  recovered_end_ = log->next_lsn;
+  recovered_held_.store(!records.empty());
   index.Build();
   for (const auto& [no, pt] : log->pending->tables) log->row_updates += pt->size();
   log->deletions = index.deletions();
@@ -416,6 +420,38 @@ absl::Status PodStorage::ReplayDense(RecoveredLog& log) {
     }
   }
   return absl::OkStatus();
+}
+
+absl::Status PodStorage::ForEachRecoveredRecord(
+    const std::function<absl::Status(absl::string_view)>& fn) {
+  if (!recovered_held_.load()) {
+    return absl::FailedPreconditionError("the recovered log was released (or was empty)");
+  }
+  // Not truncated while held: every record from the recovered base is still there.
+  LogRead read;
+  RETURN_IF_ERROR(db_->ReadLog(recovered_base_, &read));
+  for (const LogEntryView& entry : read.records) {
+    if (entry.lsn >= recovered_end_) break;
+    RETURN_IF_ERROR(fn(entry.record));
+  }
+  return absl::OkStatus();
+}
+
+void PodStorage::ReleaseRecoveredLog() { recovered_held_.store(false); }
+
+void PodStorage::SetTruncateGate(std::function<absl::Status()> gate) {
+  absl::MutexLock round(&materialize_mu_);
+  truncate_gate_ = std::move(gate);
+}
+
+bool PodStorage::MayTruncate() {
+  if (recovered_held_.load()) return false;
+  if (!truncate_gate_) return true;
+  if (absl::Status s = truncate_gate_(); !s.ok()) {
+    VLOG(1) << "log not truncated this round: " << s;
+    return false;
+  }
+  return true;
 }
 
 void PodStorage::StartBackground(uint64_t next_lsn, bool lazy_replay) {

@@ -55,6 +55,27 @@ class PushDedup {
 
   size_t writers() const;
 
+  // Replication (docs/architecture.md, "Replication"). Hold marks `key` applied but not yet
+  // confirmed: a record a replicated pod recovered from its log, which its followers may
+  // not hold (its ship queue died with the process). While held, Begin and Peek answer
+  // kInProgress for it (a retry is told to wait, never "duplicate"), until Release: with
+  // `applied` the key stays applied (the ack set holds its record, or this pod holds the
+  // vshards' only copy), else it is forgotten (this pod no longer leads the record's
+  // vshards and drops their rows: their new primary decides). Anonymous keys are ignored.
+  // Thread-safe.
+  void Hold(const PushKey& key);
+  void Release(const PushKey& key, bool applied);
+  // Releases every held key as Release does; returns how many there were. Thread-safe.
+  size_t ReleaseAll(bool applied);
+  size_t held() const;
+
+  // Adds the applied keys of `bytes` (another pod's Serialize) to this state: per writer,
+  // a newer incarnation replaces this pod's, the same one adds its applied sequences, an
+  // older one is ignored. A vshard copy carries its source's state (ps_core_migrate.cc),
+  // so a push applied there before the copy is a duplicate here too. INVALID_ARGUMENT as
+  // Restore, nothing changed then. Thread-safe.
+  absl::Status Merge(absl::string_view bytes);
+
   // The applied keys (claims in progress are not included), as bytes for storage, and
   // back. Restore replaces the state; INVALID_ARGUMENT for bytes it cannot read (or of
   // another window size). Thread-safe.
@@ -68,7 +89,13 @@ class PushDedup {
     uint64_t last_used = 0;
     std::vector<uint64_t> done;  // ring of window bits, indexed by sequence % window
     absl::flat_hash_set<uint64_t> in_progress;
+    absl::flat_hash_set<uint64_t> held;  // applied, not yet confirmed (Hold)
   };
+  // Parses Serialize's bytes.
+  absl::StatusOr<absl::flat_hash_map<uint64_t, Writer>> Parse(absl::string_view bytes) const;
+  // The writer of `worker_id` at `incarnation` (created, or reset for a newer one); null
+  // for an older incarnation.
+  Writer* WriterFor(uint64_t worker_id, uint64_t incarnation) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   bool IsDone(const Writer& w, uint64_t seq) const;
   void SetDone(Writer& w, uint64_t seq);

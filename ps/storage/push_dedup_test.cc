@@ -82,3 +82,91 @@ TEST(PushDedupTest, WritersAreBounded) {
 
 }  // namespace
 }  // namespace ps
+
+namespace ps {
+namespace {
+
+TEST(PushDedupTest, HeldKeyWaitsUntilReleased) {
+  PushDedup d;
+  d.Hold(Key(1, 1, 3));
+  d.Hold(Key(1, 1, 4));
+  d.Hold(Key(0, 0, 0));  // anonymous: ignored
+  EXPECT_EQ(d.held(), 2u);
+  // Neither applied again nor answered "duplicate" while its followers may lack it.
+  EXPECT_EQ(*d.Begin(Key(1, 1, 3)), Claim::kInProgress);
+  EXPECT_EQ(d.Peek(Key(1, 1, 4)), Claim::kInProgress);
+  EXPECT_EQ(*d.Begin(Key(1, 1, 5)), Claim::kNew);  // other keys as before
+  d.Release(Key(1, 1, 3), /*applied=*/true);       // the ack set holds it
+  d.Release(Key(1, 1, 4), /*applied=*/false);      // deposed: the new primary decides
+  EXPECT_EQ(*d.Begin(Key(1, 1, 3)), Claim::kDuplicate);
+  EXPECT_EQ(*d.Begin(Key(1, 1, 4)), Claim::kNew);
+  EXPECT_EQ(d.held(), 0u);
+}
+
+TEST(PushDedupTest, ReleaseAllConfirmsOrForgets) {
+  PushDedup d;
+  d.Hold(Key(1, 1, 1));
+  d.Hold(Key(2, 1, 9));
+  EXPECT_EQ(d.ReleaseAll(/*applied=*/false), 2u);
+  EXPECT_EQ(d.Peek(Key(1, 1, 1)), Claim::kNew);
+  EXPECT_EQ(d.Peek(Key(2, 1, 9)), Claim::kNew);
+  d.Hold(Key(1, 1, 2));
+  EXPECT_EQ(d.ReleaseAll(/*applied=*/true), 1u);
+  EXPECT_EQ(d.Peek(Key(1, 1, 2)), Claim::kDuplicate);
+}
+
+TEST(PushDedupTest, HeldKeysSurviveSerializeAsApplied) {
+  // The stored state names a held key applied: the log record it came from is kept until
+  // the hold ends, so a restart holds it again.
+  PushDedup d;
+  d.Hold(Key(1, 1, 7));
+  PushDedup back;
+  ASSERT_TRUE(back.Restore(d.Serialize()).ok());
+  EXPECT_EQ(back.Peek(Key(1, 1, 7)), Claim::kDuplicate);
+  EXPECT_EQ(back.held(), 0u);
+}
+
+TEST(PushDedupTest, MergeAddsAnotherPodsAppliedKeys) {
+  PushDedupOptions o;
+  o.window = 100;  // not a multiple of 64: slots wrap mid-word
+  PushDedup source(o), dest(o);
+  for (uint64_t s : {150, 151, 190, 230, 240}) {
+    ASSERT_EQ(*source.Begin(Key(1, 2, s)), Claim::kNew);
+    source.Finish(Key(1, 2, s), true);
+  }
+  ASSERT_EQ(*source.Begin(Key(1, 2, 239)), Claim::kNew);  // in progress: not carried
+  ASSERT_EQ(*source.Begin(Key(3, 1, 1)), Claim::kNew);
+  source.Finish(Key(3, 1, 1), true);
+  // The destination knows writer 1's older incarnation and writer 4, which the source lacks.
+  ASSERT_EQ(*dest.Begin(Key(1, 1, 5)), Claim::kNew);
+  dest.Finish(Key(1, 1, 5), true);
+  ASSERT_EQ(*dest.Begin(Key(4, 1, 8)), Claim::kNew);
+  dest.Finish(Key(4, 1, 8), true);
+  ASSERT_TRUE(dest.Merge(source.Serialize()).ok());
+  // Sequences the source applied in its window (141..240) are duplicates here now.
+  for (uint64_t s : {150, 151, 190, 230, 240}) {
+    EXPECT_EQ(dest.Peek(Key(1, 2, s)), Claim::kDuplicate) << s;
+  }
+  EXPECT_EQ(dest.Peek(Key(1, 2, 239)), Claim::kNew);
+  EXPECT_EQ(dest.Peek(Key(1, 2, 200)), Claim::kNew);
+  EXPECT_EQ(dest.Begin(Key(1, 2, 100)).status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(dest.Peek(Key(3, 1, 1)), Claim::kDuplicate);
+  EXPECT_EQ(dest.Peek(Key(4, 1, 8)), Claim::kDuplicate);  // its own stays
+  EXPECT_EQ(dest.Begin(Key(1, 1, 6)).status().code(), absl::StatusCode::kFailedPrecondition);
+  // A newer incarnation here is kept; the source's older keys do not come back.
+  PushDedup newer(o);
+  ASSERT_EQ(*newer.Begin(Key(1, 3, 1)), Claim::kNew);
+  newer.Finish(Key(1, 3, 1), true);
+  ASSERT_TRUE(newer.Merge(source.Serialize()).ok());
+  EXPECT_EQ(newer.Peek(Key(1, 3, 1)), Claim::kDuplicate);
+  EXPECT_EQ(newer.Peek(Key(1, 2, 240)), Claim::kNew);
+  // Bad bytes change nothing.
+  EXPECT_EQ(dest.Merge("junk").code(), absl::StatusCode::kInvalidArgument);
+  std::string huge_count =
+      source.Serialize().substr(0, 4) + std::string("\xff\xff\xff\xff\xff\xff\xff\x0f", 8);
+  EXPECT_EQ(dest.Merge(huge_count).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(dest.Peek(Key(3, 1, 1)), Claim::kDuplicate);
+}
+
+}  // namespace
+}  // namespace ps

@@ -1,0 +1,153 @@
+// A vshard copy carries the source's push de-duplication state (ps_core_migrate.cc, the
+// FINAL chunk): a pod filled by a copy and then made the vshards' owner (a follower copy
+// promoted by a failover) answers a re-sent push the source applied before the copy as a
+// duplicate, from memory and after a restart, instead of applying it twice.
+#include <stdlib.h>
+
+#include <filesystem>
+#include <map>
+
+#include "gtest/gtest.h"
+#include "proto/packed.h"
+#include "ps/ps_core.h"
+
+namespace ps {
+namespace {
+
+constexpr uint32_t kVShards = 8;
+constexpr uint32_t kDim = 4;
+
+Assignment Owning(uint64_t epoch, bool all) {
+  Assignment a;
+  a.set_epoch(epoch);
+  a.set_num_vshards(kVShards);
+  for (uint32_t v = 0; all && v < kVShards; ++v) a.add_owned(v);
+  return a;
+}
+
+PushRequest MakePush(const std::vector<int64_t>& ids, uint64_t worker, uint64_t seq) {
+  PushRequest req;
+  TableGrads* t = req.add_tables();
+  t->set_table("emb");
+  t->set_ids(Pack<int64_t>(ids));
+  t->set_learning_rate(1.0f);
+  t->set_grads(Pack<float>(std::vector<float>(ids.size() * kDim, -1.0f)));
+  req.mutable_key()->set_worker_id(worker);
+  req.mutable_key()->set_incarnation(1);
+  req.mutable_key()->set_sequence(seq);
+  return req;
+}
+
+std::map<int64_t, std::vector<float>> Rows(PsCore& core) {
+  std::map<int64_t, std::vector<float>> rows;
+  auto t = core.store().FindTable("emb");
+  if (t == nullptr) return rows;
+  t->ForEachRow(
+      [&](const RowView& r) { rows[r.id] = std::vector<float>(r.weights, r.weights + kDim); });
+  return rows;
+}
+
+class CopyDedupTest : public testing::Test {
+ protected:
+  void SetUp() override {
+    std::string templ = std::filesystem::temp_directory_path() / "ps_core_copy_dedup.XXXXXX";
+    ASSERT_NE(mkdtemp(templ.data()), nullptr);
+    root_ = templ;
+    a_ = Open("a");
+    b_ = Open("b");
+    ASSERT_NE(a_, nullptr);
+    ASSERT_NE(b_, nullptr);
+    CreateTableRequest req;
+    req.mutable_spec()->set_name("emb");
+    req.mutable_spec()->set_dim(kDim);
+    req.mutable_spec()->mutable_optimizer()->set_kind(OptimizerSpec::SGD);
+    req.mutable_spec()->mutable_optimizer()->set_learning_rate(1.0f);
+    req.mutable_spec()->mutable_initializer()->set_kind(InitializerSpec::ZEROS);
+    CreateTableResponse resp;
+    ASSERT_TRUE(a_->CreateTable(req, &resp).ok());
+    Apply(*a_, Owning(2, true));
+    Apply(*b_, Owning(2, false));
+  }
+  void TearDown() override {
+    a_.reset();
+    b_.reset();
+    std::filesystem::remove_all(root_);
+  }
+
+  std::unique_ptr<PsCore> Open(const std::string& name) {
+    PsCoreOptions options;
+    options.storage.db.dir = root_ + "/" + name;
+    options.eviction_interval_ms = 0;
+    auto core = PsCore::Open(options, *ShardOwnership::Create(kVShards, 0, {}));
+    EXPECT_TRUE(core.ok()) << core.status();
+    return core.ok() ? *std::move(core) : nullptr;
+  }
+  void Apply(PsCore& core, const Assignment& a) {
+    ApplyAssignmentResponse resp;
+    ASSERT_TRUE(core.ApplyAssignment(a, &resp).ok());
+  }
+  // Every vshard of a_, copied into b_ (snapshot, then the fenced final delta).
+  void CopyAll() {
+    std::vector<uint32_t> all;
+    for (uint32_t v = 0; v < kVShards; ++v) all.push_back(v);
+    ASSERT_TRUE(b_->BeginImport(1, all).ok());
+    MigrateBeginRequest begin;
+    begin.set_move_id(1);
+    for (uint32_t v : all) begin.add_vshards(v);
+    MigrateBeginResponse begun;
+    ASSERT_TRUE(a_->MigrateBegin(begin, &begun).ok());
+    for (auto phase : {MigrateExportRequest::SNAPSHOT, MigrateExportRequest::FINAL}) {
+      MigrateExportRequest ex;
+      ex.set_move_id(1);
+      ex.set_phase(phase);
+      for (;;) {
+        MigrateExportResponse chunk;
+        ASSERT_TRUE(a_->MigrateExport(ex, &chunk).ok());
+        uint64_t rows = 0, bytes = 0;
+        ASSERT_TRUE(b_->ImportChunk(chunk, &rows, &bytes).ok());
+        if (chunk.done()) break;
+        ex.set_cursor(chunk.next_cursor());
+      }
+    }
+    ASSERT_TRUE(b_->FinishImport().ok());
+  }
+
+  std::string root_;
+  std::unique_ptr<PsCore> a_, b_;
+};
+
+TEST_F(CopyDedupTest, APushAppliedBeforeTheCopyIsADuplicateAtItsDestination) {
+  const PushRequest pushed = MakePush({1, 2, 3}, 5, 1);
+  PushResponse resp;
+  ASSERT_TRUE(a_->Push(pushed, &resp).ok());
+  ASSERT_TRUE(a_->Push(MakePush({3}, 6, 4), &resp).ok());
+  CopyAll();
+  // The source is lost and the destination leads the vshards; the first client never got
+  // its answer and sends the same push there.
+  a_.reset();
+  Apply(*b_, Owning(3, true));
+  const auto before = Rows(*b_);
+  EXPECT_EQ(before.at(3), std::vector<float>(kDim, 2.0f));
+  PushResponse retry;
+  ASSERT_TRUE(b_->Push(pushed, &retry).ok());
+  EXPECT_TRUE(retry.duplicate());
+  EXPECT_EQ(Rows(*b_), before);
+  // Stored with b's state: a restart after its next round still knows the key.
+  ASSERT_TRUE(b_->storage()->Materialize().ok());
+  b_.reset();
+  b_ = Open("b");
+  ASSERT_NE(b_, nullptr);
+  Apply(*b_, Owning(4, true));
+  PushResponse after_restart;
+  ASSERT_TRUE(b_->Push(MakePush({3}, 6, 4), &after_restart).ok());
+  EXPECT_TRUE(after_restart.duplicate());
+  EXPECT_EQ(Rows(*b_), before);
+  // A new push applies.
+  PushResponse fresh;
+  ASSERT_TRUE(b_->Push(MakePush({1}, 5, 2), &fresh).ok());
+  EXPECT_FALSE(fresh.duplicate());
+  EXPECT_EQ(Rows(*b_).at(1), std::vector<float>(kDim, 2.0f));
+}
+
+}  // namespace
+}  // namespace ps
