@@ -230,24 +230,66 @@ struct Outcome {
   int primary_pushes = 0;
 };
 
-// One push of -1 to ids 0..31 while ps-0 is the primary; ps-0 ships it to ps-1 (when
+// A write of -1 (`write`) while ps-0 is the primary; ps-0 ships it to ps-1 (when
 // `shipped`) and answers `answers`; the master's map names ps-1 the primary after ps-0's
-// first answer. Returns the push's outcome and the rows read back from ps-1.
-Outcome PushThroughFailover(bool shipped, std::deque<grpc::Status> answers) {
+// first answer. Returns the write's outcome and what `read` reads back (from ps-1).
+Outcome WriteThroughFailover(
+    bool shipped, std::deque<grpc::Status> answers,
+    const std::function<absl::Status(PsClient&)>& write,
+    const std::function<absl::Status(PsClient&, std::vector<float>*)>& read) {
   FailoverCluster cluster(shipped, std::move(answers));
   auto client = cluster.Client();
   Outcome out;
   if (client == nullptr) return out;
-  std::vector<int64_t> ids(32);
-  for (int i = 0; i < 32; ++i) ids[i] = i;
-  std::vector<float> grads(ids.size() * kDim, -1.0f);
-  out.push = client->Push({{"emb", ids, grads.data()}});
-  out.rows.resize(ids.size() * kDim);
-  absl::Status pulled = client->Pull({{"emb", ids, out.rows.data()}});
-  EXPECT_TRUE(pulled.ok()) << pulled;
+  out.push = write(*client);
+  absl::Status s = read(*client, &out.rows);
+  EXPECT_TRUE(s.ok()) << s;
   out.stats = client->client_stats();
   out.primary_pushes = cluster.primary_writes();
   return out;
+}
+
+// A push of -1 to ids 0..31 of "emb", through the failover; those rows read back.
+Outcome PushThroughFailover(bool shipped, std::deque<grpc::Status> answers) {
+  std::vector<int64_t> ids(32);
+  for (int i = 0; i < 32; ++i) ids[i] = i;
+  std::vector<float> grads(ids.size() * kDim, -1.0f);
+  return WriteThroughFailover(
+      shipped, std::move(answers),
+      [&](PsClient& c) {
+        return c.Push({{"emb", ids, grads.data()}});
+      },
+      [&](PsClient& c, std::vector<float>* rows) {
+        rows->resize(ids.size() * kDim);
+        return c.Pull({{"emb", ids, rows->data()}});
+      });
+}
+
+TEST(FailoverPushTest, ARefusalThatSaysNotAppliedGivesTheReroutedPushANewKey) {
+  // The primary refuses the push as a fenced pod does (UNAVAILABLE with the NotApplied
+  // detail: it neither applied nor is applying it), then as not its own any more. Its fate
+  // is known, so the re-routed push goes under a new key: the new owner's followers may
+  // hold the old key for another part of the call. (The test's primary ships the push
+  // anyway, so the follower holds the old key: a new key shows as a second application.)
+  Outcome out = PushThroughFailover(
+      /*shipped=*/true,
+      {ToGrpcStatus(NotAppliedError(absl::UnavailableError("vshard 0 is moving; retry"))),
+       ToGrpcStatus(WrongShardError("vshard 0 is not this pod's", 2, 0))});
+  ASSERT_TRUE(out.push.ok()) << out.push;
+  EXPECT_EQ(out.stats.duplicate_pushes, 0u);  // a new key, not the one the follower holds
+  for (float v : out.rows) ASSERT_EQ(v, 2.0f);
+}
+
+// A dense push of -1 to every element of "w", through the failover; "w" read back.
+Outcome PushDenseThroughFailover(bool shipped, std::deque<grpc::Status> answers) {
+  std::vector<float> grads(kDense, -1.0f);
+  return WriteThroughFailover(
+      shipped, std::move(answers),
+      [&](PsClient& c) { return c.PushDense({"w"}, {grads.data()}, 1.0f); },
+      [&](PsClient& c, std::vector<float>* w) {
+        w->resize(kDense);
+        return c.PullDense({"w"}, {w->data()});
+      });
 }
 
 const grpc::Status kUnavailable(grpc::StatusCode::UNAVAILABLE, "connection lost");
@@ -278,23 +320,6 @@ TEST(FailoverPushTest, DeposedPrimaryRefusingAfterAnUnknownFateKeepsTheKey) {
   ASSERT_TRUE(out.push.ok()) << out.push;
   for (float v : out.rows) ASSERT_EQ(v, 1.0f);
   EXPECT_EQ(out.stats.duplicate_pushes, 1u);
-}
-
-// A dense push of -1 to every element of "w", through the failover as above; the
-// tensor read back from ps-1.
-Outcome PushDenseThroughFailover(bool shipped, std::deque<grpc::Status> answers) {
-  FailoverCluster cluster(shipped, std::move(answers));
-  auto client = cluster.Client();
-  Outcome out;
-  if (client == nullptr) return out;
-  std::vector<float> grads(kDense, -1.0f);
-  out.push = client->PushDense({"w"}, {grads.data()}, 1.0f);
-  out.rows.resize(kDense);
-  absl::Status pulled = client->PullDense({"w"}, {out.rows.data()});
-  EXPECT_TRUE(pulled.ok()) << pulled;
-  out.stats = client->client_stats();
-  out.primary_pushes = cluster.primary_writes();
-  return out;
 }
 
 TEST(FailoverDensePushTest, ShippedDensePushIsAppliedOnceAtThePromotedFollower) {

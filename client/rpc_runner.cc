@@ -32,7 +32,8 @@ bool RpcRunner::AfterAttempt(RpcState* rpc, const grpc::Status& s, const std::sh
     return true;
   }
   const auto code = static_cast<absl::StatusCode>(s.error_code());
-  if (RetryPolicy::IsRetryable(code)) rpc->fate_unknown = true;
+  // A pod's refusal that says it applied nothing (proto/wrong_shard.h) leaves the fate known.
+  if (RetryPolicy::IsRetryable(code) && !IsNotApplied(FromGrpcStatus(s))) rpc->fate_unknown = true;
   if (rpc->fallback &&
       (code == absl::StatusCode::kUnavailable || code == absl::StatusCode::kDeadlineExceeded) &&
       rpc->fallback(op)) {
