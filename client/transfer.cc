@@ -12,6 +12,7 @@
 #include <functional>
 #include <iterator>
 #include <memory>
+#include <optional>
 #include <thread>
 
 #include "absl/container/flat_hash_map.h"
@@ -280,6 +281,31 @@ namespace {
 std::vector<std::pair<uint32_t, ImportRowsRequest>> SplitByOwner(const Cluster& cluster,
                                                                  ImportRowsRequest req) {
   std::vector<std::pair<uint32_t, ImportRowsRequest>> out;
+  // Usually one owner (the request was made for one pod): then the request goes as is.
+  std::optional<uint32_t> only;
+  bool several = false;
+  auto note = [&](uint32_t pod) {
+    if (!only.has_value()) only = pod;
+    several = several || *only != pod;
+  };
+  for (const auto* list : {&req.deletes(), &req.tables()}) {
+    for (const TableRows& t : *list) {
+      const uint64_t name_hash = NameHash(t.table());
+      for (size_t i = 0; i < t.ids().size() / sizeof(int64_t) && !several; ++i) {
+        int64_t id;
+        std::memcpy(&id, t.ids().data() + i * sizeof(id), sizeof(id));
+        note(cluster.owner[VShardOf(RouteHash(name_hash, id), cluster.num_vshards)]);
+      }
+    }
+  }
+  for (const DenseState& d : req.dense()) {
+    note(cluster.owner[DenseVShard(d.name(), cluster.num_vshards)]);
+  }
+  if (!several && only.has_value()) {
+    req.set_epoch(cluster.epoch);
+    out.emplace_back(*only, std::move(req));
+    return out;
+  }
   std::vector<int> part_of(cluster.pods.size(), -1);
   auto part = [&](uint32_t pod) -> ImportRowsRequest& {
     if (part_of[pod] < 0) {
