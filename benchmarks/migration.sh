@@ -11,54 +11,16 @@
 # Uses build/bin (or $PS_BUILD_DIR/bin). Loopback only; stops exactly what it started.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-BIN="${PS_BUILD_DIR:-build}/bin"
 ROWS="${1:-200000}"
 DIM="${2:-32}"
-VSHARDS="${3:-64}"
-DIR="$(mktemp -d /tmp/ps-migration.XXXXXX)"
-PIDS=()
-cleanup() {
-  for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
-  for p in "${PIDS[@]}"; do wait "$p" 2>/dev/null || true; done
-  [[ -n "${KEEP:-}" ]] || rm -rf "$DIR"
-}
-trap cleanup EXIT
+. benchmarks/cluster_lib.sh
+cluster_init migration "${3:-64}"
 
-wait_port() {
-  for _ in $(seq 1 200); do
-    [[ -s "$1" ]] && { cat "$1"; return; }
-    sleep 0.05
-  done
-  echo "no port file $1" >&2
-  exit 1
-}
-
-"$BIN/ps-master" --data_dir="$DIR/master" --num_ps=2 --num_vshards="$VSHARDS" --host=127.0.0.1 \
-  --port=0 --port_file="$DIR/master.port" --lease_ms=3000 >"$DIR/master.log" 2>&1 &
-PIDS+=($!)
-MASTER="127.0.0.1:$(wait_port "$DIR/master.port")"
-start_pod() {
-  "$BIN/ps-server" --master="$MASTER" --pod_id="ps-$1" --num_vshards="$VSHARDS" \
-    --data_dir="$DIR/ps-$1" --durability=process --host=127.0.0.1 --port=0 \
-    --port_file="$DIR/ps-$1.port" >"$DIR/ps-$1.log" 2>&1 &
-  PIDS+=($!)
-  wait_port "$DIR/ps-$1.port" >/dev/null
-}
+start_master
 start_pod 0
 start_pod 1
-
 # Load: ps-bench creates every row, then pushes for the rest of the run.
-"$BIN/ps-bench" --target=grpc --master="$MASTER" --num_vshards="$VSHARDS" --op=push \
-  --rows="$ROWS" --dim="$DIM" --batch=256 --threads=1 --inflight=2 --optimizer=adagrad \
-  --seconds=30 >"$DIR/bench.log" 2>&1 &
-BENCH=$!
-PIDS+=($BENCH)
-# Wait until the rows exist (ps-bench logs when it starts timing).
-for _ in $(seq 1 600); do
-  grep -qi "timed\|running\|populated" "$DIR/bench.log" 2>/dev/null && break
-  sleep 0.1
-done
-sleep 1
+start_push_load "$ROWS" "$DIM" 30
 
 start_pod 2
 for _ in $(seq 1 100); do

@@ -38,11 +38,12 @@ void CompletionThreads::Dispatch(void* tag, bool ok) {
   done(status);
 }
 
-void CompletionThreads::Run(std::function<void()> fn) {
+void CompletionThreads::Run(std::function<void()> fn, grpc::CompletionQueue* queue) {
   auto call = std::make_unique<AlarmCall>();
   call->done = [fn = std::move(fn)](const grpc::Status&) { fn(); };
   AlarmCall* tag = call.get();
-  tag->alarm.Set(NextQueue(), gpr_now(GPR_CLOCK_MONOTONIC), static_cast<Call*>(tag));
+  tag->alarm.Set(queue != nullptr ? queue : NextQueue(), gpr_now(GPR_CLOCK_MONOTONIC),
+                 static_cast<Call*>(tag));
   call.release();  // the queue's until Poll takes the tag back
 }
 

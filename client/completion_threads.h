@@ -26,8 +26,9 @@ class CompletionThreads {
  public:
   // `threads` >= 1 queues, each with its thread.
   explicit CompletionThreads(int threads);
-  // Runs fn on one of the threads, soon (an alarm due now on its queue).
-  void Run(std::function<void()> fn);
+  // Runs fn on one of the threads, soon (an alarm due now on its queue); or, with
+  // `queue` set, on the thread that drains that queue (see Start).
+  void Run(std::function<void()> fn, grpc::CompletionQueue* queue = nullptr);
 
   // Runs the callbacks of calls started on `queue` (see Start) on this thread, until
   // done() is true after one of them.

@@ -1,9 +1,15 @@
 // Pulls and pushes of dense tensors (PsClient::PullDense / PushDense). A tensor routes by
-// name (DenseVShard); one blocking fan-out per call, one RPC per pod. After a pod refused
-// a tensor it does not own (a map change), a pull runs again whole under the new map and a
-// push sends the refused tensors again, under a new key.
+// name (DenseVShard); one blocking fan-out per round, one RPC per pod. The runner
+// (client/rpc_runner.h) re-routes as for sparse calls: after a pod refused a tensor it does
+// not own (a map change), or after the vshards of an unreachable pod failed over to their
+// followers (R >= 2), it ends that RPC as `rerouted` once the map is refreshed, and the
+// next round sends those tensors again under the new map. A pull simply asks again. A
+// push goes under a new key, unless an attempt's fate was unknown with R >= 2: then its
+// key goes along, so the promoted follower, which holds the old primary's records with
+// their keys, applies it once (or answers `duplicate`), as for a sparse push.
 #pragma once
 
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -34,13 +40,19 @@ class DenseCalls {
                     float learning_rate);
 
  private:
+  // Tensors (indices into the call's names) to push in one round, with what they carry
+  // over from the RPC they were re-routed from.
+  struct PushPart {
+    std::vector<size_t> tensors;
+    int reroutes = 0;
+    // Set: the tensors keep this key (and count `attempt` attempts so far); else each
+    // pod's RPC gets a new key.
+    std::optional<PushKey> key;
+    int attempt = 0;
+  };
+
   // The element counts of `names`' tensors, from the catalog.
   absl::StatusOr<std::vector<size_t>> Numels(const std::vector<std::string>& names);
-  // Whether `s` (for a routing of `round` map changes so far) calls for a map refresh and
-  // another round: a wrong-shard refusal (proto/wrong_shard.h), with a master, rounds left.
-  bool Reroutable(const absl::Status& s, int round) const;
-  // Waits for a map newer than `epoch` (or one refresh).
-  void AwaitRefresh(uint64_t epoch);
 
   const ClientOptions& options_;
   Router* const router_;

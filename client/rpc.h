@@ -54,6 +54,13 @@ struct RpcState {
   // an unreachable pod failed over (Router::FailedOver), routes the request again under
   // the refreshed map, as new RPCs of `op`.
   std::function<void(const std::shared_ptr<Op>& op)> reroute;
+  // Blocking fan-outs (RpcRunner::RunAll) whose caller routes again itself, round by
+  // round (dense pulls and pushes): in the two cases above, instead of calling a
+  // `reroute`, the runner ends the RPC with status OK and `rerouted` set, once the map is
+  // refreshed; the caller sends its part again under the new map (a push keeps its key
+  // when `fate_unknown` and R >= 2, as above).
+  bool reroutable = false;
+  bool rerouted = false;
   // Read-only pulls: after an attempt that found the pod unreachable (UNAVAILABLE,
   // DEADLINE_EXCEEDED), sends the request's ids to followers of their vshards as new RPCs
   // of `op` and returns true; false when there is no follower to ask (the RPC goes on as

@@ -32,7 +32,8 @@ bool RpcRunner::AfterAttempt(RpcState* rpc, const grpc::Status& s, const std::sh
     return true;
   }
   const auto code = static_cast<absl::StatusCode>(s.error_code());
-  if (RetryPolicy::IsRetryable(code)) rpc->fate_unknown = true;
+  // A pod's refusal that says it applied nothing (proto/wrong_shard.h) leaves the fate known.
+  if (RetryPolicy::IsRetryable(code) && !IsNotApplied(FromGrpcStatus(s))) rpc->fate_unknown = true;
   if (rpc->fallback &&
       (code == absl::StatusCode::kUnavailable || code == absl::StatusCode::kDeadlineExceeded) &&
       rpc->fallback(op)) {
@@ -45,8 +46,7 @@ bool RpcRunner::AfterAttempt(RpcState* rpc, const grpc::Status& s, const std::sh
   }
   absl::Status status = RetryPolicy::Final(
       s, absl::StrCat("pod ", rpc->pod->id, " (", rpc->pod->address, ")"), rpc->attempt);
-  if (router_->follows_master() && rpc->reroute && rpc->reroutes < options_.max_reroutes &&
-      WrongShardOf(status).has_value()) {
+  if (router_->follows_master() && Reroutable(*rpc) && WrongShardOf(status).has_value()) {
     // The refresh ends on the timer thread; the re-routing runs on a completion thread.
     router_->Refresh(rpc->epoch, [this, rpc, op] { Reroute(rpc, op); });
     return true;
@@ -59,10 +59,21 @@ void RpcRunner::Reroute(RpcState* rpc, const std::shared_ptr<Op>& op) {
   counters_->reroutes.fetch_add(1, std::memory_order_relaxed);
   // The re-routing (which may finish the call and run its Then callback) runs on a
   // completion thread, as every completion does.
-  completions_->Run([this, rpc, op] {
-    rpc->reroute(op);  // adds its RPCs to the op before this one is done
-    Done(rpc, op.get(), absl::OkStatus());
-  });
+  // A blocking fan-out's RPC ends on the queue its caller drains.
+  completions_->Run(
+      [this, rpc, op] {
+        if (rpc->reroute) {
+          rpc->reroute(op);  // adds its RPCs to the op before this one is done
+        } else {
+          rpc->rerouted = true;  // its caller sends it again (RpcState::reroutable)
+        }
+        Done(rpc, op.get(), absl::OkStatus());
+      },
+      rpc->queue);
+}
+
+bool RpcRunner::Reroutable(const RpcState& rpc) const {
+  return (rpc.reroute || rpc.reroutable) && rpc.reroutes < options_.max_reroutes;
 }
 
 void RpcRunner::Retry(RpcState* rpc, const std::shared_ptr<Op>& op, std::function<void()> resend) {
@@ -77,8 +88,7 @@ void RpcRunner::Retry(RpcState* rpc, const std::shared_ptr<Op>& op, std::functio
       // RPC's own), so that a pod restarted elsewhere is found however old the RPC is.
       router_->Refresh(router_->StaleAfter(*rpc->pod, rpc->epoch),
                        [this, rpc, op, again = std::move(again)] {
-                         if (rpc->reroute && rpc->reroutes < options_.max_reroutes &&
-                             router_->FailedOver(*rpc->pod, rpc->epoch)) {
+                         if (Reroutable(*rpc) && router_->FailedOver(*rpc->pod, rpc->epoch)) {
                            return Reroute(rpc, op);
                          }
                          again();

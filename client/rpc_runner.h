@@ -21,6 +21,9 @@
 //   up to max_reroutes times (a push under a new key, unless its fate was unknown with
 //   R >= 2: a deposed primary's refusal does not say its followers lack the record, so the
 //   key goes along). A FAILED_PRECONDITION without the detail is final.
+// - Blocking fan-outs that route again themselves (RpcState::reroutable: dense pulls and
+//   pushes) take both re-routes above the same way, except that the runner ends the RPC
+//   as `rerouted` once the map is refreshed and the caller sends it in its next round.
 // - An unreachable pod (UNAVAILABLE, DEADLINE_EXCEEDED), for RPCs with a `fallback` (the
 //   read-only pulls of a replicated map): fallback(op) sends the ids to followers of their
 //   vshards as new RPCs of the call, once, before any retry; without a follower the RPC
@@ -126,8 +129,11 @@ class RpcRunner {
   // with rpc->pod resolved again by id; or, when the refresh shows a failover of the pod's
   // vshards, re-routes the RPC (see the file comment).
   void Retry(RpcState* rpc, const std::shared_ptr<Op>& op, std::function<void()> resend);
-  // Hands `rpc` to its reroute (on a completion thread) and ends it.
+  // Hands `rpc` to its reroute (on a completion thread, or the queue of its blocking
+  // fan-out) and ends it; without a reroute, ends it as `rerouted` for its caller.
   void Reroute(RpcState* rpc, const std::shared_ptr<Op>& op);
+  // Whether `rpc` may be routed again (a reroute, or reroutable) with re-routes left.
+  bool Reroutable(const RpcState& rpc) const;
   // Reports the RPC's final status to `op` and ends its InFlight count.
   void Done(RpcState* rpc, Op* op, const absl::Status& status);
   std::unique_ptr<grpc::ClientContext> NewContext() const;

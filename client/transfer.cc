@@ -1,15 +1,18 @@
 #include "client/transfer.h"
 
+#include <glog/logging.h>
 #include <google/protobuf/util/json_util.h>
 #include <grpcpp/grpcpp.h>
 
 #include <algorithm>
+#include <cstring>
 #include <deque>
 #include <filesystem>
 #include <fstream>
 #include <functional>
 #include <iterator>
 #include <memory>
+#include <optional>
 #include <thread>
 
 #include "absl/container/flat_hash_map.h"
@@ -23,6 +26,7 @@
 #include "proto/export_file.h"
 #include "proto/master.grpc.pb.h"
 #include "proto/ps.grpc.pb.h"
+#include "proto/wrong_shard.h"
 
 namespace ps {
 namespace {
@@ -76,6 +80,7 @@ absl::StatusOr<Cluster> FromServers(const ClusterTarget& target, const ChannelMa
   Cluster c;
   c.channels = channels;
   c.pods = target.servers;
+  c.up.assign(c.pods.size(), true);
   const absl::Time deadline = absl::Now() + absl::Milliseconds(target.connect_timeout_ms);
   for (size_t i = 0; i < c.pods.size(); ++i) {
     auto stub = ParameterServer::NewStub(Channel(channels, c.pods[i]));
@@ -134,7 +139,12 @@ absl::StatusOr<Cluster> FromMaster(const ClusterTarget& target, const ChannelMak
       c.channels = channels;
       c.num_vshards = map.num_vshards();
       c.epoch = map.epoch();
-      for (const PodInfo& p : map.pods()) c.pods.push_back(p.address());
+      c.master = target.master;
+      c.connect_timeout_ms = target.connect_timeout_ms;
+      for (const PodInfo& p : map.pods()) {
+        c.pods.push_back(p.address());
+        c.up.push_back(p.state() == PodInfo::LIVE || p.state() == PodInfo::DRAINED);
+      }
       last = absl::OkStatus();
       if (static_cast<uint32_t>(map.owner_size()) != c.num_vshards) {
         return absl::FailedPreconditionError("the master's map does not cover every vshard");
@@ -168,6 +178,16 @@ absl::StatusOr<Cluster> DiscoverCluster(const ClusterTarget& target) {
   }
   ASSIGN_OR_RETURN(ChannelMaker channels, ChannelMaker::Create(target.security));
   return target.master.empty() ? FromServers(target, channels) : FromMaster(target, channels);
+}
+
+absl::StatusOr<Cluster> RefreshCluster(const Cluster& cluster) {
+  if (cluster.master.empty()) {
+    return absl::FailedPreconditionError("the cluster was not read from a master");
+  }
+  ClusterTarget target;
+  target.master = cluster.master;
+  target.connect_timeout_ms = cluster.connect_timeout_ms;
+  return FromMaster(target, cluster.channels);
 }
 
 absl::StatusOr<ExportManifest> ReadManifest(const std::string& part_dir) {
@@ -254,28 +274,105 @@ absl::StatusOr<ExportIndex> ExportCluster(const Cluster& cluster, const std::str
 
 namespace {
 
-// Sends ImportRows requests from a bounded queue on `inflight` threads; remembers the
-// first error (after which queued work is dropped).
+// A request for each pod that owns some of `req`'s rows, tensors or deleted ids in
+// `cluster` (the pods in the order met, each request's rows in `req`'s order), at the
+// cluster's epoch. The one routing of ImportRows: of every request sent, and again of a
+// request re-routed after a map change.
+std::vector<std::pair<uint32_t, ImportRowsRequest>> SplitByOwner(const Cluster& cluster,
+                                                                 ImportRowsRequest req) {
+  std::vector<std::pair<uint32_t, ImportRowsRequest>> out;
+  // Usually one owner (the request was made for one pod): then the request goes as is.
+  std::optional<uint32_t> only;
+  bool several = false;
+  auto note = [&](uint32_t pod) {
+    if (!only.has_value()) only = pod;
+    several = several || *only != pod;
+  };
+  for (const auto* list : {&req.deletes(), &req.tables()}) {
+    for (const TableRows& t : *list) {
+      const uint64_t name_hash = NameHash(t.table());
+      for (size_t i = 0; i < t.ids().size() / sizeof(int64_t) && !several; ++i) {
+        int64_t id;
+        std::memcpy(&id, t.ids().data() + i * sizeof(id), sizeof(id));
+        note(cluster.owner[VShardOf(RouteHash(name_hash, id), cluster.num_vshards)]);
+      }
+    }
+  }
+  for (const DenseState& d : req.dense()) {
+    note(cluster.owner[DenseVShard(d.name(), cluster.num_vshards)]);
+  }
+  if (!several && only.has_value()) {
+    req.set_epoch(cluster.epoch);
+    out.emplace_back(*only, std::move(req));
+    return out;
+  }
+  std::vector<int> part_of(cluster.pods.size(), -1);
+  auto part = [&](uint32_t pod) -> ImportRowsRequest& {
+    if (part_of[pod] < 0) {
+      part_of[pod] = static_cast<int>(out.size());
+      out.emplace_back(pod, ImportRowsRequest());
+      out.back().second.set_epoch(cluster.epoch);
+    }
+    return out[part_of[pod]].second;
+  };
+  auto owner = [&](uint64_t name_hash, int64_t id) {
+    return cluster.owner[VShardOf(RouteHash(name_hash, id), cluster.num_vshards)];
+  };
+  // Rows of `from` (ids, and steps and values when `with_values`) into `add(part)`'s entry.
+  auto split_rows = [&](const TableRows& from, bool with_values,
+                        TableRows* (*add)(ImportRowsRequest*)) {
+    const size_t n = from.ids().size() / sizeof(int64_t);
+    const size_t row_bytes = n == 0 ? 0 : from.values().size() / n;
+    const uint64_t name_hash = NameHash(from.table());
+    std::vector<TableRows*> entry_of(cluster.pods.size(), nullptr);
+    for (size_t i = 0; i < n; ++i) {
+      int64_t id;
+      std::memcpy(&id, from.ids().data() + i * sizeof(id), sizeof(id));
+      const uint32_t pod = owner(name_hash, id);
+      TableRows*& e = entry_of[pod];
+      if (e == nullptr) {
+        e = add(&part(pod));
+        e->set_table(from.table());
+      }
+      e->mutable_ids()->append(from.ids().data() + i * sizeof(id), sizeof(id));
+      if (!with_values) continue;
+      e->mutable_steps()->append(from.steps().data() + i * sizeof(uint64_t), sizeof(uint64_t));
+      e->mutable_values()->append(from.values().data() + i * row_bytes, row_bytes);
+    }
+  };
+  for (const TableRows& d : req.deletes()) {
+    split_rows(d, false, [](ImportRowsRequest* r) { return r->add_deletes(); });
+  }
+  for (const TableRows& t : req.tables()) {
+    split_rows(t, true, [](ImportRowsRequest* r) { return r->add_tables(); });
+  }
+  for (DenseState& d : *req.mutable_dense()) {
+    *part(cluster.owner[DenseVShard(d.name(), cluster.num_vshards)]).add_dense() = std::move(d);
+  }
+  return out;
+}
+
+// Sends ImportRows requests from a bounded queue on `inflight` threads, each to the
+// owners of its rows under the newest map known (see ImportCluster for when it is read
+// again); remembers the first error (after which queued work is dropped).
 class Sender {
  public:
   Sender(const Cluster& cluster, const ImportOptions& options)
-      : options_(options), policy_(TransferPolicy(options.deadline_ms, options.max_attempts)) {
-    for (const std::string& pod : cluster.pods) {
-      stubs_.push_back(PodTransfer::NewStub(Channel(cluster.channels, pod)));
-      names_.push_back(pod);
-    }
+      : options_(options),
+        policy_(TransferPolicy(options.deadline_ms, options.max_attempts)),
+        cluster_(std::make_shared<const Cluster>(cluster)) {
     for (int i = 0; i < std::max(1, options.inflight); ++i) {
       threads_.emplace_back([this] { Run(); });
     }
   }
   ~Sender() { Close().IgnoreError(); }  // ImportCluster reads the status from Close
 
-  // Queues a request for pod `pod`; blocks while `inflight` requests wait.
-  void Send(uint32_t pod, ImportRowsRequest req) {
+  // Queues a request; blocks while `inflight` requests wait.
+  void Send(ImportRowsRequest req) {
     absl::MutexLock lock(&mu_);
     auto room = [this] { return queue_.size() < static_cast<size_t>(options_.inflight); };
     mu_.Await(absl::Condition(&room));
-    queue_.emplace_back(pod, std::move(req));
+    queue_.push_back(Item{std::move(req), 0});
   }
 
   // Waits for everything queued; returns the first error.
@@ -315,9 +412,17 @@ class Sender {
   }
 
  private:
+  // A request, and the map changes it has followed.
+  struct Item {
+    ImportRowsRequest req;
+    int reroutes = 0;
+  };
+  // As ClientOptions::max_reroutes: the map changes one request follows before its error.
+  static constexpr int kMaxReroutes = 200;
+
   void Run() {
     for (;;) {
-      std::pair<uint32_t, ImportRowsRequest> item;
+      Item item;
       {
         absl::MutexLock lock(&mu_);
         auto ready = [this] { return !queue_.empty() || closing_; };
@@ -327,34 +432,102 @@ class Sender {
         queue_.pop_front();
         if (!status_.ok()) continue;  // drop after an error
       }
-      ImportRowsResponse resp;
-      absl::Status s = policy_.Run(
-          [&](grpc::ClientContext* ctx) {
-            resp.Clear();
-            return stubs_[item.first]->ImportRows(ctx, item.second, &resp);
-          },
-          "ImportRows on " + names_[item.first]);
-      absl::MutexLock lock(&mu_);
-      if (!s.ok() && status_.ok()) status_ = s;
-      installed_ += resp.installed();
-      skipped_ += resp.skipped();
-      invalid_ += resp.invalid();
-      deleted_ += resp.deleted();
-      for (const std::string& r : resp.invalid_rows()) {
-        if (invalid_rows_.size() < kNamedInvalid) invalid_rows_.push_back(r);
+      std::shared_ptr<const Cluster> cluster = current();
+      for (auto& [pod, req] : SplitByOwner(*cluster, std::move(item.req))) {
+        SendTo(*cluster, pod, Item{std::move(req), item.reroutes});
       }
     }
+  }
+
+  // Sends `item` to pod `pod` of `cluster` under the retry policy. When the map changes
+  // the owners of its rows (a wrong-shard refusal; a refresh before the third attempt on,
+  // with a master), it goes back to the queue to be routed again.
+  void SendTo(const Cluster& cluster, uint32_t pod, Item item) {
+    const std::string& address = cluster.pods[pod];
+    PodTransfer::Stub* stub = StubOf(cluster, address);
+    const bool follows_master = !cluster.master.empty();
+    ImportRowsResponse resp;
+    absl::Status s;
+    for (int n = 1;; ++n) {
+      grpc::ClientContext ctx;
+      ctx.set_deadline(policy_.AttemptDeadline());
+      resp.Clear();
+      const grpc::Status gs = stub->ImportRows(&ctx, item.req, &resp);
+      s = RetryPolicy::Final(gs, "ImportRows on " + address, n);
+      if (s.ok()) break;
+      const bool wrong_shard =
+          follows_master && item.reroutes < kMaxReroutes && WrongShardOf(s).has_value();
+      if (!wrong_shard && !policy_.ShouldRetry(s.code(), n)) break;
+      absl::SleepFor(policy_.Backoff(n));
+      if (!follows_master || !(wrong_shard || RetryPolicy::RefreshMapBefore(n + 1))) continue;
+      std::shared_ptr<const Cluster> now = Refresh(cluster.epoch);
+      if (wrong_shard || !OwnsAll(*now, address, item.req)) {
+        ++item.reroutes;
+        absl::MutexLock lock(&mu_);
+        queue_.push_front(std::move(item));  // routed again by the next free thread
+        return;
+      }
+    }
+    absl::MutexLock lock(&mu_);
+    if (!s.ok() && status_.ok()) status_ = s;
+    installed_ += resp.installed();
+    skipped_ += resp.skipped();
+    invalid_ += resp.invalid();
+    deleted_ += resp.deleted();
+    for (const std::string& r : resp.invalid_rows()) {
+      if (invalid_rows_.size() < kNamedInvalid) invalid_rows_.push_back(r);
+    }
+  }
+
+  // Whether the pod at `address` owns every row of `req` in `cluster`.
+  static bool OwnsAll(const Cluster& cluster, const std::string& address,
+                      const ImportRowsRequest& req) {
+    auto parts = SplitByOwner(cluster, req);
+    return parts.size() == 1 && cluster.pods[parts[0].first] == address;
+  }
+
+  std::shared_ptr<const Cluster> current() {
+    absl::MutexLock lock(&mu_);
+    return cluster_;
+  }
+
+  // The master's map, read again unless one newer than `seen_epoch` is known already; the
+  // known one when the master cannot be read.
+  std::shared_ptr<const Cluster> Refresh(uint64_t seen_epoch) {
+    {
+      absl::MutexLock lock(&mu_);
+      if (cluster_->epoch > seen_epoch) return cluster_;
+    }
+    std::shared_ptr<const Cluster> known = current();
+    absl::StatusOr<Cluster> fresh = RefreshCluster(*known);
+    absl::MutexLock lock(&mu_);
+    if (!fresh.ok()) {
+      LOG(WARNING) << "import: cannot read the master's map again: " << fresh.status();
+    } else if (fresh->epoch > cluster_->epoch) {
+      LOG(INFO) << "import: the map moved from epoch " << cluster_->epoch << " to " << fresh->epoch
+                << "; requests follow it";
+      cluster_ = std::make_shared<const Cluster>(*std::move(fresh));
+    }
+    return cluster_;
+  }
+
+  PodTransfer::Stub* StubOf(const Cluster& cluster, const std::string& address) {
+    absl::MutexLock lock(&mu_);
+    auto& stub = stubs_[address];
+    if (stub == nullptr) stub = PodTransfer::NewStub(Channel(cluster.channels, address));
+    return stub.get();
   }
 
   static constexpr size_t kNamedInvalid = 100;
 
   const ImportOptions options_;
   const RetryPolicy policy_;
-  std::vector<std::unique_ptr<PodTransfer::Stub>> stubs_;
-  std::vector<std::string> names_;
   std::vector<std::thread> threads_;
   absl::Mutex mu_;
-  std::deque<std::pair<uint32_t, ImportRowsRequest>> queue_ ABSL_GUARDED_BY(mu_);
+  std::shared_ptr<const Cluster> cluster_ ABSL_GUARDED_BY(mu_);
+  // By address; a stub lives as long as the Sender.
+  absl::flat_hash_map<std::string, std::unique_ptr<PodTransfer::Stub>> stubs_ ABSL_GUARDED_BY(mu_);
+  std::deque<Item> queue_ ABSL_GUARDED_BY(mu_);
   bool closing_ ABSL_GUARDED_BY(mu_) = false;
   absl::Status status_ ABSL_GUARDED_BY(mu_);
   uint64_t installed_ ABSL_GUARDED_BY(mu_) = 0, skipped_ ABSL_GUARDED_BY(mu_) = 0;
@@ -475,7 +648,9 @@ absl::StatusOr<ImportResult> ImportCluster(const Cluster& cluster, const std::st
 
   // Create the catalog on every pod (idempotent; ALREADY_EXISTS for another spec).
   const RetryPolicy policy = TransferPolicy(options.deadline_ms, options.max_attempts);
-  for (const std::string& pod : cluster.pods) {
+  for (size_t p = 0; p < cluster.pods.size(); ++p) {
+    if (!cluster.up[p]) continue;  // it learns the catalog from the master
+    const std::string& pod = cluster.pods[p];
     auto stub = ParameterServer::NewStub(Channel(cluster.channels, pod));
     for (const auto& [name, spec] : tables) {
       CreateTableRequest req;
@@ -512,7 +687,7 @@ absl::StatusOr<ImportResult> ImportCluster(const Cluster& cluster, const std::st
           *req.add_deletes() = std::move(pending[pod]);
           pending[pod] = TableRows();
           pending_ids[pod] = 0;
-          deleter.Send(pod, std::move(req));
+          deleter.Send(std::move(req));
         };
         for (const ExportFileInfo& f : t.deleted_files()) {
           RETURN_IF_ERROR(ReadDataFile(
@@ -552,7 +727,7 @@ absl::StatusOr<ImportResult> ImportCluster(const Cluster& cluster, const std::st
         *req.add_tables() = std::move(pending[pod]);
         pending[pod] = TableRows();
         pending_rows[pod] = 0;
-        sender.Send(pod, std::move(req));
+        sender.Send(std::move(req));
       };
       for (const ExportFileInfo& f : t.files()) {
         RETURN_IF_ERROR(ReadDataFile(
@@ -578,24 +753,23 @@ absl::StatusOr<ImportResult> ImportCluster(const Cluster& cluster, const std::st
       for (uint32_t pod = 0; pod < num_pods; ++pod) flush(pod);
     }
     for (const ExportDenseInfo& d : p.manifest.dense()) {
-      RETURN_IF_ERROR(ReadDataFile(
-          p.dir + "/" + d.file().name(), ExportKind::kDense, d.spec().SerializeAsString(),
-          static_cast<uint32_t>(d.numel()), d.slot_floats(), d.file(),
-          [&](const ExportBlock& b) -> absl::Status {
-            for (size_t i = 0; i < b.ids.size(); ++i) {
-              ImportRowsRequest req;
-              req.set_epoch(cluster.epoch);
-              DenseState* s = req.add_dense();
-              s->set_name(d.spec().name());
-              s->set_step(b.steps[i]);
-              s->set_values(std::string(reinterpret_cast<const char*>(b.values.data()),
-                                        b.values.size() * sizeof(float)));
-              sender.Send(cluster.owner[DenseVShard(d.spec().name(), cluster.num_vshards)],
-                          std::move(req));
-              ++result.dense;
-            }
-            return absl::OkStatus();
-          }));
+      RETURN_IF_ERROR(
+          ReadDataFile(p.dir + "/" + d.file().name(), ExportKind::kDense,
+                       d.spec().SerializeAsString(), static_cast<uint32_t>(d.numel()),
+                       d.slot_floats(), d.file(), [&](const ExportBlock& b) -> absl::Status {
+                         for (size_t i = 0; i < b.ids.size(); ++i) {
+                           ImportRowsRequest req;
+                           req.set_epoch(cluster.epoch);
+                           DenseState* s = req.add_dense();
+                           s->set_name(d.spec().name());
+                           s->set_step(b.steps[i]);
+                           s->set_values(std::string(reinterpret_cast<const char*>(b.values.data()),
+                                                     b.values.size() * sizeof(float)));
+                           sender.Send(std::move(req));
+                           ++result.dense;
+                         }
+                         return absl::OkStatus();
+                       }));
     }
   }
   RETURN_IF_ERROR(sender.Close());

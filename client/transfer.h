@@ -33,15 +33,26 @@ struct ClusterTarget {
 
 struct Cluster {
   std::vector<std::string> pods;  // addresses
+  // Per pod: reachable as far as the map says (LIVE or DRAINED; every pod of --servers).
+  // The catalog is created on these only: the others learn it from the master.
+  std::vector<bool> up;
   uint32_t num_vshards = 0;
   uint64_t epoch = 0;
   std::vector<uint32_t> owner;  // owner[v]: index into pods
   ChannelMaker channels;        // the target's security, files loaded
+  // Set when read from a master: an import follows its map changes (a moved vshard, a
+  // failover to the followers), reading it again with RefreshCluster.
+  std::string master;
+  int connect_timeout_ms = 30000;
 };
 
 // The pods and vshard map, or UNAVAILABLE (unreachable before the timeout),
 // FAILED_PRECONDITION (pods disagree: vshard counts, a vshard owned twice or not at all).
 absl::StatusOr<Cluster> DiscoverCluster(const ClusterTarget& target);
+
+// The master's current map for a cluster read from it (`cluster.master` set; its
+// channels are reused), as DiscoverCluster reads it; FAILED_PRECONDITION without a master.
+absl::StatusOr<Cluster> RefreshCluster(const Cluster& cluster);
 
 struct ExportClusterOptions {
   int timeout_ms = 3600 * 1000;  // per pod's export
@@ -85,8 +96,13 @@ struct ImportResult {
 };
 
 // Imports the export in `dir` (an export.json with parts, or a single part directory)
-// into the cluster. Idempotent: running it again installs nothing new. A delta (see
-// ExportClusterOptions.since) applies on top of the export it follows: first every part's
+// into the cluster. Idempotent: running it again installs nothing new. Each request goes
+// to the owner of its rows under the newest map the import knows; with a master
+// (`cluster.master`), a request refused as a wrong shard, or retried for the third time,
+// reads the map again (RefreshCluster) and goes to the rows' owners there: after a
+// failover (R >= 2) to the promoted follower, which holds what the old primary installed
+// (an install is only over an older step, so rows it holds are `skipped`: applied once). A delta
+// (see ExportClusterOptions.since) applies on top of the export it follows: first every part's
 // deleted ids are deleted, then the rows are installed (a row deleted and created again
 // since the cursor then starts afresh). Every file is
 // checked before anything is sent. Errors: DATA_LOSS (a damaged or truncated file),

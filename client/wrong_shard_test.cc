@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "client/ps_client.h"
+#include "client/test_fakes.h"
 #include "common/routing/hash.h"
 #include "common/rpc/grpc_status.h"
 #include "gtest/gtest.h"
@@ -22,33 +23,10 @@
 namespace ps {
 namespace {
 
+using testing_fakes::FakeMaster;
+using testing_fakes::Serve;
+
 constexpr uint32_t kVShards = 16;
-
-std::unique_ptr<grpc::Server> Serve(grpc::Service* service, int* port) {
-  grpc::ServerBuilder b;
-  b.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), port);
-  b.RegisterService(service);
-  return b.BuildAndStart();
-}
-
-// A master that only serves the shard map the test sets.
-class FakeMaster final : public Master::Service {
- public:
-  void Set(ShardMapResponse map) {
-    absl::MutexLock lock(&mu_);
-    map_ = std::move(map);
-  }
-  grpc::Status GetShardMap(grpc::ServerContext*, const GetShardMapRequest*,
-                           ShardMapResponse* resp) override {
-    absl::MutexLock lock(&mu_);
-    *resp = map_;
-    return grpc::Status::OK;
-  }
-
- private:
-  absl::Mutex mu_;
-  ShardMapResponse map_ ABSL_GUARDED_BY(mu_);
-};
 
 // A map of `owner` (vshard -> index into `addresses`, every pod LIVE).
 ShardMapResponse Map(uint64_t epoch, const std::vector<std::string>& addresses,
@@ -72,16 +50,7 @@ std::vector<uint32_t> Owned(uint32_t from, uint32_t to) {
   return v;
 }
 
-// Table "emb": dim 4, zeros, SGD at learning rate 1, so a push of -1 adds 1.
-TableSpec Counter() {
-  TableSpec spec;
-  spec.set_name("emb");
-  spec.set_dim(4);
-  spec.mutable_initializer()->set_kind(InitializerSpec::ZEROS);
-  spec.mutable_optimizer()->set_kind(OptimizerSpec::SGD);
-  spec.mutable_optimizer()->set_learning_rate(1.0f);
-  return spec;
-}
+TableSpec Counter() { return testing_fakes::CounterTable("emb", 4); }
 
 std::unique_ptr<PsServer> StartPod(uint64_t epoch, const std::vector<uint32_t>& owned) {
   PsServerOptions o;
@@ -154,7 +123,7 @@ TEST(WrongShardTest, ClientFollowingAMasterReroutesOnTheDetail) {
   FakeMaster master;
   master.Set(Map(1, addresses, owner));
   int master_port = 0;
-  auto master_server = Serve(&master, &master_port);
+  auto master_server = Serve({&master}, &master_port);
   ClientOptions options;
   options.master = absl::StrCat("127.0.0.1:", master_port);
   options.num_vshards = kVShards;
@@ -196,10 +165,7 @@ class ScriptedPod final : public ParameterServer::Service {
   }
   grpc::Status Describe(grpc::ServerContext*, const DescribeRequest*,
                         DescribeResponse* resp) override {
-    *resp->add_tables()->mutable_spec() = Counter();
-    resp->set_num_vshards(kVShards);
-    resp->set_epoch(1);
-    resp->set_owned_vshards(std::string(kVShards / 8, '\xff'));
+    testing_fakes::DescribeAll(kVShards, Counter(), DenseSpec(), resp);
     return grpc::Status::OK;
   }
   grpc::Status Push(grpc::ServerContext*, const PushRequest*, PushResponse*) override {
@@ -220,11 +186,11 @@ class ScriptedPod final : public ParameterServer::Service {
 TEST(WrongShardTest, OnlyTheDetailMakesARefusalAWrongShard) {
   ScriptedPod pod;
   int pod_port = 0;
-  auto pod_server = Serve(&pod, &pod_port);
+  auto pod_server = Serve({&pod}, &pod_port);
   FakeMaster master;
   master.Set(Map(1, {absl::StrCat("127.0.0.1:", pod_port)}, std::vector<uint32_t>(kVShards, 0)));
   int master_port = 0;
-  auto master_server = Serve(&master, &master_port);
+  auto master_server = Serve({&master}, &master_port);
   ClientOptions options;
   options.master = absl::StrCat("127.0.0.1:", master_port);
   options.num_vshards = kVShards;

@@ -7,12 +7,15 @@
 //   absl::Status s = WrongShardError("id 7 of table 'emb' is in vshard 3, ...", epoch, 3);
 //   if (auto ws = WrongShardOf(s)) router.Refresh(ws->epoch() ...);
 //
+// The same for NotApplied: a retryable refusal that says the push was applied nowhere.
+//
 // Here rather than in common/rpc: the detail is a message of proto/ps.proto, and common/
 // sits below proto/.
 #pragma once
 
 #include <cstdint>
 #include <optional>
+#include <utility>
 
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
@@ -37,5 +40,15 @@ inline std::optional<WrongShard> WrongShardOf(const absl::Status& s) {
   if (s.code() != absl::StatusCode::kFailedPrecondition) return std::nullopt;
   return DetailOf<WrongShard>(s);
 }
+
+// `s` (a retryable refusal of a push this pod neither applied nor is applying) with the
+// NotApplied detail. Thread-safe (pure).
+inline absl::Status NotAppliedError(absl::Status s) {
+  return WithDetail(std::move(s), NotApplied());
+}
+
+// Whether `s` carries the NotApplied detail: the refused attempt applied nothing.
+// Thread-safe (pure).
+inline bool IsNotApplied(const absl::Status& s) { return DetailOf<NotApplied>(s).has_value(); }
 
 }  // namespace ps

@@ -519,8 +519,15 @@ void PsCore::ApplyChange(const Change& change, ApplyFn apply, Done done) {
   if (out != nullptr) {
     if (absl::Status fenced = CheckFence(*out, change); !fenced.ok()) {
       // A push applied here before the fence is acknowledged as such: its retry is safe.
-      if (change.key != nullptr && dedup_.Peek(*change.key) == PushDedup::Claim::kDuplicate) {
-        return done(Repeated(*change.key, PushDedup::Claim::kDuplicate, change.resp));
+      // One this pod never saw is refused as such, so that the client knows its fate (it
+      // goes to the new owner under a new key, not this one's, which a follower of that
+      // owner may hold for another part of the call).
+      if (change.key != nullptr) {
+        const PushDedup::Claim claim = dedup_.Peek(*change.key);
+        if (claim == PushDedup::Claim::kDuplicate) {
+          return done(Repeated(*change.key, PushDedup::Claim::kDuplicate, change.resp));
+        }
+        if (claim == PushDedup::Claim::kNew) fenced = NotAppliedError(std::move(fenced));
       }
       return done(fenced);
     }

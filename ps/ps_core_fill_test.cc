@@ -5,193 +5,49 @@
 // those vshards' rows to `b` before its fence lifts. After it, `b` holds rows
 // bit-identical to `a`'s: nothing missed between the copy and the stream, nothing applied
 // twice, no row of the copied half applied from the stream before the copy held it.
-#include <stdlib.h>
 
 #include <algorithm>
 #include <atomic>
 #include <cstring>
-#include <filesystem>
 #include <functional>
 #include <map>
 #include <thread>
 
-#include "absl/synchronization/notification.h"
 #include "common/base/status_macros.h"
 #include "common/routing/hash.h"
 #include "gtest/gtest.h"
 #include "proto/packed.h"
 #include "ps/ps_core.h"
+#include "ps/replica_test_pods.h"
 
 namespace ps {
 namespace {
 
-constexpr uint32_t kVShards = 16;
-constexpr uint32_t kDim = 4;
-
-// Delivers batches to the core at each address.
-class InProcessSender : public ReplicaSender {
- public:
-  void Add(const std::string& address, PsCore* core) {
-    absl::MutexLock lock(&mu_);
-    cores_[address] = core;
-  }
-  absl::Status Send(const ReplicaPeer& follower, const ReplicateRecordsRequest& req,
-                    ReplicateRecordsResponse* resp) override {
-    PsCore* core;
-    {
-      absl::MutexLock lock(&mu_);
-      core = cores_[follower.address()];
-    }
-    absl::Notification done;
-    absl::Status result;
-    core->ReplicateRecords(req, resp, [&](absl::Status s) {
-      result = s;
-      done.Notify();
-    });
-    done.WaitForNotification();
-    return result;
-  }
-
- private:
-  absl::Mutex mu_;
-  std::map<std::string, PsCore*> cores_ ABSL_GUARDED_BY(mu_);
-};
-
-std::vector<uint32_t> Range(uint32_t begin, uint32_t end) {
-  std::vector<uint32_t> v;
-  for (uint32_t i = begin; i < end; ++i) v.push_back(i);
-  return v;
-}
+using replica_test::kDim;
+using replica_test::kVShards;
+using replica_test::MakePush;
+using replica_test::Range;
+using replica_test::Role;
+using replica_test::Rows;
 
 // `a` leads every vshard, followed by `b` (when `followed`), moving out `copying`.
 Assignment Primary(uint64_t epoch, bool followed, const std::vector<uint32_t>& copying) {
-  Assignment a;
-  a.set_epoch(epoch);
-  a.set_num_vshards(kVShards);
-  for (uint32_t v : Range(0, kVShards)) a.add_owned(v);
-  for (uint32_t v : copying) a.add_moving_out(v);
-  ReplicationRole* r = a.mutable_replication();
-  r->set_pod_id("a");
-  r->set_factor(2);
-  if (followed) {
-    ReplicaPeer* p = r->add_followers();
-    p->set_pod_id("b");
-    p->set_address("b:1");
-  }
-  return a;
+  return Role(epoch, "a", Range(0, kVShards),
+              followed ? std::vector<std::string>{"b"} : std::vector<std::string>{}, {}, {},
+              copying);
 }
 
 // `b` follows `followed` from `a` and receives `copying`.
 Assignment Follower(uint64_t epoch, const std::vector<uint32_t>& followed,
                     const std::vector<uint32_t>& copying) {
-  Assignment a;
-  a.set_epoch(epoch);
-  a.set_num_vshards(kVShards);
-  for (uint32_t v : copying) a.add_moving_in(v);
-  ReplicationRole* r = a.mutable_replication();
-  r->set_pod_id("b");
-  r->set_factor(2);
-  FollowedVShards* f = r->add_following();
-  f->set_primary("a");
-  for (uint32_t v : followed) f->add_vshards(v);
-  return a;
+  return Role(epoch, "b", {}, {}, {{"a", followed}}, copying);
 }
 
-// Any pod's assignment: what it owns, receives and sends, its followers and what it
-// follows, by primary.
-Assignment Role(uint64_t epoch, const std::string& pod, const std::vector<uint32_t>& owned,
-                const std::vector<std::string>& followers,
-                const std::map<std::string, std::vector<uint32_t>>& following,
-                const std::vector<uint32_t>& in = {}, const std::vector<uint32_t>& out = {}) {
-  Assignment a;
-  a.set_epoch(epoch);
-  a.set_num_vshards(kVShards);
-  for (uint32_t v : owned) a.add_owned(v);
-  for (uint32_t v : in) a.add_moving_in(v);
-  for (uint32_t v : out) a.add_moving_out(v);
-  ReplicationRole* r = a.mutable_replication();
-  r->set_pod_id(pod);
-  r->set_factor(2);
-  for (const std::string& f : followers) {
-    ReplicaPeer* p = r->add_followers();
-    p->set_pod_id(f);
-    p->set_address(f + ":1");
-  }
-  for (const auto& [primary, vshards] : following) {
-    FollowedVShards* f = r->add_following();
-    f->set_primary(primary);
-    for (uint32_t v : vshards) f->add_vshards(v);
-  }
-  return a;
-}
-
-PushRequest MakePush(const std::vector<int64_t>& ids, float g, uint64_t worker, uint64_t seq) {
-  PushRequest req;
-  TableGrads* t = req.add_tables();
-  t->set_table("emb");
-  t->set_ids(Pack<int64_t>(ids));
-  std::vector<float> grads(ids.size() * kDim);
-  for (size_t i = 0; i < grads.size(); ++i) grads[i] = g * static_cast<float>(i % 5 + 1) / 3.0f;
-  t->set_grads(Pack<float>(grads));
-  req.mutable_key()->set_worker_id(worker);
-  req.mutable_key()->set_incarnation(1);
-  req.mutable_key()->set_sequence(seq);
-  return req;
-}
-
-// id -> the row's bytes: weights, slots and step.
-std::map<int64_t, std::string> Rows(PsCore& core) {
-  std::map<int64_t, std::string> rows;
-  auto t = core.store().FindTable("emb");
-  if (t == nullptr) return rows;
-  t->ForEachRow([&](const RowView& r) {
-    std::string& out = rows[r.id];
-    out.append(reinterpret_cast<const char*>(r.weights), kDim * sizeof(float));
-    out.append(reinterpret_cast<const char*>(r.slots), t->slot_floats() * sizeof(float));
-    out.append(reinterpret_cast<const char*>(&r.step), sizeof(r.step));
-  });
-  return rows;
-}
-
-class FillTest : public testing::TestWithParam<bool> {
+class FillTest : public replica_test::ReplicaPairTest {
  protected:
-  void SetUp() override {
-    std::string templ = std::filesystem::temp_directory_path() / "ps_core_fill_test.XXXXXX";
-    ASSERT_NE(mkdtemp(templ.data()), nullptr);
-    root_ = templ;
-    sender_ = std::make_shared<InProcessSender>();
-    a_ = Open("a");
-    b_ = Open("b");
-    ASSERT_TRUE(a_ && b_);
-    sender_->Add("b:1", b_.get());
-    for (PsCore* core : {a_.get(), b_.get()}) {
-      CreateTableRequest req;
-      req.mutable_spec()->set_name("emb");
-      req.mutable_spec()->set_dim(kDim);
-      req.mutable_spec()->mutable_optimizer()->set_kind(OptimizerSpec::ADAM);
-      req.mutable_spec()->mutable_initializer()->set_kind(InitializerSpec::NORMAL);
-      req.mutable_spec()->mutable_initializer()->set_stddev(0.1f);
-      CreateTableResponse resp;
-      ASSERT_TRUE(core->CreateTable(req, &resp).ok());
-      core->RenewWriteLease(absl::Now() + absl::Hours(1));
-    }
-  }
   void TearDown() override {
     StopWriters();
-    a_.reset();
-    b_.reset();
-    std::filesystem::remove_all(root_);
-  }
-
-  std::unique_ptr<PsCore> Open(const std::string& name) {
-    PsCoreOptions options;
-    if (GetParam()) options.storage.db.dir = root_ + "/" + name;
-    options.replica_sender = sender_;
-    options.replicator.min_backoff = absl::Milliseconds(1);
-    options.replicator.max_backoff = absl::Milliseconds(5);
-    auto core = PsCore::Open(options, *ShardOwnership::Create(kVShards, 0, {}));
-    EXPECT_TRUE(core.ok()) << core.status();
-    return core.ok() ? *std::move(core) : nullptr;
+    ReplicaPairTest::TearDown();
   }
 
   // Writers push overlapping ids of every vshard until stopped, each push retried with its
@@ -245,9 +101,6 @@ class FillTest : public testing::TestWithParam<bool> {
     }
   }
 
-  std::string root_;
-  std::shared_ptr<InProcessSender> sender_;
-  std::unique_ptr<PsCore> a_, b_;
   std::vector<std::thread> writers_;
   std::atomic<bool> stop_{false};
   std::atomic<uint64_t> acked_{0};
@@ -341,17 +194,7 @@ TEST_P(FillTest, APrimaryMovedAtTwoCopiesKeepsItsFollowerExact) {
   auto f = Open("f");
   ASSERT_NE(f, nullptr);
   sender_->Add("f:1", f.get());
-  sender_->Add("a:1", a_.get());
-  {
-    CreateTableRequest req;
-    req.mutable_spec()->set_name("emb");
-    req.mutable_spec()->set_dim(kDim);
-    req.mutable_spec()->mutable_optimizer()->set_kind(OptimizerSpec::ADAM);
-    req.mutable_spec()->mutable_initializer()->set_kind(InitializerSpec::NORMAL);
-    req.mutable_spec()->mutable_initializer()->set_stddev(0.1f);
-    CreateTableResponse resp;
-    ASSERT_TRUE(f->CreateTable(req, &resp).ok());
-  }
+  ASSERT_TRUE(replica_test::CreateEmbTable(*f).ok());
   const std::vector<uint32_t> all = Range(0, kVShards), kept = Range(0, 8), moved = Range(8, 16);
   ApplyAssignmentResponse ar;
   ASSERT_TRUE(f->ApplyAssignment(Role(2, "f", {}, {}, {{"a", all}}), &ar).ok());

@@ -76,6 +76,7 @@ int RunClusterCrash(const ClusterCrashOptions& o) {
   co.replication = o.replication;
   co.server_flags = {absl::StrCat("--flush_ms=", o.flush_ms),
                      absl::StrCat("--materialize_ms=", o.materialize_ms)};
+  co.server_flags.insert(co.server_flags.end(), o.server_flags.begin(), o.server_flags.end());
   auto cluster = std::make_unique<chaos::Cluster>(co);
   auto fail = [&](const std::string& why) {
     LOG(ERROR) << why << "\n" << cluster->Logs();

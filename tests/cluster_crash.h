@@ -12,6 +12,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 namespace ps::integration {
 
@@ -22,6 +23,7 @@ struct ClusterCrashOptions {
   uint32_t num_vshards = 64;
   std::string durability = "process";
   int flush_ms = 100, materialize_ms = 300;
+  std::vector<std::string> server_flags;  // more ps-server flags (e.g. --lazy_start)
   int lease_ms = 1000;  // the master's --lease_ms: how soon a dead primary is replaced
   int kills = 4;
   bool lose_disk = false;

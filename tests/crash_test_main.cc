@@ -253,6 +253,7 @@ int Main() {
     o.durability = FLAGS_durability;
     o.flush_ms = FLAGS_flush_ms;
     o.materialize_ms = FLAGS_materialize_ms;
+    o.server_flags = absl::StrSplit(FLAGS_server_flags, ' ', absl::SkipEmpty());
     o.lease_ms = FLAGS_lease_ms;
     o.kills = FLAGS_kills;
     o.lose_disk = FLAGS_lose_disk;

@@ -7,7 +7,6 @@
 // The kills happen between push phases: a push whose fate a kill leaves unknown is the
 // client's concern (its same-key re-send), not this test's.
 #include <grpcpp/grpcpp.h>
-#include <unistd.h>
 
 #include <atomic>
 #include <cstdlib>
@@ -25,7 +24,7 @@
 #include "common/routing/hash.h"
 #include "gtest/gtest.h"
 #include "proto/master.grpc.pb.h"
-#include "tests/process.h"
+#include "tests/cluster_test_fixture.h"
 
 #if !defined(PS_MASTER_BINARY) || !defined(PS_SERVER_BINARY)
 #error "PS_MASTER_BINARY and PS_SERVER_BINARY must be defined"
@@ -34,70 +33,24 @@
 namespace ps {
 namespace {
 
-using integration::ChildProcess;
-
 constexpr uint32_t kVShards = 16;
 constexpr int kIds = 2000;
 constexpr uint32_t kDim = 4;
 constexpr absl::Duration kWait = absl::Seconds(60);
 
-std::string Binary(const char* env, const char* built) {
-  const char* v = std::getenv(env);
-  return v != nullptr && *v != '\0' ? v : built;
-}
-
-class RereplicationTest : public testing::Test {
+class RereplicationTest : public integration::ClusterProcessTest {
  protected:
-  void SetUp() override { ASSERT_FALSE(tmp_.path().empty()) << "mkdtemp failed"; }
-  void TearDown() override {
-    for (auto& [name, child] : children_) {
-      if (child == nullptr) continue;
-      child->Stop(absl::Seconds(3));
-      if (HasFailure()) {
-        std::fprintf(stderr, "---- %s (%s):\n%s\n", name.c_str(), child->Describe().c_str(),
-                     integration::FileTail(child->log_path(), 6000).c_str());
-      }
-    }
-  }
+  RereplicationTest()
+      : ClusterProcessTest("rereplication_test",
+                           integration::BinaryPath("PS_MASTER_BINARY", PS_MASTER_BINARY),
+                           integration::BinaryPath("PS_SERVER_BINARY", PS_SERVER_BINARY)) {}
 
-  std::string Path(const std::string& name) const { return absl::StrCat(tmp_.path(), "/", name); }
-
-  void Start(const std::string& name, std::vector<std::string> argv) {
-    const std::string port_file = Path(name + ".port");
-    unlink(port_file.c_str());
-    argv.push_back("--host=127.0.0.1");
-    argv.push_back("--port=0");
-    argv.push_back("--port_file=" + port_file);
-    auto child = ChildProcess::Start(argv, Path(name + ".log"));
-    ASSERT_TRUE(child.ok()) << child.status();
-    children_[name] = *std::move(child);
-    auto port = integration::WaitForPortFile(port_file, *children_[name], absl::Seconds(20));
-    ASSERT_TRUE(port.ok()) << port.status();
-    if (name == "master") {
-      master_address_ = absl::StrCat("127.0.0.1:", *port);
-      master_ =
-          Master::NewStub(grpc::CreateChannel(master_address_, grpc::InsecureChannelCredentials()));
-    }
-  }
   void StartPod(int i) {
-    Start(absl::StrCat("ps-", i),
-          {Binary("PS_SERVER_BINARY", PS_SERVER_BINARY), "--master=" + master_address_,
-           absl::StrCat("--pod_id=ps-", i), absl::StrCat("--num_vshards=", kVShards),
-           "--data_dir=" + Path(absl::StrCat("ps-", i, "-data")), "--durability=process",
-           "--shutdown_grace_ms=200"});
+    auto port = ClusterProcessTest::StartPod(i, {absl::StrCat("--num_vshards=", kVShards)});
+    ASSERT_TRUE(port.ok()) << port.status();
   }
-  void Kill(int i) {
-    const std::string name = absl::StrCat("ps-", i);
-    children_[name]->Kill();  // kept: its log is shown if the test fails
-  }
+  void Kill(int i) { ClusterProcessTest::Kill(absl::StrCat("ps-", i)); }
 
-  ShardMapResponse Map() {
-    grpc::ClientContext ctx;
-    ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(5)));
-    ShardMapResponse resp;
-    EXPECT_TRUE(master_->GetShardMap(&ctx, GetShardMapRequest(), &resp).ok());
-    return resp;
-  }
   // Whether every vshard is led by `owner` and followed by exactly `follower` (none when
   // empty).
   bool MapIs(const std::string& owner, const std::string& follower) {
@@ -212,19 +165,15 @@ class RereplicationTest : public testing::Test {
   }
   const std::vector<std::vector<int64_t>> by_vshard_ = ById();
 
-  integration::TempDir tmp_{"rereplication_test"};
-  std::map<std::string, std::unique_ptr<ChildProcess>> children_;
-  std::string master_address_;
-  std::unique_ptr<Master::Stub> master_;
   std::atomic<int> seed_{1};
   absl::Mutex mu_;
   std::map<int64_t, int64_t> counts_ ABSL_GUARDED_BY(mu_);
 };
 
 TEST_F(RereplicationTest, ANewPodIsFilledWhileClientsPushThenThePrimaryDiesAndNothingIsLost) {
-  Start("master", {Binary("PS_MASTER_BINARY", PS_MASTER_BINARY), "--data_dir=" + Path("master-db"),
-                   absl::StrCat("--num_vshards=", kVShards), "--num_ps=2", "--replication=2",
-                   "--lease_ms=1000", "--vshards_per_move=4", "--shutdown_grace_ms=200"});
+  ASSERT_TRUE(StartMaster({absl::StrCat("--num_vshards=", kVShards), "--num_ps=2",
+                           "--replication=2", "--lease_ms=1000", "--vshards_per_move=4"})
+                  .ok());
   {
     // The table exists before the pods start, so each learns it at registration: a
     // follower that does not know it yet would hold pushes back (retried) meanwhile.

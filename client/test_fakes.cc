@@ -1,0 +1,55 @@
+#include "client/test_fakes.h"
+
+#include <utility>
+
+namespace ps::testing_fakes {
+
+std::unique_ptr<grpc::Server> Serve(std::initializer_list<grpc::Service*> services, int* port) {
+  grpc::ServerBuilder b;
+  b.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), port);
+  for (grpc::Service* s : services) b.RegisterService(s);
+  return b.BuildAndStart();
+}
+
+void FakeMaster::Set(ShardMapResponse map) {
+  absl::MutexLock lock(&mu_);
+  map_ = std::move(map);
+}
+
+grpc::Status FakeMaster::GetShardMap(grpc::ServerContext*, const GetShardMapRequest*,
+                                     ShardMapResponse* resp) {
+  absl::MutexLock lock(&mu_);
+  *resp = map_;
+  return grpc::Status::OK;
+}
+
+TableSpec CounterTable(const std::string& name, uint32_t dim) {
+  TableSpec spec;
+  spec.set_name(name);
+  spec.set_dim(dim);
+  spec.mutable_initializer()->set_kind(InitializerSpec::ZEROS);
+  spec.mutable_optimizer()->set_kind(OptimizerSpec::SGD);
+  spec.mutable_optimizer()->set_learning_rate(1.0f);
+  return spec;
+}
+
+DenseSpec CounterDense(const std::string& name, int64_t numel) {
+  DenseSpec spec;
+  spec.set_name(name);
+  spec.add_shape(numel);
+  spec.mutable_initializer()->set_kind(InitializerSpec::ZEROS);
+  spec.mutable_optimizer()->set_kind(OptimizerSpec::SGD);
+  spec.mutable_optimizer()->set_learning_rate(1.0f);
+  return spec;
+}
+
+void DescribeAll(uint32_t num_vshards, const TableSpec& table, const DenseSpec& dense,
+                 DescribeResponse* resp) {
+  *resp->add_tables()->mutable_spec() = table;
+  if (!dense.name().empty()) *resp->add_dense()->mutable_spec() = dense;
+  resp->set_num_vshards(num_vshards);
+  resp->set_epoch(1);
+  resp->set_owned_vshards(std::string((num_vshards + 7) / 8, '\xff'));
+}
+
+}  // namespace ps::testing_fakes
