@@ -321,7 +321,11 @@ class PsCore {
   // (EmbeddingTable::DeleteStale) are deleted, and only those are logged.
   absl::Status DeleteRowsIf(const std::string& table, absl::Span<const int64_t> ids,
                             uint32_t updated_before, uint64_t* deleted);
-  // The eviction thread (started by Open): EvictOnce every eviction_interval_ms.
+  // EvictOnce's pass over one table (with an EvictionSpec); returns the rows evicted.
+  // Callers hold evict_pass_mu_.
+  uint64_t EvictTable(EmbeddingTable& t) ABSL_EXCLUSIVE_LOCKS_REQUIRED(evict_pass_mu_);
+  // The eviction thread (started by Open): EvictOnce every eviction_interval_ms and, in
+  // between, a pass over any table that holds more than its share of max_rows.
   void RunEviction();
 
   // Whole rows and dense tensors to install (ImportRows, ImportChunk: their messages have
