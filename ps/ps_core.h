@@ -142,9 +142,10 @@ class PsCore {
 
   // One pass of feature eviction over every table with an EvictionSpec, for the vshards
   // this pod owns (followers delete what their primary logs): deletes the rows not
-  // updated for ttl_seconds, then, while the table holds more than its share of max_rows
+  // updated for ttl_seconds, then, if the table holds more than its share of max_rows
   // (max_rows x owned vshards / vshards, rounded up), the least frequently (LFU: fewest
-  // updates) or least recently (LRU) updated rows, in batches (DeleteRows); a row updated
+  // updates) or least recently (LRU) updated rows down to 1/32 below that share (room for
+  // new rows before the next pass), in batches (DeleteRows); a row updated
   // since it was chosen (in a later second) stays. Counted per table (TableInfo.evicted).
   // Returns the rows evicted; a table whose deletion is refused (a move in progress, a
   // lazy start's log being applied) is skipped until the next pass. Thread-safe: one pass
