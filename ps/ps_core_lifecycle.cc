@@ -33,30 +33,7 @@ absl::Status PsCore::DeleteRowsIf(const std::string& table, absl::Span<const int
     if (t == nullptr)
       return absl::NotFoundError(absl::StrCat("table '", table, "' does not exist"));
     RETURN_IF_ERROR(CheckOwned(*ownership(), *t, ids));
-    // A move copies rows, not deletions: a deletion waits until no move runs (the next
-    // eviction pass, or the importer's retry, deletes the rows then).
-    if (outgoing_ != nullptr) {
-      return absl::UnavailableError(
-          "a vshard move is in progress on this pod: rows are deleted after it; retry");
-    }
-    Change change;
-    change.rows.emplace_back(t, ids);
-    change.exclusive = true;
-    change.ship = true;
-    change.record_bytes = 1 + 2 + table.size() + 4 + ids.size() * sizeof(int64_t);
-    std::vector<int64_t> stale;
-    auto apply = [&](LogRecordBuilder* record) -> absl::Status {
-      if (updated_before == UINT32_MAX) {
-        removed = t->Delete(ids);
-        if (record != nullptr) record->AddDelete(table, ids);
-      } else {
-        t->DeleteStale(ids, updated_before, &stale);
-        removed = stale.size();
-        if (record != nullptr && !stale.empty()) record->AddDelete(table, stale);
-      }
-      return absl::OkStatus();
-    };
-    ApplyChange(change, apply, [&](absl::Status s) {
+    ApplyDelete(t, ids, updated_before, /*ship=*/true, &removed, [&](absl::Status s) {
       result = s;
       finished.Notify();
     });
@@ -64,6 +41,38 @@ absl::Status PsCore::DeleteRowsIf(const std::string& table, absl::Span<const int
   finished.WaitForNotification();
   if (result.ok() && deleted != nullptr) *deleted = removed;
   return result;
+}
+
+void PsCore::ApplyDelete(const std::shared_ptr<EmbeddingTable>& t, absl::Span<const int64_t> ids,
+                         uint32_t updated_before, bool ship, uint64_t* removed, Done done) {
+  // A vshard move running on this pod copies the deletion too: its ids are recorded for
+  // the move before they are deleted (and as touched after), so the move's next phase
+  // sends their deletion before any later state of those rows (ps_core_migrate.cc).
+  // Fenced vshards refuse it as they refuse a push (UNAVAILABLE: the next eviction pass,
+  // or the importer's retry, deletes the rows then).
+  OutgoingMove* out = outgoing_.get();
+  const std::string& table = t->spec().name();
+  Change change;
+  change.rows.emplace_back(t, ids);
+  change.exclusive = true;
+  change.ship = ship;
+  change.record_bytes = 1 + 2 + table.size() + 4 + ids.size() * sizeof(int64_t);
+  std::vector<int64_t> stale;
+  auto apply = [&](LogRecordBuilder* record) -> absl::Status {
+    if (out != nullptr) RecordDeleted(out, t, ids);
+    uint64_t n = 0;
+    if (updated_before == UINT32_MAX) {
+      n = t->Delete(ids);
+      if (record != nullptr) record->AddDelete(table, ids);
+    } else {
+      t->DeleteStale(ids, updated_before, &stale);
+      n = stale.size();
+      if (record != nullptr && !stale.empty()) record->AddDelete(table, stale);
+    }
+    if (removed != nullptr) *removed = n;
+    return absl::OkStatus();
+  };
+  ApplyChange(change, apply, std::move(done));
 }
 
 namespace {
