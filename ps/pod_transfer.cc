@@ -367,14 +367,14 @@ absl::Status PlanDelta(PodStorage& stored, const ModelStore& store, const std::s
   delta->since = since;
   ASSIGN_OR_RETURN(std::vector<ExportCursorEntry> entries, ParseExportCursor(since));
   const ChangeJournal& journal = stored.journal();
-  const JournalPosition now = journal.position();
   auto mine = std::find_if(entries.begin(), entries.end(),
-                           [&](const ExportCursorEntry& e) { return e.identity == now.identity; });
+                           [&](const ExportCursorEntry& e) { return journal.Names(e.identity); });
   if (mine == entries.end()) {
     LOG(INFO) << "export: the cursor does not name this pod's database; writing its rows whole";
     delta->whole = true;
     return absl::OkStatus();
   }
+  // (An entry of the database's older journal identity names the same history.)
   const JournalPosition from{mine->identity, mine->seq, mine->tag};
   ASSIGN_OR_RETURN(const bool covered, journal.Covers(from));
   if (!covered) {

@@ -3,12 +3,15 @@
 // interleaved with pushes and materialization), idempotent, and validated like pushes.
 // Incremental exports: a delta since a cursor, applied to the export that printed the
 // cursor, equals a new full export, across a crash and a vshard move; a cursor the pod does
-// not know exports whole; one older than the change journal keeps is refused.
+// not know exports whole; one older than the change journal keeps is refused; one from
+// before a journal merge gets a larger delta that is still exact once applied; one of the
+// database's older journal identity stays valid.
 #include "ps/pod_transfer.h"
 
 #include <gtest/gtest.h>
 #include <stdlib.h>
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <limits>
@@ -51,6 +54,7 @@ class PodTransferTest : public ::testing::Test {
                                ShardOwnership own = ShardOwnership::All(16),
                                uint64_t journal_bytes = uint64_t{1} << 30) {
     PsCoreOptions options;
+    options.storage.journal = journal_;
     options.storage.journal.max_bytes = journal_bytes;
     options.storage.db.dir = root_ + "/" + name;
     options.storage.materialize_ms = 600000;
@@ -197,6 +201,7 @@ class PodTransferTest : public ::testing::Test {
   }
 
   std::string root_;
+  ChangeJournalOptions journal_;  // what Open gives pods (but max_bytes)
 };
 
 TEST_F(PodTransferTest, ADeltaOnThePreviousExportEqualsANewExportAcrossACrash) {
@@ -423,6 +428,125 @@ TEST_F(PodTransferTest, ADeltaFollowsAVShardMove) {
   ASSERT_TRUE(whole.ok()) << whole.status();
   EXPECT_TRUE(whole->whole());
   EXPECT_EQ(ReadRows({root_ + "/d1c"}).rows, Snapshot(*c));
+}
+
+// A cursor from before rounds that the journal merged (it keeps only the newest round as
+// written): the delta may name more ids than changed, never fewer, and applied to the
+// cursor's full export it equals a new full export: deletions, rows created after the
+// cursor and deleted again, rows deleted and created again, across a crash.
+TEST_F(PodTransferTest, ADeltaFromBeforeAJournalMergeIsExactAcrossACrash) {
+  journal_.keep_rounds = 1;
+  journal_.merge_min_bytes = 1;
+  auto a = Open("a", /*materialize_on_close=*/false);
+  std::vector<int64_t> ids;
+  for (int64_t id = 0; id < 30; ++id) ids.push_back(id);
+  for (uint64_t seq = 1; seq <= 3; ++seq) PushIds(*a, seq, ids, 0.25f);  // every row at step 3
+  ASSERT_TRUE(a->storage()->Materialize().ok());
+  auto full = Export(*a, root_ + "/e0");
+  ASSERT_TRUE(full.ok()) << full.status();
+  const Part e0 = ReadRows({root_ + "/e0"});
+  auto at = ParseExportCursor(full->cursor());
+  ASSERT_TRUE(at.ok() && at->size() == 1u) << full->cursor();
+  const uint64_t cursor_seq = (*at)[0].seq;
+
+  std::set<int64_t> changed = {1, 2, 3, 40, 41, 5, 6, 7, 8, 9};
+  ASSERT_TRUE(a->DeleteRows("emb", {1, 2}).ok());
+  PushIds(*a, 4, {3, 40}, 0.5f);
+  ASSERT_TRUE(a->storage()->Materialize().ok());
+  ASSERT_TRUE(a->DeleteRows("emb", {3}).ok());
+  PushIds(*a, 5, {3}, 1.0f);  // created again, in the same round
+  ASSERT_TRUE(a->storage()->Materialize().ok());
+  PushIds(*a, 6, {41, 5}, 1.0f);
+  ASSERT_TRUE(a->DeleteRows("emb", {6}).ok());
+  ASSERT_TRUE(a->storage()->Materialize().ok());
+  ASSERT_TRUE(a->DeleteRows("emb", {40}).ok());  // created after the cursor, deleted again
+  ASSERT_TRUE(a->storage()->Materialize().ok());
+  PushIds(*a, 7, {7}, 1.0f);
+  ASSERT_TRUE(a->storage()->Materialize().ok());
+  const ChangeJournal::Stats merged = a->storage()->journal().stats();
+  EXPECT_GT(merged.merges, 0u);
+  EXPECT_GT(merged.merged_through, cursor_seq);  // the cursor lies before a merged range
+  a.reset();                                     // a crash: nothing materialized at close
+  a = Open("a", false);
+  ASSERT_TRUE(a->DeleteRows("emb", {8}).ok());
+  PushIds(*a, 8, {9, 6}, 1.0f);  // 6 created again; in the recovered pod's log only
+  EXPECT_EQ(a->storage()->journal().stats().merged_through, merged.merged_through);
+
+  auto delta = Export(*a, root_ + "/d1", full->cursor());
+  ASSERT_TRUE(delta.ok()) << delta.status();
+  EXPECT_FALSE(delta->whole());
+  const Part d1 = ReadRows({root_ + "/d1"});
+  const std::set<int64_t> deleted = {1, 2, 3, 6, 8, 40};
+  EXPECT_TRUE(std::includes(d1.deleted.begin(), d1.deleted.end(), deleted.begin(), deleted.end()));
+  std::set<int64_t> named = d1.deleted;
+  for (const auto& [id, v] : d1.rows) named.insert(id);
+  EXPECT_TRUE(std::includes(named.begin(), named.end(), changed.begin(), changed.end()));
+  for (int64_t id : {3, 41, 5, 6, 7, 9}) EXPECT_EQ(d1.rows.count(id), 1u) << id;
+  EXPECT_EQ(d1.rows.count(40), 0u);
+  EXPECT_EQ(d1.rows.at(3).back(), 1.0f);  // its step: a new row
+
+  auto full1 = Export(*a, root_ + "/e1");
+  ASSERT_TRUE(full1.ok()) << full1.status();
+  const Part e1 = ReadRows({root_ + "/e1"});
+  EXPECT_EQ(ApplyDelta(e0.rows, d1), e1.rows);
+  EXPECT_EQ(e1.rows, Snapshot(*a));
+
+  // The import's side: the full export, the delta's deletions, then its rows.
+  auto b = Open("b", false);
+  ImportRowsResponse resp;
+  ASSERT_TRUE(Import(*b, ReadPart(root_ + "/e0"), &resp).ok());
+  ImportRowsRequest deletes;
+  TableRows* t = deletes.add_deletes();
+  t->set_table("emb");
+  t->set_ids(Pack<int64_t>(std::vector<int64_t>(d1.deleted.begin(), d1.deleted.end())));
+  ASSERT_TRUE(Import(*b, deletes, &resp).ok());
+  ASSERT_TRUE(Import(*b, ReadPart(root_ + "/d1"), &resp).ok());
+  EXPECT_EQ(Snapshot(*b), e1.rows);
+}
+
+// A database an older version wrote has a second identity ("journal_id") that its cursors
+// carry: they stay valid. New cursors carry the storage id's first 64 bits.
+TEST_F(PodTransferTest, ACursorOfTheDatabasesOlderJournalIdentityStaysValid) {
+  auto a = Open("a", /*materialize_on_close=*/false);
+  PushSome(*a, 1, 5, 1);
+  ASSERT_TRUE(a->storage()->Materialize().ok());
+  const std::string storage_id = a->storage()->storage_id();
+  a.reset();
+  const uint64_t legacy = 0x0123456789abcdefu;
+  {
+    StorageDbOptions o;
+    o.dir = root_ + "/a";
+    auto db = StorageDb::Open(o);
+    ASSERT_TRUE(db.ok()) << db.status();
+    std::string v;
+    for (int i = 7; i >= 0; --i) v.push_back(static_cast<char>(legacy >> (8 * i)));
+    ASSERT_TRUE((*db)->WriteMeta({{"journal_id", v}}, {}, true).ok());
+  }
+  a = Open("a", false);
+  auto full = Export(*a, root_ + "/e0");
+  ASSERT_TRUE(full.ok()) << full.status();
+  const Part e0 = ReadRows({root_ + "/e0"});
+  EXPECT_TRUE(absl::StartsWith(full->cursor(), "v1:" + storage_id.substr(0, 16) + "."))
+      << full->cursor() << " " << storage_id;
+  std::set<int64_t> changed;
+  PushSome(*a, 6, 2, 2, &changed);
+  ASSERT_TRUE(a->storage()->Materialize().ok());
+
+  auto entries = *ParseExportCursor(full->cursor());
+  entries[0].identity = legacy;  // as the older version printed it
+  auto delta = Export(*a, root_ + "/d1", FormatExportCursor(entries));
+  ASSERT_TRUE(delta.ok()) << delta.status();
+  EXPECT_FALSE(delta->whole());
+  const Part d1 = ReadRows({root_ + "/d1"});
+  std::set<int64_t> got;
+  for (const auto& [id, v] : d1.rows) got.insert(id);
+  EXPECT_EQ(got, changed);
+  EXPECT_EQ(ApplyDelta(e0.rows, d1), Snapshot(*a));
+  // Another database's cursor: written whole, as before.
+  entries[0].identity = legacy + 1;
+  auto other = Export(*a, root_ + "/d2", FormatExportCursor(entries));
+  ASSERT_TRUE(other.ok()) << other.status();
+  EXPECT_TRUE(other->whole());
 }
 
 TEST_F(PodTransferTest, ACursorOlderThanTheJournalIsRefused) {

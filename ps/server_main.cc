@@ -83,7 +83,18 @@ DEFINE_int64(change_journal_mb, 1024,
              "With --data_dir: MB of change journal kept (about 13 bytes per changed row per "
              "materialization round): which rows changed when, for incremental exports "
              "(ps-transfer export --since). An export asking for a cursor older than what is "
-             "kept is refused (take a full export). 0: keep only the newest round.");
+             "kept is refused (take a full export). Older rounds are merged first (each id "
+             "once; see --change_journal_keep_rounds), so it holds far more history than "
+             "rounds x changed rows. 0: keep only the newest round.");
+DEFINE_int32(change_journal_keep_rounds, 8,
+             "With --data_dir: newest materialization rounds the change journal keeps as "
+             "written; older ones are merged into entries that list each changed id once. "
+             "An export --since a cursor of a kept round writes exactly the rows changed "
+             "since; one from a merged range also the other ids of that range.");
+DEFINE_int64(change_journal_merge_kb, 4096,
+             "With --data_dir: KB of older rounds the change journal merges at once (at "
+             "least; also at least as much as its last merged entry holds, unless it is over "
+             "--change_journal_mb). 0: merge as soon as there are two.");
 DEFINE_double(
     memory_budget_mb, 0,
     "With --data_dir: MB of table rows kept in memory (fractions allowed); colder rows are evicted "
@@ -170,7 +181,8 @@ int BadFlags(const absl::Status& status) {
 // first group's is the one logged.
 
 // --data_dir, --durability, --flush_ms, --max_log_mb, --materialize_ms,
-// --change_journal_mb, --memory_budget_mb, --lazy_start, --lazy_start_rows.
+// --change_journal_mb, --change_journal_keep_rounds, --change_journal_merge_kb,
+// --memory_budget_mb, --lazy_start, --lazy_start_rows.
 absl::StatusOr<ps::PodStorageOptions> StorageOptionsFromFlags() {
   ps::PodStorageOptions storage;
   storage.db.dir = FLAGS_data_dir;
@@ -181,6 +193,13 @@ absl::StatusOr<ps::PodStorageOptions> StorageOptionsFromFlags() {
     return absl::InvalidArgumentError("--change_journal_mb must be in [0, 2^30]");
   }
   storage.journal.max_bytes = uint64_t(FLAGS_change_journal_mb) << 20;
+  if (FLAGS_change_journal_keep_rounds < 0 || FLAGS_change_journal_merge_kb < 0 ||
+      FLAGS_change_journal_merge_kb > (int64_t{1} << 30)) {
+    return absl::InvalidArgumentError(
+        "--change_journal_keep_rounds must be >= 0 and --change_journal_merge_kb in [0, 2^30]");
+  }
+  storage.journal.keep_rounds = static_cast<uint32_t>(FLAGS_change_journal_keep_rounds);
+  storage.journal.merge_min_bytes = uint64_t(FLAGS_change_journal_merge_kb) << 10;
   if (FLAGS_memory_budget_mb < 0 || (FLAGS_memory_budget_mb > 0 && FLAGS_data_dir.empty())) {
     return absl::InvalidArgumentError("--memory_budget_mb must be >= 0 and needs --data_dir");
   }

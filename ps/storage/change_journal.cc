@@ -2,6 +2,7 @@
 
 #include <glog/logging.h>
 
+#include <algorithm>
 #include <random>
 
 #include "absl/strings/str_cat.h"
@@ -10,7 +11,7 @@
 namespace ps {
 namespace {
 
-constexpr char kIdentityKey[] = "journal_id";
+constexpr char kLegacyIdentityKey[] = "journal_id";
 constexpr char kFloorKey[] = "journal_floor";
 constexpr char kEntryPrefix[] = "journal/";
 constexpr char kSizePrefix[] = "journal_size/";
@@ -52,16 +53,14 @@ uint64_t RandomNonZero() {
 absl::StatusOr<std::unique_ptr<ChangeJournal>> ChangeJournal::Open(
     StorageDb* db, const ChangeJournalOptions& options) {
   std::unique_ptr<ChangeJournal> j(new ChangeJournal(db, options));
-  absl::StatusOr<std::string> id = db->GetMeta(kIdentityKey);
-  if (id.ok() && id->size() == 8) {
-    j->identity_ = GetBE(id->data(), 8);
-  } else if (id.ok() || absl::IsNotFound(id.status())) {
-    j->identity_ = RandomNonZero();
-    std::string v;
-    PutBE(&v, j->identity_, 8);
-    RETURN_IF_ERROR(db->WriteMeta({{kIdentityKey, v}}, {}, /*sync=*/true));
-  } else {
-    return id.status();
+  j->identity_ = db->identity();
+  // A database whose journal an older version started has its own identity for cursors:
+  // the cursors it printed stay valid (a damaged value names nothing).
+  absl::StatusOr<std::string> legacy = db->GetMeta(kLegacyIdentityKey);
+  if (legacy.ok() && legacy->size() == 8) {
+    j->legacy_identity_ = GetBE(legacy->data(), 8);
+  } else if (!legacy.ok() && !absl::IsNotFound(legacy.status())) {
+    return legacy.status();
   }
   absl::MutexLock lock(&j->mu_);
   absl::StatusOr<std::string> floor = db->GetMeta(kFloorKey);
@@ -70,6 +69,7 @@ absl::StatusOr<std::unique_ptr<ChangeJournal>> ChangeJournal::Open(
   } else if (!floor.ok() && !absl::IsNotFound(floor.status())) {
     return floor.status();
   }
+  uint64_t run_first = 0;  // the first seq of a run of 0-byte (merged) seqs
   RETURN_IF_ERROR(db->ScanMeta(
       Key(kSizePrefix, j->floor_ + 1), End(kSizePrefix),
       [&](absl::string_view key, absl::string_view value) ABSL_NO_THREAD_SAFETY_ANALYSIS {
@@ -78,7 +78,14 @@ absl::StatusOr<std::unique_ptr<ChangeJournal>> ChangeJournal::Open(
                                                   "+", value.size(), " bytes"));
         }
         const uint64_t seq = GetBE(key.data() + key.size() - 8, 8);
-        Entry e{seq, GetBE(value.data(), 8), GetBE(value.data() + 8, 8)};
+        if (seq != j->floor_ + 1 + j->entries_.size()) {
+          return absl::DataLossError(absl::StrCat("change journal: entry ", seq, " follows ",
+                                                  j->floor_ + j->entries_.size()));
+        }
+        Entry e{seq, GetBE(value.data(), 8), GetBE(value.data() + 8, 8), seq};
+        if (run_first == 0 && e.bytes == 0) run_first = seq;
+        if (run_first != 0) e.first = run_first;
+        if (e.bytes != 0) run_first = 0;
         j->entries_.push_back(e);
         j->bytes_ += e.bytes;
         return absl::OkStatus();
@@ -99,29 +106,148 @@ void ChangeJournal::Note(uint32_t table_no, int64_t id, ChangeKind kind) {
 
 absl::Status ChangeJournal::Commit() {
   if (noted_.empty()) return absl::OkStatus();
+  {
+    absl::MutexLock lock(&mu_);
+    const uint64_t seq = last_seq_ + 1;
+    const uint64_t tag = RandomNonZero();
+    std::string entry;
+    entry.reserve(8 + noted_.size());
+    PutBE(&entry, tag, 8);
+    entry += noted_;
+    std::string size;
+    PutBE(&size, tag, 8);
+    PutBE(&size, entry.size(), 8);
+    RETURN_IF_ERROR(db_->WriteMeta({{Key(kEntryPrefix, seq), entry}, {Key(kSizePrefix, seq), size}},
+                                   {}, /*sync=*/true));
+    noted_.clear();
+    entries_.push_back({seq, tag, entry.size(), seq});
+    bytes_ += entry.size();
+    last_seq_ = seq;
+    last_tag_ = tag;
+  }
+  // Merging and retention are best effort: a failure leaves more entries than asked (or
+  // unmerged ones), never fewer.
+  if (absl::Status s = MaybeMerge(); !s.ok()) {
+    LOG_EVERY_N(WARNING, 100) << "change journal: merging old entries failed: " << s;
+  }
   absl::MutexLock lock(&mu_);
-  const uint64_t seq = last_seq_ + 1;
-  const uint64_t tag = RandomNonZero();
-  std::string entry;
-  entry.reserve(8 + noted_.size());
-  PutBE(&entry, tag, 8);
-  entry += noted_;
-  std::string size;
-  PutBE(&size, tag, 8);
-  PutBE(&size, entry.size(), 8);
-  RETURN_IF_ERROR(db_->WriteMeta({{Key(kEntryPrefix, seq), entry}, {Key(kSizePrefix, seq), size}},
-                                 {}, /*sync=*/true));
-  noted_.clear();
-  entries_.push_back({seq, tag, entry.size()});
-  bytes_ += entry.size();
-  last_seq_ = seq;
-  last_tag_ = tag;
   if (bytes_ > options_.max_bytes && entries_.size() > 1) {
-    // Retention is best effort: a failure leaves more entries than asked, never fewer.
     if (absl::Status s = DropOldest(); !s.ok()) {
       LOG_EVERY_N(WARNING, 100) << "change journal: dropping old entries failed: " << s;
     }
   }
+  return absl::OkStatus();
+}
+
+absl::Status ChangeJournal::MaybeMerge() {
+  // The plan, under the lock: the rounds older than the newest keep_rounds that come
+  // after the last merged entry (the tail), and that entry (the base) if the merge may
+  // read it too.
+  uint64_t from = 0, to = 0, base_bytes = 0, tail_bytes = 0;
+  {
+    absl::MutexLock lock(&mu_);
+    if (entries_.size() <= options_.keep_rounds || options_.max_bytes == 0) {
+      return absl::OkStatus();
+    }
+    const size_t end = entries_.size() - options_.keep_rounds;  // entries_[0, end) may merge
+    size_t tail = end;
+    while (tail > 0 && entries_[tail - 1].first == entries_[tail - 1].seq &&
+           entries_[tail - 1].bytes != 0) {
+      tail--;
+    }
+    if (tail == end) return absl::OkStatus();
+    for (size_t i = tail; i < end; ++i) tail_bytes += entries_[i].bytes;
+    // entries_[tail - 1], if any, ends a merged range (or a damaged-looking 0-byte run
+    // cut by retention: then it is not merged again).
+    const bool has_base = tail > 0 && entries_[tail - 1].bytes != 0;
+    if (has_base) base_bytes = entries_[tail - 1].bytes;
+    // Merge once the tail is as large as the base (each byte is rewritten a bounded number
+    // of times), or sooner when the journal is over its bound (merging before dropping).
+    if (tail_bytes < options_.merge_min_bytes ||
+        (tail_bytes < base_bytes && bytes_ <= options_.max_bytes)) {
+      return absl::OkStatus();
+    }
+    const bool with_base = has_base && base_bytes + tail_bytes <= options_.merge_max_bytes;
+    // (Retention may have dropped the first seqs of the base's range.)
+    from = with_base ? std::max(entries_[tail - 1].first, floor_ + 1) : entries_[tail].seq;
+    if (!with_base) base_bytes = 0;
+    to = entries_[end - 1].seq;
+    // A merge of one round rewrites it for nothing.
+    if (from == to) return absl::OkStatus();
+  }
+  // The ids of seqs [from, to], sorted by (table, id), each once (delete wins).
+  struct Id {
+    uint32_t table_no;
+    uint8_t kind;
+    uint64_t id;  // as stored (big-endian order = unsigned order)
+    bool operator<(const Id& o) const {
+      return table_no != o.table_no ? table_no < o.table_no : id < o.id;
+    }
+  };
+  std::vector<Id> ids;
+  ids.reserve((base_bytes + tail_bytes) / kIdBytes);
+  RETURN_IF_ERROR(db_->ScanMeta(
+      Key(kEntryPrefix, from), Key(kEntryPrefix, to + 1),
+      [&](absl::string_view, absl::string_view value) -> absl::Status {
+        if (value.size() < 8 || (value.size() - 8) % kIdBytes != 0) {
+          return absl::DataLossError(
+              absl::StrCat("change journal entry of ", value.size(), " bytes is damaged"));
+        }
+        for (size_t at = 8; at < value.size(); at += kIdBytes) {
+          ids.push_back({static_cast<uint32_t>(GetBE(value.data() + at, 4)),
+                         static_cast<uint8_t>(value[at + 4]), GetBE(value.data() + at + 5, 8)});
+        }
+        return absl::OkStatus();
+      }));
+  std::sort(ids.begin(), ids.end());
+  std::vector<std::pair<std::string, std::string>> puts;
+  std::string merged;
+  uint64_t to_tag = 0;
+  {
+    absl::MutexLock lock(&mu_);
+    to_tag = entries_[to - floor_ - 1].tag;
+  }
+  PutBE(&merged, to_tag, 8);
+  for (size_t i = 0; i < ids.size();) {
+    size_t j = i;
+    uint8_t kind = ids[i].kind;
+    while (++j < ids.size() && !(ids[i] < ids[j])) kind = std::max(kind, ids[j].kind);
+    PutBE(&merged, ids[i].table_no, 4);
+    merged.push_back(static_cast<char>(kind));
+    PutBE(&merged, ids[i].id, 8);
+    i = j;
+  }
+  const size_t merged_ids = (merged.size() - 8) / kIdBytes;
+  std::vector<Id>().swap(ids);
+  absl::MutexLock lock(&mu_);
+  // Only this writer changes entries_, so the plan still holds.
+  const size_t first_at = from - floor_ - 1, last_at = to - floor_ - 1;
+  uint64_t freed = 0;
+  for (size_t i = first_at; i < last_at; ++i) {
+    if (entries_[i].bytes == 0) continue;
+    std::string v;
+    PutBE(&v, entries_[i].tag, 8);
+    PutBE(&v, 0, 8);
+    puts.emplace_back(Key(kSizePrefix, entries_[i].seq), std::move(v));
+  }
+  std::string size;
+  PutBE(&size, to_tag, 8);
+  PutBE(&size, merged.size(), 8);
+  puts.emplace_back(Key(kSizePrefix, to), std::move(size));
+  puts.emplace_back(Key(kEntryPrefix, to), std::move(merged));
+  const uint64_t merged_bytes = puts.back().second.size();
+  RETURN_IF_ERROR(db_->WriteMeta(puts, {{Key(kEntryPrefix, from), Key(kEntryPrefix, to)}},
+                                 /*sync=*/false));
+  for (size_t i = first_at; i <= last_at; ++i) {
+    freed += entries_[i].bytes;
+    entries_[i].bytes = 0;
+    entries_[i].first = from;
+  }
+  entries_[last_at].bytes = merged_bytes;
+  bytes_ = bytes_ - freed + merged_bytes;
+  merges_++;
+  VLOG(1) << "change journal: merged entries " << from << ".." << to << " (" << freed
+          << " bytes) into one of " << merged_ids << " ids (" << merged_bytes << " bytes)";
   return absl::OkStatus();
 }
 
@@ -150,7 +276,7 @@ JournalPosition ChangeJournal::position() const {
 }
 
 absl::StatusOr<bool> ChangeJournal::Covers(const JournalPosition& since) const {
-  if (since.identity != identity_) return false;
+  if (!Names(since.identity)) return false;
   absl::MutexLock lock(&mu_);
   if (since.seq > last_seq_) return false;
   if (since.seq == 0 ? floor_ > 0 : since.seq <= floor_) {
@@ -195,7 +321,19 @@ absl::Status ChangeJournal::ForEachSince(
 
 ChangeJournal::Stats ChangeJournal::stats() const {
   absl::MutexLock lock(&mu_);
-  return {entries_.size(), bytes_, floor_, dropped_};
+  Stats s;
+  s.entries = entries_.size();
+  s.bytes = bytes_;
+  s.floor = floor_;
+  s.dropped = dropped_;
+  s.merges = merges_;
+  for (auto it = entries_.rbegin(); it != entries_.rend(); ++it) {
+    if (it->first != it->seq) {
+      s.merged_through = it->seq;
+      break;
+    }
+  }
+  return s;
 }
 
 }  // namespace ps

@@ -22,6 +22,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "common/base/status_macros.h"
@@ -268,6 +269,7 @@ struct StorageDb::Rep {
   std::string ingest_dir;
   uint64_t next_ingest = 0;
   std::string storage_id;  // meta "storage_id"
+  uint64_t identity = 0;   // StorageIdentity(storage_id)
   bool created = false;    // this Open created the database
 
   ~Rep() {
@@ -501,14 +503,30 @@ absl::Status StorageDb::Rep::CheckFormat(bool fresh) {
   return FromRocks(id, "cannot read the pod database's storage id");
 }
 
+absl::StatusOr<uint64_t> StorageIdentity(absl::string_view storage_id) {
+  uint64_t high = 0, low = 0;
+  if (storage_id.size() != 32 || !absl::SimpleHexAtoi(storage_id.substr(0, 16), &high) ||
+      !absl::SimpleHexAtoi(storage_id.substr(16), &low)) {
+    return absl::DataLossError(absl::StrCat("the database's storage id '", storage_id.substr(0, 64),
+                                            "' is damaged (expected 32 hex digits)"));
+  }
+  // NewStorageId never draws 0 for the first half; ids drawn before it made sure of that
+  // fall back to the second half (and, 128 zero bits, to 1).
+  return high != 0 ? high : low != 0 ? low : 1;
+}
+
 const std::string& StorageDb::storage_id() const { return rep_->storage_id; }
+uint64_t StorageDb::identity() const { return rep_->identity; }
 bool StorageDb::created() const { return rep_->created; }
 
 std::string NewStorageId() {
   std::random_device os;  // reads the OS's entropy (/dev/urandom)
-  std::string id;
-  for (int i = 0; i < 4; ++i) absl::StrAppend(&id, absl::Hex(uint32_t{os()}, absl::kZeroPad8));
-  return id;
+  for (;;) {
+    std::string id;
+    for (int i = 0; i < 4; ++i) absl::StrAppend(&id, absl::Hex(uint32_t{os()}, absl::kZeroPad8));
+    // The first 64 bits are the identity export cursors carry (StorageIdentity): never 0.
+    if (id.compare(0, 16, std::string(16, '0')) != 0) return id;
+  }
 }
 
 StorageDb::StorageDb(std::unique_ptr<Rep> rep) : rep_(std::move(rep)) {}
@@ -522,6 +540,7 @@ absl::StatusOr<std::unique_ptr<StorageDb>> StorageDb::Open(const StorageDbOption
   RETURN_IF_ERROR(rep->ClearIngestDir());
   RETURN_IF_ERROR(rep->OpenLogFiles(options));
   RETURN_IF_ERROR(rep->CheckFormat(fresh));
+  ASSIGN_OR_RETURN(rep->identity, StorageIdentity(rep->storage_id));
   if (fresh) RETURN_IF_ERROR(FinishCreation(options.dir));
   return std::unique_ptr<StorageDb>(new StorageDb(std::move(rep)));
 }

@@ -8,7 +8,8 @@
 //         "dense/<name>"  -> the normalized DenseSpec (protobuf)
 //         "dedup"         -> PushDedup::Serialize() as of the last log truncation
 //         "log_base"      -> u64be: log records below it were deleted
-//         "storage_id"    -> 32 hex digits, random, written when the database is created
+//         "storage_id"    -> 32 hex digits, random, written when the database is created;
+//                            the database's one identity (lost-volume check, export cursors)
 //         "journal..."    -> the change journal (ps/storage/change_journal.h)
 //   rows  u32be table number, u64be id^2^63 -> u64 step, dim weights, slot floats
 //         ff ff ff ff, dense name           -> u64 step, weights, slot floats
@@ -109,9 +110,16 @@ struct StoredRow {
   absl::Span<const float> values;  // weights then slots
 };
 
-// 128 random bits from the OS as 32 hex digits: a new database's storage id, and the data
-// identity of a pod in memory (drawn once per process). Thread-safe.
+// 128 random bits from the OS as 32 hex digits, the first 16 never all zero: a new
+// database's storage id, and the data identity of a pod in memory (drawn once per
+// process). Thread-safe.
 std::string NewStorageId();
+
+// The storage id as the 64-bit identity an export cursor carries for the database
+// (ps/storage/change_journal.h): its first 16 hex digits, so a cursor's entry names the
+// database whose storage id the master shows (0 never: see the .cc). DATA_LOSS for an id
+// that is not 32 hex digits.
+absl::StatusOr<uint64_t> StorageIdentity(absl::string_view storage_id);
 
 class StorageDb {
  public:
@@ -131,6 +139,9 @@ class StorageDb {
   // data dir that was lost and started afresh is told apart from the one the pod had.
   // Constant after Open; thread-safe.
   const std::string& storage_id() const;
+  // StorageIdentity(storage_id()): the same identity as 64 bits, as export cursors carry
+  // it. Constant after Open; thread-safe.
+  uint64_t identity() const;
   // Whether this Open created the database (the directory was missing or empty).
   bool created() const;
 

@@ -21,6 +21,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "common/base/status_macros.h"
 
@@ -327,6 +328,41 @@ TEST_F(StorageDbTest, DatabaseOfAnOlderVersionGetsAStorageIdOnce) {
   auto again = OpenDb();
   ASSERT_NE(again, nullptr);
   EXPECT_EQ(again->storage_id(), id);
+}
+
+// One identity: export cursors carry the storage id's first 64 bits (StorageIdentity),
+// the same across opens and for a database of an older version; a damaged id is refused.
+TEST_F(StorageDbTest, TheIdentityIsTheStorageIdsFirst64Bits) {
+  uint64_t identity = 0;
+  {
+    auto db = OpenDb();
+    ASSERT_NE(db, nullptr);
+    uint64_t expected = 0;
+    ASSERT_TRUE(absl::SimpleHexAtoi(db->storage_id().substr(0, 16), &expected));
+    EXPECT_NE(expected, 0u);
+    EXPECT_EQ(db->identity(), expected);
+    identity = db->identity();
+  }
+  auto again = OpenDb();
+  ASSERT_NE(again, nullptr);
+  EXPECT_EQ(again->identity(), identity);
+
+  EXPECT_EQ(*StorageIdentity("0123456789abcdef0000000000000001"), 0x0123456789abcdefu);
+  // An id drawn before the first half was kept non-zero: the second half, else 1.
+  EXPECT_EQ(*StorageIdentity("00000000000000000000000000000abc"), 0xabcu);
+  EXPECT_EQ(*StorageIdentity(std::string(32, '0')), 1u);
+  for (const char* bad :
+       {"", "0123", "0123456789abcdefg123456789abcdef", "0123456789abcdef0123456789abcdef0"}) {
+    EXPECT_EQ(StorageIdentity(bad).status().code(), absl::StatusCode::kDataLoss) << bad;
+  }
+  for (int i = 0; i < 100; ++i) EXPECT_NE(NewStorageId().substr(0, 16), std::string(16, '0'));
+}
+
+TEST_F(StorageDbTest, ADamagedStorageIdIsRefusedAtOpen) {
+  WriteRaw(dir_, kFamilies, {{"meta", {{"format", "ps-server-1"}, {"storage_id", "x"}}}});
+  auto db = StorageDb::Open(Options(dir_));
+  EXPECT_EQ(db.status().code(), absl::StatusCode::kDataLoss) << db.status();
+  EXPECT_NE(db.status().message().find("storage id"), std::string::npos) << db.status();
 }
 
 TEST_F(StorageDbTest, EmptyDirectoryNameIsInvalid) {
