@@ -7,6 +7,7 @@
 //
 //   lifecycle-bench --rows=50000000 --dist=zipf:1.1 --max_rows=1000000 --batches=20000
 //   lifecycle-bench --rows=50000000 --dist=zipf:1.1 --max_rows=0 --batches=20000
+#include <malloc.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -134,5 +135,19 @@ int main(int argc, char** argv) {
       static_cast<unsigned long long>(info.evicted()),
       static_cast<unsigned long long>(info.admitted()),
       static_cast<unsigned long long>(info.dropped_gradients()));
+  // Where the memory is (docs/benchmarks.md, "Feature lifecycle"): the table's own
+  // bytes (row arena and index), the C heap's bytes in use and free, and RSS before and
+  // after handing free heap pages back (malloc_trim).
+  const struct mallinfo2 heap = mallinfo2();
+  const uint64_t rss_end = RssBytes();
+  malloc_trim(0);
+  const uint64_t rss_trimmed = RssBytes();
+  std::printf(
+      "MEMORY rows_x_row_bytes_mb=%.0f table_memory_mb=%.0f heap_in_use_mb=%.0f "
+      "heap_free_mb=%.0f heap_mmapped_mb=%.0f rss_end_mb=%.0f rss_after_trim_mb=%.0f "
+      "rss_growth_mb=%.0f\n",
+      info.rows() * table->row_bytes() / 1e6, table->memory_bytes() / 1e6, heap.uordblks / 1e6,
+      heap.fordblks / 1e6, heap.hblkhd / 1e6, rss_end / 1e6, rss_trimmed / 1e6,
+      (rss_end - rss_before) / 1e6);
   return 0;
 }

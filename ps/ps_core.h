@@ -134,20 +134,22 @@ class PsCore {
   // exclusively, so recovery, followers (ReplicateRecords) and the materializer order it
   // exactly against the rows' updates (ps/storage/log_record.h). A row that comes back
   // starts from its initial value. NOT_FOUND for an unknown table, FAILED_PRECONDITION if
-  // an id's vshard is not owned here, UNAVAILABLE (retry) while a move copies or fences
-  // one of its vshards or a lazy start's log is still being applied. *deleted (if given)
+  // an id's vshard is not owned here, UNAVAILABLE (retry) while a move fences one
+  // of its vshards or a lazy start's log is still being applied. *deleted (if given)
   // gets the resident rows removed. Blocks until durable. Thread-safe.
   absl::Status DeleteRows(const std::string& table, absl::Span<const int64_t> ids,
                           uint64_t* deleted = nullptr);
 
   // One pass of feature eviction over every table with an EvictionSpec, for the vshards
   // this pod owns (followers delete what their primary logs): deletes the rows not
-  // updated for ttl_seconds, then, while the table holds more than its share of max_rows
+  // updated for ttl_seconds, then, if the table holds more than its share of max_rows
   // (max_rows x owned vshards / vshards, rounded up), the least frequently (LFU: fewest
-  // updates) or least recently (LRU) updated rows, in batches (DeleteRows); a row updated
+  // updates) or least recently (LRU) updated rows down to 1/32 below that share (room for
+  // new rows before the next pass), in batches (DeleteRows); a row updated
   // since it was chosen (in a later second) stays. Counted per table (TableInfo.evicted).
-  // Returns the rows evicted; a table whose deletion is refused (a move in progress, a
-  // lazy start's log being applied) is skipped until the next pass. Thread-safe: one pass
+  // Returns the rows evicted; a table whose deletion is refused (vshards fenced for a
+  // move's final copy, a lazy start's log being applied) is skipped until the next pass.
+  // A move running on the pod copies the deletions (ps_core_migrate.cc). Thread-safe: one pass
   // at a time (the pod's eviction thread, or a test with a fake TableOptions.clock).
   uint64_t EvictOnce();
 
@@ -321,7 +323,19 @@ class PsCore {
   // (EmbeddingTable::DeleteStale) are deleted, and only those are logged.
   absl::Status DeleteRowsIf(const std::string& table, absl::Span<const int64_t> ids,
                             uint32_t updated_before, uint64_t* deleted);
-  // The eviction thread (started by Open): EvictOnce every eviction_interval_ms.
+  // The one DELETE change (DeleteRowsIf's, and a move's copy of the source's deletions):
+  // deletes `ids` of `t` (with updated_before < UINT32_MAX only the rows not updated since)
+  // as an exclusive change, logs the ids it deleted, and first records them for an
+  // outgoing move (RecordDeleted). *removed (if given) gets the resident rows removed,
+  // before `done` runs (as ApplyChange's). `ship`: a primary's own change, for followers.
+  void ApplyDelete(const std::shared_ptr<EmbeddingTable>& t, absl::Span<const int64_t> ids,
+                   uint32_t updated_before, bool ship, uint64_t* removed, Done done)
+      ABSL_SHARED_LOCKS_REQUIRED(migrate_mu_);
+  // EvictOnce's pass over one table (with an EvictionSpec); returns the rows evicted.
+  // Callers hold evict_pass_mu_.
+  uint64_t EvictTable(EmbeddingTable& t) ABSL_EXCLUSIVE_LOCKS_REQUIRED(evict_pass_mu_);
+  // The eviction thread (started by Open): EvictOnce every eviction_interval_ms and, in
+  // between, a pass over any table that holds more than its share of max_rows.
   void RunEviction();
 
   // Whole rows and dense tensors to install (ImportRows, ImportChunk: their messages have
@@ -385,6 +399,10 @@ class PsCore {
   static absl::Status CheckFence(const OutgoingMove& out, const Change& change);
   // Remembers the rows and tensors a change wrote that `out` tracks, for its next phase.
   static void RecordTouched(OutgoingMove* out, const Change& change);
+  // Remembers ids of `t` that `out` tracks as deleted, BEFORE a DELETE change deletes them:
+  // the export then sends their deletion ahead of any later state of those rows.
+  static void RecordDeleted(OutgoingMove* out, const std::shared_ptr<EmbeddingTable>& t,
+                            absl::Span<const int64_t> ids);
   // A move's copy: ABORTED unless every row and tensor of `in` is in a vshard this pod is
   // receiving.
   absl::Status CheckReceiving(const Installs& in) ABSL_SHARED_LOCKS_REQUIRED(migrate_mu_);

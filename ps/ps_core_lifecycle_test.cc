@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <map>
 
+#include "absl/time/clock.h"
 #include "gtest/gtest.h"
 #include "proto/packed.h"
 #include "ps/ps_core.h"
@@ -29,9 +30,9 @@ class LifecycleTest : public testing::Test {
 
   // A pod on the fake clock; durable (never materializing by itself, closing as kill -9
   // would) when `durable`.
-  std::unique_ptr<PsCore> Open(bool durable) {
+  std::unique_ptr<PsCore> Open(bool durable, int eviction_interval_ms = 0) {
     PsCoreOptions options;
-    options.eviction_interval_ms = 0;  // EvictOnce only
+    options.eviction_interval_ms = eviction_interval_ms;  // 0: EvictOnce only
     options.table.clock = [this] { return now_.load(); };
     if (durable) {
       options.storage.db.dir = root_ + "/db";
@@ -44,10 +45,10 @@ class LifecycleTest : public testing::Test {
   }
 
   static void CreateTable(PsCore& core, uint64_t ttl, uint64_t max_rows,
-                          EvictionSpec::Policy policy = EvictionSpec::LFU) {
+                          EvictionSpec::Policy policy = EvictionSpec::LFU, uint32_t dim = 2) {
     CreateTableRequest req;
     req.mutable_spec()->set_name("emb");
-    req.mutable_spec()->set_dim(2);
+    req.mutable_spec()->set_dim(dim);
     req.mutable_spec()->mutable_optimizer()->set_kind(OptimizerSpec::ADAM);
     req.mutable_spec()->mutable_initializer()->set_kind(InitializerSpec::UNIFORM);
     req.mutable_spec()->mutable_initializer()->set_low(-0.1f);
@@ -60,12 +61,12 @@ class LifecycleTest : public testing::Test {
     ASSERT_TRUE(s.ok()) << s;
   }
 
-  void Push(PsCore& core, const std::vector<int64_t>& ids) {
+  void Push(PsCore& core, const std::vector<int64_t>& ids, uint32_t dim = 2) {
     PushRequest req;
     TableGrads* t = req.add_tables();
     t->set_table("emb");
     t->set_ids(Pack<int64_t>(ids));
-    t->set_grads(Pack<float>(std::vector<float>(ids.size() * 2, 0.5f)));
+    t->set_grads(Pack<float>(std::vector<float>(ids.size() * dim, 0.5f)));
     req.mutable_key()->set_worker_id(5);
     req.mutable_key()->set_incarnation(1);
     req.mutable_key()->set_sequence(++seq_);
@@ -140,6 +141,43 @@ TEST_F(LifecycleTest, MaxRowsEvictsTheLeastRecentlyUpdated) {
   std::map<int64_t, uint64_t> rows = Steps(*core);
   ASSERT_EQ(rows.size(), 10u);
   for (const auto& [id, step] : rows) EXPECT_GE(id, 10) << id;
+}
+
+// A table at its cap that keeps getting new ids keeps its memory: each pass's victims are
+// spread over every lock stripe, whose free slots only its own new rows reuse. (When the
+// victims were the first rows a pass met, it emptied the first stripes while new rows
+// filled all of them: memory grew by half within five rounds.)
+TEST_F(LifecycleTest, MemoryStaysFlatWhileNewIdsReplaceEvictedOnes) {
+  constexpr uint32_t kDim = 64;  // 41 rows of Adam per 32 KiB block
+  constexpr int64_t kCap = 20000;
+  auto core = Open(false);
+  CreateTable(*core, 0, kCap, EvictionSpec::LFU, kDim);
+  auto table = core->store().FindTable("emb");
+  int64_t next = 0;
+  auto round = [&] {
+    for (int64_t end = next + kCap; next < end; next += 1000)
+      Push(*core, Range(next, next + 1000), kDim);
+    core->EvictOnce();
+    EXPECT_LE(table->rows(), static_cast<uint64_t>(kCap));
+  };
+  round();
+  round();
+  const uint64_t settled = table->memory_bytes();
+  for (int k = 0; k < 5; ++k) round();
+  EXPECT_LE(table->memory_bytes(), settled + settled / 10)
+      << "settled at " << settled << " bytes, " << table->rows() << " rows";
+}
+
+// The eviction thread does not wait for its interval when a table passes its cap.
+TEST_F(LifecycleTest, ATablePastItsCapIsEvictedBeforeTheInterval) {
+  auto core = Open(false, /*eviction_interval_ms=*/3600 * 1000);
+  CreateTable(*core, 0, /*max_rows=*/1000);
+  Push(*core, Range(0, 3000));
+  auto table = core->store().FindTable("emb");
+  for (int i = 0; i < 6000 && table->rows() > 1000; ++i) absl::SleepFor(absl::Milliseconds(10));
+  EXPECT_LE(table->rows(), 1000u);
+  EXPECT_GE(table->rows(), 1000u - 1000u / 32);  // down to 1/32 below the cap, no further
+  EXPECT_EQ(Evicted(*core), 3000 - table->rows());
 }
 
 // Evictions are logged DELETE changes: a kill -9 before or after the materializer wrote

@@ -8,12 +8,21 @@
 // last change is current, and every change after a read is recorded for the next phase,
 // so after the fence the destination holds exactly the source's rows.
 //
+// Deletions (eviction, an imported deletion) run during a move too: a DELETE change
+// records its ids as deleted BEFORE it deletes them (RecordDeleted) and as touched after.
+// A phase sends the deletions recorded since the previous phase began before its rows,
+// and with every row it reads, the row's deletion if one was recorded since this phase
+// began: a row read after a deletion (say, evicted and re-created at a lower step) then
+// reaches the destination after that deletion, never over an older copy of the row. The
+// destination deletes a chunk's ids before it installs the chunk's rows.
+//
 // Destination side: ImportChunk installs each chunk through the same path as the source's
 // changes (ApplyChange: logged on a durable pod, as an import is), while the vshards are
 // being received; FinishImport waits until every chunk is durable.
 #include <glog/logging.h>
 
 #include <algorithm>
+#include <cstring>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
@@ -36,16 +45,21 @@ struct PsCore::OutgoingMove {
 
   bool Has(uint32_t v) const { return v < vshards.size() && vshards[v]; }
 
-  // Rows changed since the current phase began.
+  // Rows changed, and ids deleted, since the current phase began.
+  using IdsOfTable =
+      absl::flat_hash_map<EmbeddingTable*,
+                          std::pair<std::shared_ptr<EmbeddingTable>, absl::flat_hash_set<int64_t>>>;
   absl::Mutex touched_mu;
-  absl::flat_hash_map<EmbeddingTable*,
-                      std::pair<std::shared_ptr<EmbeddingTable>, absl::flat_hash_set<int64_t>>>
-      touched ABSL_GUARDED_BY(touched_mu);
+  IdsOfTable touched ABSL_GUARDED_BY(touched_mu);
+  IdsOfTable deleted ABSL_GUARDED_BY(touched_mu);
   absl::flat_hash_set<std::string> touched_dense ABSL_GUARDED_BY(touched_mu);
 
-  // The phase being exported (one destination, one call at a time).
+  // The phase being exported (one destination, one call at a time): its deletions, sent
+  // first (cursors [0, deletes.size())), then its rows.
   absl::Mutex export_mu;
   MigrateExportRequest::Phase phase ABSL_GUARDED_BY(export_mu) = MigrateExportRequest::SNAPSHOT;
+  std::vector<std::pair<std::shared_ptr<EmbeddingTable>, int64_t>> deletes
+      ABSL_GUARDED_BY(export_mu);
   std::vector<std::pair<std::shared_ptr<EmbeddingTable>, int64_t>> rows ABSL_GUARDED_BY(export_mu);
   std::vector<std::string> dense ABSL_GUARDED_BY(export_mu);
 };
@@ -94,6 +108,23 @@ void PsCore::RecordTouched(OutgoingMove* out, const Change& change) {
   }
   for (absl::string_view name : change.dense) {
     if (out->Has(DenseVShard(name, n))) out->touched_dense.emplace(name);
+  }
+}
+
+void PsCore::RecordDeleted(OutgoingMove* out, const std::shared_ptr<EmbeddingTable>& t,
+                           absl::Span<const int64_t> ids) {
+  const uint32_t n = static_cast<uint32_t>(out->vshards.size());
+  const uint64_t h = t->name_hash();
+  absl::MutexLock lock(&out->touched_mu);
+  absl::flat_hash_set<int64_t>* set = nullptr;
+  for (int64_t id : ids) {
+    if (!out->Has(VShardOf(RouteHash(h, id), n))) continue;
+    if (set == nullptr) {
+      auto& entry = out->deleted[t.get()];
+      entry.first = t;
+      set = &entry.second;
+    }
+    set->insert(id);
   }
 }
 
@@ -376,8 +407,13 @@ absl::Status PsCore::MigrateExport(const MigrateExportRequest& req, MigrateExpor
     }
     if (req.phase() != MigrateExportRequest::SNAPSHOT) {
       absl::MutexLock t(&out->touched_mu);
+      out->deletes.clear();
       out->rows.clear();
       out->dense.clear();
+      for (auto& [ptr, entry] : out->deleted) {
+        for (int64_t id : entry.second) out->deletes.emplace_back(entry.first, id);
+      }
+      out->deleted.clear();
       for (auto& [ptr, entry] : out->touched) {
         for (int64_t id : entry.second) out->rows.emplace_back(entry.first, id);
       }
@@ -397,14 +433,26 @@ absl::Status PsCore::MigrateExport(const MigrateExportRequest& req, MigrateExpor
   const uint64_t max_bytes = req.max_bytes() > 0 ? req.max_bytes() : uint64_t{4} << 20;
   uint64_t bytes = 0;
   size_t i = req.cursor();
+  const size_t total = out->deletes.size() + out->rows.size();
   absl::flat_hash_map<EmbeddingTable*, MigratedRows*> entry_of;
-  for (; i < out->rows.size() && bytes < max_bytes; ++i) {
-    const auto& [table, id] = out->rows[i];
+  auto entry_for = [&](const std::shared_ptr<EmbeddingTable>& table) {
     MigratedRows*& entry = entry_of[table.get()];
     if (entry == nullptr) {
       entry = resp->add_rows();
       entry->set_table(table->spec().name());
     }
+    return entry;
+  };
+  for (; i < total && bytes < max_bytes; ++i) {
+    if (i < out->deletes.size()) {
+      const auto& [table, id] = out->deletes[i];
+      entry_for(table)->mutable_deleted_ids()->append(reinterpret_cast<const char*>(&id),
+                                                      sizeof(id));
+      bytes += sizeof(id);
+      continue;
+    }
+    const auto& [table, id] = out->rows[i - out->deletes.size()];
+    MigratedRows* entry = entry_for(table);
     const uint32_t dim = table->dim(), slots = table->slot_floats();
     table->Inspect(id, [&](const RowView& r) {
       entry->mutable_ids()->append(reinterpret_cast<const char*>(&r.id), sizeof(r.id));
@@ -415,6 +463,25 @@ absl::Status PsCore::MigrateExport(const MigrateExportRequest& req, MigrateExpor
                                       slots * sizeof(float));
       bytes += 16 + (dim + slots) * sizeof(float);
     });
+  }
+  {
+    // The rows just read that were deleted since this phase began: their deletion goes
+    // first (the destination deletes a chunk's ids before installing its rows), as the
+    // row read may be a later state than the copy there (re-created at a lower step).
+    // Checked after reading, because a deletion is recorded before it applies.
+    absl::MutexLock t(&out->touched_mu);
+    for (auto& [ptr, entry] : entry_of) {
+      auto d = out->deleted.find(ptr);
+      if (d == out->deleted.end()) continue;
+      const std::string& ids = entry->ids();
+      for (size_t k = 0; k + sizeof(int64_t) <= ids.size(); k += sizeof(int64_t)) {
+        int64_t id;
+        std::memcpy(&id, ids.data() + k, sizeof(id));
+        if (d->second.second.contains(id)) {
+          entry->mutable_deleted_ids()->append(reinterpret_cast<const char*>(&id), sizeof(id));
+        }
+      }
+    }
   }
   if (req.cursor() == 0 && req.phase() == MigrateExportRequest::FINAL) {
     // Fenced, and every push applied to the vshards is durable (and held by the followers):
@@ -441,8 +508,8 @@ absl::Status PsCore::MigrateExport(const MigrateExportRequest& req, MigrateExpor
     }
   }
   resp->set_next_cursor(i);
-  resp->set_done(i >= out->rows.size());
-  resp->set_phase_rows(out->rows.size());
+  resp->set_done(i >= total);
+  resp->set_phase_rows(total);
   return absl::OkStatus();
 }
 
@@ -526,6 +593,16 @@ absl::Status PsCore::ImportChunk(const MigrateExportResponse& chunk, uint64_t* r
     }
     RETURN_IF_ERROR(ParseRows("imported rows of", e.ids(), e.steps(), e.values(), &r));
   }
+  // The source's deletions (only `table` and `ids` of each entry are used).
+  Installs deletions;
+  for (int i = 0; i < chunk.rows_size(); ++i) {
+    const MigratedRows& e = chunk.rows(i);
+    if (e.deleted_ids().empty()) continue;
+    Installs::Rows& r = deletions.rows.emplace_back();
+    r.table = in.rows[i].table;
+    ASSIGN_OR_RETURN(
+        r.ids, PackedView<int64_t>(e.deleted_ids(), &r.id_scratch, "deleted ids of", e.table()));
+  }
   in.dense.resize(chunk.dense_values_size());
   for (int i = 0; i < chunk.dense_values_size(); ++i) {
     const MigratedDense& e = chunk.dense_values(i);
@@ -544,6 +621,17 @@ absl::Status PsCore::ImportChunk(const MigrateExportResponse& chunk, uint64_t* r
   // (refused) or after it (its rows are dropped with the rest).
   absl::ReaderMutexLock fence(&migrate_mu_);
   RETURN_IF_ERROR(CheckReceiving(in));
+  RETURN_IF_ERROR(CheckReceiving(deletions));
+  auto failed = [this](absl::Status s) {
+    if (s.ok()) return;
+    absl::MutexLock lock(&import_mu_);
+    if (import_error_.ok()) import_error_ = s;
+  };
+  // Deletions before the chunk's rows, each table's as a DELETE change of its own (the
+  // record of a change replays its installs before its deletions).
+  for (const Installs::Rows& r : deletions.rows) {
+    ApplyDelete(r.table, r.ids, UINT32_MAX, /*ship=*/false, nullptr, failed);
+  }
   Change change;
   AddTouches(in, &change);
   // Install, not Restore: a chunk's row replaces this pod's copy only if the copy has fewer
@@ -604,11 +692,7 @@ absl::Status PsCore::ImportChunk(const MigrateExportResponse& chunk, uint64_t* r
     return absl::OkStatus();
   };
   // Not waiting for the record's write: FinishImport waits for every chunk's.
-  ApplyChange(change, apply, [this](absl::Status s) {
-    if (s.ok()) return;
-    absl::MutexLock lock(&import_mu_);
-    if (import_error_.ok()) import_error_ = s;
-  });
+  ApplyChange(change, apply, failed);
   absl::MutexLock lock(&import_mu_);
   RETURN_IF_ERROR(import_error_);
   if (!chunk.push_dedup().empty()) {

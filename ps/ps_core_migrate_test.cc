@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cstring>
 #include <filesystem>
+#include <functional>
 #include <map>
 
 #include "absl/synchronization/notification.h"
@@ -61,8 +62,9 @@ class MigrateTest : public testing::Test {
   }
   void TearDown() override { std::filesystem::remove_all(root_); }
 
-  std::unique_ptr<PsCore> Open(const std::string& name) {
+  std::unique_ptr<PsCore> Open(const std::string& name, int eviction_interval_ms = 1000) {
     PsCoreOptions options;
+    options.eviction_interval_ms = eviction_interval_ms;
     options.storage.db.dir = root_ + "/" + name;
     options.storage.materialize_ms = 600000;
     options.storage.materialize_on_close = false;  // as a kill -9 would leave it
@@ -71,18 +73,21 @@ class MigrateTest : public testing::Test {
     return core.ok() ? *std::move(core) : nullptr;
   }
 
-  static void CreateTable(PsCore& core) {
+  static void CreateTable(PsCore& core, uint64_t max_rows = 0) {
     CreateTableRequest req;
     req.mutable_spec()->set_name("emb");
     req.mutable_spec()->set_dim(2);
+    req.mutable_spec()->mutable_eviction()->set_max_rows(max_rows);
     req.mutable_spec()->mutable_optimizer()->set_kind(OptimizerSpec::ADAGRAD);
     req.mutable_spec()->mutable_optimizer()->set_learning_rate(0.5f);
     CreateTableResponse resp;
     ASSERT_TRUE(core.CreateTable(req, &resp).ok());
   }
 
-  // Every export chunk of a phase from `a`, imported into `b`.
-  static void Copy(PsCore& a, PsCore& b, uint64_t move, MigrateExportRequest::Phase phase) {
+  // Every export chunk of a phase from `a`, imported into `b`; `between(chunk)` (if set)
+  // runs after each chunk but the last is imported.
+  static void Copy(PsCore& a, PsCore& b, uint64_t move, MigrateExportRequest::Phase phase,
+                   const std::function<void(const MigrateExportResponse&)>& between = nullptr) {
     MigrateExportRequest req;
     req.set_move_id(move);
     req.set_phase(phase);
@@ -91,8 +96,10 @@ class MigrateTest : public testing::Test {
       MigrateExportResponse chunk;
       ASSERT_TRUE(a.MigrateExport(req, &chunk).ok());
       uint64_t rows = 0, bytes = 0;
-      ASSERT_TRUE(b.ImportChunk(chunk, &rows, &bytes).ok());
+      absl::Status imported = b.ImportChunk(chunk, &rows, &bytes);
+      ASSERT_TRUE(imported.ok()) << imported;
       if (chunk.done()) return;
+      if (between) between(chunk);
       req.set_cursor(chunk.next_cursor());
     }
   }
@@ -458,6 +465,98 @@ TEST_F(MigrateTest, ChunkOlderThanTheDestinationsCopyFailsTheImport) {
   // The import as a whole failed; the refused chunk applied nothing.
   EXPECT_EQ(b->FinishImport().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_EQ(Rows(*b, moving).at(id), (std::vector<float>{2, 2, 2, 2, 7}));
+}
+
+// Evictions and deletions while a move runs are copied too: the destination ends with
+// exactly the source's rows, deletions included, also after a restart (its log replays
+// each deletion before the rows installed after it). Rows deleted and re-created at a
+// lower step than the destination's copy, between two phases and within one, reach it
+// after their deletion (else the import fails: a row older than the copy there).
+TEST_F(MigrateTest, MoveDuringEvictionsCopiesTheDeletions) {
+  auto a = Open("a", /*eviction_interval_ms=*/0);  // EvictOnce only
+  auto b = Open("b", 0);
+  ASSERT_TRUE(a && b);
+  ApplyAssignmentResponse ar;
+  ASSERT_TRUE(a->ApplyAssignment(Assign(1, Range(0, kVShards)), &ar).ok());
+  ASSERT_TRUE(b->ApplyAssignment(Assign(1, {}), &ar).ok());
+  CreateTable(*a, /*max_rows=*/200);
+  const std::vector<uint32_t> moving = {1, 5, 9, 12};
+  auto is_moving = [&](int64_t id) {
+    return std::count(moving.begin(), moving.end(), VShardOfId(id)) > 0;
+  };
+  std::vector<int64_t> all, hot, hot_moving;
+  for (int64_t id = 0; id < 400; ++id) all.push_back(id);
+  for (int64_t id = 0; id < 100; ++id) {
+    hot.push_back(id);
+    if (is_moving(id)) hot_moving.push_back(id);
+  }
+  ASSERT_GE(hot_moving.size(), 3u);
+  uint64_t seq = 1;
+  PushResponse resp;
+  ASSERT_TRUE(a->Push(MakePush(all, 1, seq++), &resp).ok());
+  for (int k = 0; k < 2; ++k) ASSERT_TRUE(a->Push(MakePush(hot, 1, seq++), &resp).ok());
+
+  ASSERT_TRUE(a->ApplyAssignment(Assign(2, Range(0, kVShards), {}, moving), &ar).ok());
+  ASSERT_TRUE(b->ApplyAssignment(Assign(2, {}, moving), &ar).ok());
+  MigrateBeginRequest begin;
+  begin.set_move_id(8);
+  for (uint32_t v : moving) begin.add_vshards(v);
+  MigrateBeginResponse begun;
+  ASSERT_TRUE(a->MigrateBegin(begin, &begun).ok());
+  ASSERT_TRUE(b->BeginImport(8, moving).ok());
+  Copy(*a, *b, 8, MigrateExportRequest::SNAPSHOT);
+  const auto copied = Rows(*b, moving);
+
+  // Eviction during the copy (LFU: the rows updated once go, down to the cap), and a hot
+  // row (3 updates on B) deleted and re-created at 1 update.
+  EXPECT_GT(a->EvictOnce(), 100u);
+  const int64_t x = hot_moving[0];
+  ASSERT_TRUE(a->DeleteRows("emb", {x}).ok());
+  ASSERT_TRUE(a->Push(MakePush({x}, 2, seq++), &resp).ok());
+  ASSERT_TRUE(a->Push(MakePush(hot, 1, seq++), &resp).ok());  // B: 4 updates after this phase
+  Copy(*a, *b, 8, MigrateExportRequest::DELTA);
+
+  // Within a phase: after its first chunk, a hot row it has not sent yet is deleted and
+  // re-created; the phase sends it with its deletion.
+  ASSERT_TRUE(a->Push(MakePush(hot, 1, seq++), &resp).ok());
+  int chunks = 0;
+  int64_t y = -1;
+  Copy(*a, *b, 8, MigrateExportRequest::DELTA, [&](const MigrateExportResponse& chunk) {
+    if (chunks++ > 0) return;
+    std::vector<int64_t> sent;
+    for (const MigratedRows& e : chunk.rows()) {
+      std::vector<int64_t> ids(e.ids().size() / sizeof(int64_t));
+      std::memcpy(ids.data(), e.ids().data(), e.ids().size());
+      sent.insert(sent.end(), ids.begin(), ids.end());
+    }
+    for (int64_t id : hot_moving) {
+      if (id == x || std::count(sent.begin(), sent.end(), id) > 0) continue;
+      y = id;
+      ASSERT_TRUE(a->DeleteRows("emb", {y}).ok());
+      ASSERT_TRUE(a->Push(MakePush({y}, 2, seq++), &resp).ok());
+      return;
+    }
+    FAIL() << "every hot row of the moving vshards was in the first chunk";
+  });
+  EXPECT_GT(chunks, 1);
+  Copy(*a, *b, 8, MigrateExportRequest::FINAL);
+  ASSERT_TRUE(b->FinishImport().ok());
+
+  const auto expected = Rows(*a, moving);
+  size_t evicted = 0;
+  for (const auto& [id, row] : copied) evicted += expected.count(id) == 0 ? 1 : 0;
+  EXPECT_GT(evicted, 10u) << "the test must evict rows of the moving vshards";
+  // x re-created: 1 update, then 2 of every hot row (which have 5); y re-created last.
+  EXPECT_EQ(expected.at(x).back(), 3.0f);
+  EXPECT_EQ(expected.at(y).back(), 1.0f);
+  for (int64_t id : hot_moving) {
+    if (id != x && id != y) EXPECT_EQ(expected.at(id).back(), 5.0f) << id;
+  }
+  EXPECT_EQ(Rows(*b, moving), expected);
+  b.reset();  // as kill -9: the log replays deletions and installs in their order
+  b = Open("b", 0);
+  ASSERT_TRUE(b);
+  EXPECT_EQ(Rows(*b, moving), expected);
 }
 
 }  // namespace

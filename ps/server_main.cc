@@ -54,6 +54,12 @@ DEFINE_string(shard, "",
               "Static map: 'I/N' makes this pod the I-th of N, owning the contiguous range "
               "of vshards [I*V/N, (I+1)*V/N). Empty: this pod owns every vshard.");
 DEFINE_int32(table_stripes, 256, "Lock stripes per embedding table (power of two).");
+DEFINE_int32(eviction_interval_ms, 1000,
+             "Feature eviction (tables created with a TTL or max_rows): every this many ms a "
+             "pass over every such table deletes the rows past their TTL and, over max_rows, "
+             "the least frequently or recently updated ones. Between passes a table past its "
+             "max_rows is checked every 10 ms and evicted at once, so this mostly sets how "
+             "late a TTL is applied. In [10, 86400000].");
 DEFINE_string(data_dir, "",
               "Directory of the pod's RocksDB database (its volume). Set: every table, row, "
               "optimizer state and push key is durable there and recovered at start. A "
@@ -212,8 +218,13 @@ absl::StatusOr<ps::PodStorageOptions> StorageOptionsFromFlags() {
 }
 
 // The pod's work and its limits: --threads, --max_message_mb, --memory_quota_mb,
-// --max_batch_rows, --table_stripes. Sets those fields of *options.
+// --max_batch_rows, --table_stripes, --eviction_interval_ms. Sets those fields of *options.
 absl::Status WorkOptionsFromFlags(ps::PsServerOptions* options) {
+  if (FLAGS_eviction_interval_ms < 10 || FLAGS_eviction_interval_ms > 86400000) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--eviction_interval_ms must be in [10, 86400000] (10 ms to a day); got ",
+                     FLAGS_eviction_interval_ms));
+  }
   if (FLAGS_threads < 1 || FLAGS_max_message_mb < 1 || FLAGS_max_message_mb > 2047 ||
       FLAGS_memory_quota_mb < FLAGS_max_message_mb) {
     return absl::InvalidArgumentError(
@@ -225,6 +236,7 @@ absl::Status WorkOptionsFromFlags(ps::PsServerOptions* options) {
   options->memory_quota_bytes = int64_t{FLAGS_memory_quota_mb} << 20;
   options->core.max_batch_rows = FLAGS_max_batch_rows;
   options->core.table.num_stripes = FLAGS_table_stripes;
+  options->core.eviction_interval_ms = FLAGS_eviction_interval_ms;
   return absl::OkStatus();
 }
 
