@@ -386,13 +386,6 @@ TEST_P(MigrationTest, MasterKilledMidRebalance) {
 }
 
 TEST_P(MigrationTest, PodKilledAndRestartedWhileClientsPush) {
-  if (GetParam() == 2) {
-    // Loses a push in some runs at R = 2: ps-1, back with its disk, answers a retried push
-    // "duplicate" from the key its log replay restored before ps-0 holds the record; its
-    // lease then runs out and ps-0, promoted, lacks it. The replayed-key gap of
-    // docs/architecture.md, "Replication", known limits (repl-replay fixes it; unskip then).
-    GTEST_SKIP() << "R = 2: the replayed-key gap (open; see the comment)";
-  }
   StartMaster(/*lease_ms=*/1500);
   StartPod(0);
   StartPod(1);
