@@ -131,6 +131,8 @@ absl::Status Membership::RegisterPod(const RegisterPodRequest& req, RegisterPodR
   }
   if (known && StorageLost(it->second.record, req)) {
     RETURN_IF_ERROR(LoseStorage(it->second.record, req, now, tell));
+  } else if (req.log_tail_lost() && config_.replication() >= 2) {
+    RETURN_IF_ERROR(LoseLogTail(req.pod_id(), now, tell));
   }
   const bool address_changed = !known || it->second.record.address() != req.address();
   if (address_changed) {

@@ -51,8 +51,10 @@ class Membership {
   // error. RegisterPod sets `*joined_empty` (when not null) to whether a pod at a new address
   // that owns no vshards joined (a new pod, or a drained one back): worth a rebalance.
   // A pod that registers with another storage id than the one recorded (its volume was
-  // lost; membership_replicas.cc) has its copies forgotten as ExpireLeases does, at once;
-  // the pods whose role that changed are appended to `*tell` (when not null).
+  // lost; membership_replicas.cc), or at R >= 2 with `log_tail_lost` (its log may lack
+  // records it acknowledged before a crash), has its copies forgotten as ExpireLeases
+  // does, at once; the pods whose role that changed are appended to `*tell` (when not
+  // null).
   absl::Status RegisterPod(const RegisterPodRequest& req, RegisterPodResponse* resp,
                            bool* joined_empty, std::vector<std::string>* tell = nullptr)
       ABSL_LOCKS_EXCLUDED(mu_);
@@ -80,6 +82,9 @@ class Membership {
   // Registrations whose data was not what the pod had (a lost volume) since this master
   // started.
   uint64_t storage_losses() const { return storage_losses_.load(); }
+  // Registrations at R >= 2 whose log may lack acknowledged records (log_tail_lost) since
+  // this master started.
+  uint64_t log_tail_losses() const { return log_tail_losses_.load(); }
   // Fills the status's epoch, num_vshards and pods as of `now`.
   void Describe(absl::Time now, StatusResponse* resp) const ABSL_LOCKS_EXCLUDED(mu_);
   // A copy of the map and the pods now, for planning drains, rebalances and checkpoints.
@@ -187,6 +192,17 @@ class Membership {
   // as they come, nothing changed.
   absl::Status LoseStorage(const PodRecord& record, const RegisterPodRequest& req, absl::Time now,
                            std::vector<std::string>* tell) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Pod `pod_id` registers with a log that may lack records it acknowledged before a
+  // crash (RegisterPodRequest.log_tail_lost; R >= 2): logged and counted; it leaves every
+  // ack set and its vshards are promoted as for an expired lease (FailOver), even while its
+  // lease is live: a follower holds records it lost. Store errors as they come.
+  absl::Status LoseLogTail(const std::string& pod_id, absl::Time now,
+                           std::vector<std::string>* tell) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // FailOver({pod_id}) for a pod that is registering now; the pods to tell, but `pod_id`
+  // (it learns from its registration), appended to `*tell` (when not null).
+  absl::Status FailOverRegistering(const std::string& pod_id, absl::Time now,
+                                   std::vector<std::string>* tell)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Records `storage_id` as pod `pod_id`'s (synced).
   absl::Status RecordStorage(const std::string& pod_id, const std::string& storage_id)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -213,6 +229,7 @@ class Membership {
   // Primary -> its latest report (memory only: a restarted master waits for the next one).
   std::map<std::string, LagReport> lag_reports_ ABSL_GUARDED_BY(mu_);
   std::atomic<uint64_t> storage_losses_{0};
+  std::atomic<uint64_t> log_tail_losses_{0};
 };
 
 }  // namespace ps

@@ -154,6 +154,32 @@ absl::Status Membership::LoseStorage(const PodRecord& record, const RegisterPodR
   }
   // Its copies are gone now, whether or not its lease ran out: the same step as a lease
   // loss, without the wait (the lease check is skipped: the pod is registering).
+  return FailOverRegistering(pod_id, now, tell);
+}
+
+absl::Status Membership::LoseLogTail(const std::string& pod_id, absl::Time now,
+                                     std::vector<std::string>* tell) {
+  uint32_t led = 0, followed = 0;
+  for (int v = 0; v < map_.owner_size(); ++v) {
+    led +=
+        map_.owner(v) == pod_id && map_.followers_size() > v && map_.followers(v).pods_size() > 0;
+    followed += InAckSet(v, pod_id);
+  }
+  LOG(WARNING) << "LOG TAIL LOST: pod " << pod_id
+               << " restarted after a crash in a durability mode that acknowledges before "
+                  "writing (periodic): its log may lack records it acknowledged, which its "
+                  "followers or primaries hold; it gives up "
+               << led << " vshards it led with followers and " << followed
+               << " follower copies (failed over and refilled by re-replication)";
+  log_tail_losses_.fetch_add(1);
+  // A primary with a short log behind followers that hold more would serve and extend rows
+  // its followers hold newer updates of; a follower missing what it acknowledged could be
+  // promoted later. Both are the case of a lost volume, for the tail only.
+  return FailOverRegistering(pod_id, now, tell);
+}
+
+absl::Status Membership::FailOverRegistering(const std::string& pod_id, absl::Time now,
+                                             std::vector<std::string>* tell) {
   ASSIGN_OR_RETURN(std::vector<std::string> changed, FailOver({pod_id}, now));
   if (tell != nullptr) {
     for (std::string& p : changed) {

@@ -2,7 +2,8 @@
 // the first map's followers, the roles pods are told, failover on a primary's lease loss
 // (durable: a reopened master has it), a lost follower leaving the ack set, and what stays
 // refused (moves, another R for the data dir), and a pod that comes back without its data
-// (another storage id) losing its copies at once.
+// (another storage id) or with a log that lost its tail (a periodic crash) losing its
+// copies at once.
 #include <algorithm>
 #include <map>
 
@@ -48,6 +49,17 @@ class ReplicasTest : public testing::Test {
     req.set_address(address);
     req.set_storage_id(storage_id);
     req.set_fresh_storage(fresh);
+    RegisterPodResponse resp;
+    return membership_->RegisterPod(req, &resp, nullptr, tell);
+  }
+  // A registration after a crash whose log may lack records it acknowledged (periodic
+  // durability: RegisterPodRequest.log_tail_lost), with the storage id it had.
+  absl::Status RegisterWithLostTail(const std::string& id, const std::string& address,
+                                    std::vector<std::string>* tell = nullptr) {
+    RegisterPodRequest req;
+    req.set_pod_id(id);
+    req.set_address(address);
+    req.set_log_tail_lost(true);
     RegisterPodResponse resp;
     return membership_->RegisterPod(req, &resp, nullptr, tell);
   }
@@ -211,6 +223,66 @@ TEST_F(ReplicasTest, FreshDataWhereNoStorageIdWasRecordedIsALoss) {
   const ShardMapResponse map = Map();
   for (uint32_t v = 4; v < 8; ++v) EXPECT_EQ(OwnerOf(map, v), "ps-2") << v;
   for (uint32_t v = 0; v < 4; ++v) EXPECT_TRUE(FollowersOf(map, v).empty()) << v;
+}
+
+// A periodic primary SIGKILLed and back at once (same address, lease live) lost up to
+// --flush_ms of its log, which its follower holds: it must not lead its vshards (nor stay
+// in ps-2's ack set, since it may lack what it acknowledged to ps-2). Before the fix it kept
+// them: the replicas differed and acknowledged pushes were lost (crash_test_periodic_r2).
+TEST_F(ReplicasTest, PodBackWithALostLogTailGivesUpItsCopiesAtOnce) {
+  const uint64_t epoch = Map().epoch();
+  std::vector<std::string> tell;
+  ASSERT_TRUE(RegisterWithLostTail("ps-0", "h:0", &tell).ok());
+  std::sort(tell.begin(), tell.end());
+  EXPECT_EQ(tell, (std::vector<std::string>{"ps-1", "ps-2"}));
+  EXPECT_EQ(membership_->log_tail_losses(), 1u);
+  EXPECT_EQ(membership_->failovers(), 1u);
+  EXPECT_EQ(membership_->storage_losses(), 0u);
+  const ShardMapResponse map = Map();
+  EXPECT_EQ(map.epoch(), epoch + 1);
+  for (uint32_t v = 0; v < 4; ++v) {
+    EXPECT_EQ(OwnerOf(map, v), "ps-1") << v;  // its follower, which holds the whole log
+    EXPECT_TRUE(FollowersOf(map, v).empty()) << v;
+  }
+  for (uint32_t v = 8; v < 12; ++v) EXPECT_TRUE(FollowersOf(map, v).empty()) << v;
+  const PodAssignment a = AssignmentOf("ps-0");
+  EXPECT_EQ(a.owned_vshards_size(), 0);  // it holds nothing until re-replication refills it
+  EXPECT_TRUE(a.replication().following().empty());
+  EXPECT_TRUE(AssignmentOf("ps-2").replication().followers().empty());
+  // Recorded durably: a restarted master has the same map.
+  Open();
+  const ShardMapResponse reopened = Map();
+  EXPECT_EQ(reopened.epoch(), map.epoch());
+  for (uint32_t v = 0; v < 12; ++v) EXPECT_EQ(OwnerOf(reopened, v), OwnerOf(map, v)) << v;
+}
+
+TEST_F(ReplicasTest, ARestartAfterACleanCloseKeepsItsCopies) {
+  // The same restart without the flag (a clean close, or a mode that writes before it
+  // acknowledges): the pod keeps leading and following, nothing is written.
+  const ShardMapResponse before = Map();
+  ASSERT_TRUE(Register("ps-0", "h:0").ok());
+  const ShardMapResponse after = Map();
+  EXPECT_EQ(after.epoch(), before.epoch());
+  EXPECT_EQ(membership_->failovers(), 0u);
+  EXPECT_EQ(membership_->log_tail_losses(), 0u);
+  for (uint32_t v = 0; v < 12; ++v) {
+    EXPECT_EQ(OwnerOf(after, v), OwnerOf(before, v)) << v;
+    EXPECT_EQ(FollowersOf(after, v), FollowersOf(before, v)) << v;
+  }
+}
+
+class OneCopyTest : public ReplicasTest {
+ protected:
+  void SetUp() override { Start(/*replication=*/1); }
+};
+
+TEST_F(OneCopyTest, ALostLogTailChangesNothing) {
+  const ShardMapResponse before = Map();
+  ASSERT_TRUE(RegisterWithLostTail("ps-0", "h:0").ok());
+  const ShardMapResponse after = Map();
+  EXPECT_EQ(after.epoch(), before.epoch());
+  for (uint32_t v = 0; v < 12; ++v) EXPECT_EQ(OwnerOf(after, v), OwnerOf(before, v)) << v;
+  EXPECT_EQ(membership_->log_tail_losses(), 0u);
 }
 
 // R = 3: ps-0's vshards 0..3 have the followers ps-1 and ps-2.

@@ -26,6 +26,7 @@ class MasterAgentImpl final : public MasterAgent {
         stub_(Master::NewStub(channels.Make(options.master))),
         storage_id_(core->storage() != nullptr ? core->storage()->storage_id() : NewStorageId()),
         fresh_storage_(core->storage() == nullptr || core->storage()->storage_created()),
+        tail_lost_(core->storage() != nullptr && core->storage()->acknowledged_tail_lost()),
         thread_([this] { Run(); }) {}
 
   ~MasterAgentImpl() override { Stop(); }
@@ -142,6 +143,8 @@ class MasterAgentImpl final : public MasterAgent {
     req.set_num_vshards(options_.num_vshards);
     req.set_storage_id(storage_id_);
     req.set_fresh_storage(fresh_storage_);
+    // Until the master has taken it: a registration answered with an error may not have.
+    req.set_log_tail_lost(tail_lost_ && !tail_reported_);
     RegisterPodResponse resp;
     grpc::ClientContext ctx;
     SetDeadline(&ctx);
@@ -151,6 +154,13 @@ class MasterAgentImpl final : public MasterAgent {
     LOG(INFO) << "pod " << options_.pod_id << " registered with master " << options_.master
               << " at " << options_.address << " (storage id " << storage_id_
               << (fresh_storage_ ? ", created by this start)" : ")");
+    if (req.log_tail_lost()) {
+      tail_reported_ = true;
+      LOG(WARNING) << "pod " << options_.pod_id
+                   << " told the master that its log may lack records it acknowledged before "
+                      "a crash (periodic durability): at R >= 2 it gives up its copies, which "
+                      "the master fails over and refills from their other replicas";
+    }
     return Apply(sent, resp.assignment());
   }
 
@@ -239,12 +249,16 @@ class MasterAgentImpl final : public MasterAgent {
   // in memory one drawn for this process (its data does not outlive it).
   const std::string storage_id_;
   const bool fresh_storage_;
+  // The data's log may lack records it acknowledged (PodStorage::acknowledged_tail_lost):
+  // reported at registration until the master has accepted one.
+  const bool tail_lost_;
   absl::Notification stop_;
   std::atomic<bool> registered_{false};
   // Used by the agent thread only.
   absl::Duration heartbeat_interval_ = absl::Seconds(1);
   uint64_t catalog_version_ = 0;
   bool reported_early_ = false;  // the last heartbeat was sent early for a lagging follower
+  bool tail_reported_ = false;   // a registration carrying log_tail_lost succeeded
   std::thread thread_;           // last: starts after everything above is constructed
 };
 

@@ -4,7 +4,9 @@
 //
 // Registration reports the identity of the pod's data (its database's storage id, or one
 // drawn per process for a pod in memory), so the master can tell a pod that lost its volume
-// from one that restarted with it (proto/master.proto, RegisterPodRequest.storage_id).
+// from one that restarted with it (proto/master.proto, RegisterPodRequest.storage_id),
+// and whether its log may lack records it acknowledged before a crash (periodic
+// durability; RegisterPodRequest.log_tail_lost), until one registration succeeded.
 //
 // Everything runs on one background thread, so a pod starts serving at once, whether or
 // not the master is up: until the first registration succeeds it owns no vshard and

@@ -65,9 +65,16 @@ DEFINE_bool(lose_disk, false,
             "With --replication >= 1: each kill also deletes the pod's data dir, and the pod "
             "comes back at once at its address with an empty one (a lost volume). Before each "
             "such loss the test waits until the master shows every vshard with R copies.");
+DEFINE_bool(restart_in_place, false,
+            "With --replication >= 1: a kill without --lose_disk restarts the pod at once at "
+            "its address, within its lease (a container restarted in its pod), instead of "
+            "after the master saw it lost. With --durability=periodic and R >= 2 the master "
+            "then fails its vshards over at its registration (its log may lack records it "
+            "acknowledged).");
 DEFINE_double(heal_timeout_s, 120,
-              "With --lose_disk: the longest wait for every vshard to have R copies again "
-              "(re-replication) before the next loss; the run fails after it.");
+              "With --lose_disk, or --durability=periodic at R >= 2 (a crash loses the log's "
+              "unwritten tail): the longest wait for every vshard to have R copies again "
+              "(re-replication) before the next kill; the run fails after it.");
 DEFINE_string(master, "", "ps-master binary (default: ps-master beside this program).");
 
 namespace {
@@ -257,6 +264,7 @@ int Main() {
     o.lease_ms = FLAGS_lease_ms;
     o.kills = FLAGS_kills;
     o.lose_disk = FLAGS_lose_disk;
+    o.restart_in_place = FLAGS_restart_in_place;
     o.seconds = FLAGS_seconds;
     o.clients = FLAGS_clients;
     o.seed = FLAGS_seed;
@@ -264,8 +272,8 @@ int Main() {
     o.keep_dir = FLAGS_keep_dir;
     return ps::integration::RunClusterCrash(o);
   }
-  if (FLAGS_lose_disk) {
-    LOG(ERROR) << "--lose_disk needs --replication >= 1 (a cluster)";
+  if (FLAGS_lose_disk || FLAGS_restart_in_place) {
+    LOG(ERROR) << "--lose_disk and --restart_in_place need --replication >= 1 (a cluster)";
     return 2;
   }
   auto dir = std::make_unique<ps::integration::TempDir>("ps-crash-test");

@@ -23,6 +23,18 @@ absl::StatusOr<std::unique_ptr<PodStorage>> PodStorage::Open(const PodStorageOpt
   std::unique_ptr<PodStorage> storage(new PodStorage(options, std::move(db), store, dedup));
   ASSIGN_OR_RETURN(storage->journal_, ChangeJournal::Open(storage->db_.get(), options.journal));
   RETURN_IF_ERROR(storage->Recover());
+  // Before anything is acknowledged: this run's marker, and what the previous one left.
+  ASSIGN_OR_RETURN(storage->previous_run_, BeginRun(storage->db_.get(), options.log.durability));
+  if (storage->previous_run_.lost_acknowledged_tail) {
+    LOG(WARNING) << "the previous run on " << options.db.dir
+                 << " ended without a clean close while it acknowledged records before "
+                    "writing them (periodic durability): its log may lack up to --flush_ms of "
+                    "records it acknowledged; the pod reports this to the master, which at "
+                    "R >= 2 replaces its copies from their other replicas";
+  } else if (storage->previous_run_.crashed) {
+    LOG(INFO) << "the previous run on " << options.db.dir
+              << " ended without a clean close; its log holds everything it acknowledged";
+  }
   return storage;
 }
 
@@ -40,7 +52,16 @@ PodStorage::~PodStorage() {
   if (log_ != nullptr && options_.materialize_on_close) {
     absl::Status s = Materialize();
     if (!s.ok()) LOG(WARNING) << "final materialization failed (the log still has it): " << s;
+    // A clean close only once every acknowledged record is written and fsynced.
+    absl::Status durable = log_->WaitWritten(log_->next_lsn());
     log_.reset();
+    if (durable.ok()) durable = db_->SyncLog();
+    if (durable.ok()) durable = EndRun(db_.get());
+    if (!durable.ok()) {
+      LOG(WARNING) << "the log could not be made durable at close (the next start counts "
+                      "this run as a crash): "
+                   << durable;
+    }
   }
   // The tables may outlive this storage: they must not read through its sources.
   for (auto& t : store_->Tables()) t->SetRowSource(nullptr);

@@ -43,6 +43,7 @@
 #include "ps/storage/durable_log.h"
 #include "ps/storage/log_record.h"
 #include "ps/storage/push_dedup.h"
+#include "ps/storage/run_marker.h"
 #include "ps/storage/storage_db.h"
 
 namespace ps {
@@ -58,8 +59,8 @@ struct PodStorageOptions {
   // Row bytes gathered before the materializer writes a group: one sorted table file,
   // ingested into the rows column family (no memtable, no flush).
   size_t materialize_group_bytes = size_t{64} << 20;
-  // Materialize once more when closing, so the next start replays little. Tests turn it
-  // off to leave the log as a crash would.
+  // Materialize once more when closing, so the next start replays little, and record the
+  // clean close. Tests turn it off to leave the log and the run marker as a crash would.
   bool materialize_on_close = true;
   // Bytes of table rows kept in memory; 0: all of them. Above it, each materialization
   // round evicts clean rows (CLOCK) down to 90% of it; evicted rows are read back from
@@ -103,8 +104,9 @@ class PodStorage {
   // and the materializer. `store` and `dedup` must outlive the storage.
   static absl::StatusOr<std::unique_ptr<PodStorage>> Open(const PodStorageOptions& options,
                                                           ModelStore* store, PushDedup* dedup);
-  // Writes what is queued, materializes once more (so the next start replays little) and
-  // closes the database.
+  // Writes what is queued, materializes once more (so the next start replays little),
+  // fsyncs the log, records the clean close (run_marker.h) and closes the database. With
+  // options.materialize_on_close off it closes as a crash would: no round, no clean close.
   ~PodStorage();
 
   // Persists a new table / tensor (normalized spec) before it is created in memory; the
@@ -204,6 +206,13 @@ class PodStorage {
   // StorageDb::created): what the pod reports to the master at registration.
   const std::string& storage_id() const { return db_->storage_id(); }
   bool storage_created() const { return db_->created(); }
+  // Whether the previous run of this database ended in a crash while it acknowledged
+  // records before writing them (periodic durability; run_marker.h): its log may lack up
+  // to flush_ms of records it acknowledged, which a replicated pod's followers or primary
+  // hold. The pod reports it at registration (at R >= 2 the master replaces its copies).
+  // A clean close (the destructor, once the log is written and fsynced) clears it for the
+  // next start. Constant after Open; thread-safe.
+  bool acknowledged_tail_lost() const { return previous_run_.lost_acknowledged_tail; }
   // Whether every stored row is in memory (false during a lazy start's background load,
   // and always with a memory budget).
   bool rows_loaded() const { return loaded_; }
@@ -286,6 +295,7 @@ class PodStorage {
   ModelStore* const store_;
   PushDedup* const dedup_;
   RecoveryStats recovery_;
+  PreviousRun previous_run_;  // how the previous run ended (run_marker.h)
   std::unique_ptr<DurableLog> log_;
   std::unique_ptr<ChangeJournal> journal_;  // noted and committed under materialize_mu_
   // Row deletions logged since a round last noted them in the journal (see

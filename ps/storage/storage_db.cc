@@ -291,6 +291,9 @@ namespace {
 // ever acknowledged from it), so the next start begins again.
 constexpr char kCreatingMarker[] = "CREATING-ps-server";
 
+// The run marker's file (StorageDb::ReadRunMarker).
+constexpr char kRunMarker[] = "RUN-ps-server";
+
 // Fsyncs the directory itself, so that a file created or removed in it stays so.
 absl::Status SyncDir(const std::string& dir) {
   const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
@@ -875,6 +878,64 @@ absl::Status StorageDb::ScanMeta(
     RETURN_IF_ERROR(fn(key, absl::string_view(it->value().data(), it->value().size())));
   }
   return FromRocks(it->status(), "cannot read the meta column family");
+}
+
+absl::StatusOr<std::optional<std::string>> StorageDb::ReadRunMarker() {
+  const std::string path = absl::StrCat(rep_->dir, "/", kRunMarker);
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) {
+    if (errno == ENOENT) return std::nullopt;
+    return absl::UnavailableError(absl::StrCat("cannot open ", path, ": ", std::strerror(errno)));
+  }
+  std::string content;
+  char buf[256];
+  ssize_t n;
+  // Small (a word); read at most a few KB of whatever is there.
+  while (content.size() < 4096 && (n = ::read(fd, buf, sizeof(buf))) != 0) {
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      const int err = errno;
+      ::close(fd);
+      return absl::UnavailableError(absl::StrCat("cannot read ", path, ": ", std::strerror(err)));
+    }
+    content.append(buf, n);
+  }
+  ::close(fd);
+  return content;
+}
+
+absl::Status StorageDb::WriteRunMarker(absl::string_view content) {
+  const std::string path = absl::StrCat(rep_->dir, "/", kRunMarker);
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0640);
+  if (fd < 0) {
+    return absl::UnavailableError(absl::StrCat("cannot create ", path, ": ", std::strerror(errno)));
+  }
+  size_t done = 0;
+  while (done < content.size()) {
+    const ssize_t n = ::write(fd, content.data() + done, content.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      const int err = errno;
+      ::close(fd);
+      return absl::UnavailableError(absl::StrCat("cannot write ", path, ": ", std::strerror(err)));
+    }
+    done += n;
+  }
+  const int synced = ::fsync(fd);
+  const int err = errno;
+  ::close(fd);
+  if (synced != 0) {
+    return absl::UnavailableError(absl::StrCat("cannot fsync ", path, ": ", std::strerror(err)));
+  }
+  return SyncDir(rep_->dir);
+}
+
+absl::Status StorageDb::RemoveRunMarker() {
+  const std::string path = absl::StrCat(rep_->dir, "/", kRunMarker);
+  if (::unlink(path.c_str()) != 0 && errno != ENOENT) {
+    return absl::UnavailableError(absl::StrCat("cannot remove ", path, ": ", std::strerror(errno)));
+  }
+  return SyncDir(rep_->dir);
 }
 
 absl::StatusOr<std::string> StorageDb::GetMeta(absl::string_view key) {

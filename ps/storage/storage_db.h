@@ -11,6 +11,8 @@
 //         "storage_id"    -> 32 hex digits, random, written when the database is created;
 //                            the database's one identity (lost-volume check, export cursors)
 //         "journal..."    -> the change journal (ps/storage/change_journal.h)
+// Beside the column families: <dir>/RUN-ps-server, the run marker (ps/storage/run_marker.h),
+// present while a pod runs on the database and after it crashed.
 //   rows  u32be table number, u64be id^2^63 -> u64 step, dim weights, slot floats
 //         ff ff ff ff, dense name           -> u64 step, weights, slot floats
 //   log   u64be log sequence number         -> one push record (ps/storage/log_record.h): written
@@ -22,6 +24,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -225,6 +228,16 @@ class StorageDb {
       absl::string_view from, absl::string_view to,
       const std::function<absl::Status(absl::string_view key, absl::string_view value)>& fn);
   absl::StatusOr<std::string> GetMeta(absl::string_view key);
+
+  // The run marker, the file <dir>/RUN-ps-server (ps/storage/run_marker.h gives it its
+  // meaning): beside the database, not in it, so a checkpoint or an export's copy of the
+  // database never carries it. ReadRunMarker: its content, or nullopt when there is none.
+  // WriteRunMarker replaces it and fsyncs it and the directory; RemoveRunMarker removes it
+  // (if there) and fsyncs the directory. UNAVAILABLE for an I/O error. Not thread-safe
+  // (a pod's open and close only).
+  absl::StatusOr<std::optional<std::string>> ReadRunMarker();
+  absl::Status WriteRunMarker(absl::string_view content);
+  absl::Status RemoveRunMarker();
 
   // RocksDB's estimate of the stored rows (keys of the rows column family).
   uint64_t EstimateRows();
