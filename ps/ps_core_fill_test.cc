@@ -278,9 +278,7 @@ TEST_P(FillTest, APrimaryMovedAtTwoCopiesKeepsItsFollowerExact) {
 }
 
 INSTANTIATE_TEST_SUITE_P(DurableAndInMemory, FillTest, testing::Bool(),
-                         [](const testing::TestParamInfo<bool>& p) {
-                           return p.param ? "Durable" : "InMemory";
-                         });
+                         replica_test::DurableOrInMemory);
 
 }  // namespace
 }  // namespace ps
