@@ -200,6 +200,32 @@ class PodTransferTest : public ::testing::Test {
     return resp;
   }
 
+  // Exports `core` whole to <root>/e1: the delta `d1` applied to the full export `e0` must
+  // give that export, which must hold the pod's rows. Its cursor and rows in *cursor, *e1.
+  void ExpectDeltaGivesANewExport(PsCore& core, const Part& e0, const Part& d1, std::string* cursor,
+                                  Rows* e1) {
+    auto full1 = Export(core, root_ + "/e1");
+    ASSERT_TRUE(full1.ok()) << full1.status();
+    *cursor = full1->cursor();
+    *e1 = ReadRows({root_ + "/e1"}).rows;
+    EXPECT_EQ(ApplyDelta(e0.rows, d1), *e1);
+    EXPECT_EQ(*e1, Snapshot(core));
+  }
+
+  // The import's side: the full export <root>/e0, then the delta `d1`'s deletions (the
+  // answer in *deleted), then its rows (<root>/d1; the answer in *installed).
+  void ImportFullThenDelta(PsCore& core, const Part& d1, ImportRowsResponse* deleted,
+                           ImportRowsResponse* installed) {
+    ImportRowsResponse full;
+    ASSERT_TRUE(Import(core, ReadPart(root_ + "/e0"), &full).ok());
+    ImportRowsRequest deletes;
+    TableRows* t = deletes.add_deletes();
+    t->set_table("emb");
+    t->set_ids(Pack<int64_t>(std::vector<int64_t>(d1.deleted.begin(), d1.deleted.end())));
+    ASSERT_TRUE(Import(core, deletes, deleted).ok());
+    ASSERT_TRUE(Import(core, ReadPart(root_ + "/d1"), installed).ok());
+  }
+
   std::string root_;
   ChangeJournalOptions journal_;  // what Open gives pods (but max_bytes)
 };
@@ -234,19 +260,18 @@ TEST_F(PodTransferTest, ADeltaOnThePreviousExportEqualsANewExportAcrossACrash) {
   EXPECT_EQ(ids, changed);  // exactly what changed: nothing else, nothing less
   EXPECT_LT(d1.rows.size(), e0.rows.size());
 
-  auto full1 = Export(*a, root_ + "/e1");
-  ASSERT_TRUE(full1.ok()) << full1.status();
-  const Part e1 = ReadRows({root_ + "/e1"});
-  EXPECT_EQ(ApplyDelta(e0.rows, d1), e1.rows);
-  EXPECT_EQ(e1.rows, Snapshot(*a));
+  std::string cursor1;
+  Rows e1;
+  ExpectDeltaGivesANewExport(*a, e0, d1, &cursor1, &e1);
+  if (HasFatalFailure()) return;
 
   // Nothing changed since the last cursor: an empty delta.
-  auto none = Export(*a, root_ + "/d2", full1->cursor());
+  auto none = Export(*a, root_ + "/d2", cursor1);
   ASSERT_TRUE(none.ok()) << none.status();
   EXPECT_FALSE(none->whole());
   EXPECT_EQ(none->rows(), 0u);
   // Each export's cursor moves on only when rows were written.
-  EXPECT_EQ(none->cursor(), full1->cursor());
+  EXPECT_EQ(none->cursor(), cursor1);
 }
 
 // Pushes gradient `g` to `ids` of "emb" under key (5, 1, seq).
@@ -296,29 +321,23 @@ TEST_F(PodTransferTest, ADeltaListsDeletionsAlsoOfRowsCreatedAgain) {
   EXPECT_EQ(d1.rows.size(), 2u);
   EXPECT_EQ(delta->deleted(), 6u);
 
-  auto full1 = Export(*a, root_ + "/e1");
-  ASSERT_TRUE(full1.ok()) << full1.status();
-  const Part e1 = ReadRows({root_ + "/e1"});
-  EXPECT_EQ(e1.rows.size(), e0.rows.size() - 4);
-  EXPECT_EQ(ApplyDelta(e0.rows, d1), e1.rows);
-  EXPECT_EQ(e1.rows, Snapshot(*a));
+  std::string cursor1;
+  Rows e1;
+  ExpectDeltaGivesANewExport(*a, e0, d1, &cursor1, &e1);
+  if (HasFatalFailure()) return;
+  EXPECT_EQ(e1.size(), e0.rows.size() - 4);
 
   // The import's side: the delta's deletions through ImportRows, then its rows.
   auto b = Open("b", false);
-  ImportRowsResponse resp;
-  ASSERT_TRUE(Import(*b, ReadPart(root_ + "/e0"), &resp).ok());
-  ImportRowsRequest deletes;
-  TableRows* t = deletes.add_deletes();
-  t->set_table("emb");
-  t->set_ids(Pack<int64_t>(std::vector<int64_t>(d1.deleted.begin(), d1.deleted.end())));
-  ASSERT_TRUE(Import(*b, deletes, &resp).ok());
-  EXPECT_EQ(resp.deleted(), 6u);
-  ASSERT_TRUE(Import(*b, ReadPart(root_ + "/d1"), &resp).ok());
-  EXPECT_EQ(resp.installed(), 2u);
-  EXPECT_EQ(Snapshot(*b), e1.rows);
+  ImportRowsResponse deleted, installed;
+  ImportFullThenDelta(*b, d1, &deleted, &installed);
+  if (HasFatalFailure()) return;
+  EXPECT_EQ(deleted.deleted(), 6u);
+  EXPECT_EQ(installed.installed(), 2u);
+  EXPECT_EQ(Snapshot(*b), e1);
   b.reset();  // the deletions and installs are durable
   b = Open("b", false);
-  EXPECT_EQ(Snapshot(*b), e1.rows);
+  EXPECT_EQ(Snapshot(*b), e1);
 }
 
 TEST_F(PodTransferTest, ADeltaFollowsAVShardMove) {
@@ -485,23 +504,17 @@ TEST_F(PodTransferTest, ADeltaFromBeforeAJournalMergeIsExactAcrossACrash) {
   EXPECT_EQ(d1.rows.count(40), 0u);
   EXPECT_EQ(d1.rows.at(3).back(), 1.0f);  // its step: a new row
 
-  auto full1 = Export(*a, root_ + "/e1");
-  ASSERT_TRUE(full1.ok()) << full1.status();
-  const Part e1 = ReadRows({root_ + "/e1"});
-  EXPECT_EQ(ApplyDelta(e0.rows, d1), e1.rows);
-  EXPECT_EQ(e1.rows, Snapshot(*a));
+  std::string cursor1;
+  Rows e1;
+  ExpectDeltaGivesANewExport(*a, e0, d1, &cursor1, &e1);
+  if (HasFatalFailure()) return;
 
   // The import's side: the full export, the delta's deletions, then its rows.
   auto b = Open("b", false);
-  ImportRowsResponse resp;
-  ASSERT_TRUE(Import(*b, ReadPart(root_ + "/e0"), &resp).ok());
-  ImportRowsRequest deletes;
-  TableRows* t = deletes.add_deletes();
-  t->set_table("emb");
-  t->set_ids(Pack<int64_t>(std::vector<int64_t>(d1.deleted.begin(), d1.deleted.end())));
-  ASSERT_TRUE(Import(*b, deletes, &resp).ok());
-  ASSERT_TRUE(Import(*b, ReadPart(root_ + "/d1"), &resp).ok());
-  EXPECT_EQ(Snapshot(*b), e1.rows);
+  ImportRowsResponse deletes, installs;
+  ImportFullThenDelta(*b, d1, &deletes, &installs);
+  if (HasFatalFailure()) return;
+  EXPECT_EQ(Snapshot(*b), e1);
 }
 
 // A database an older version wrote has a second identity ("journal_id") that its cursors

@@ -23,6 +23,7 @@
 #include <set>
 #include <sstream>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -82,6 +83,19 @@ DenseSpec DenseW() {
   return d;
 }
 
+// Runs ps-transfer; returns its exit code and puts its output in *out.
+int RunTransfer(const std::vector<std::string>& args, const std::string& log, std::string* out) {
+  std::vector<std::string> argv = {PS_TRANSFER_BINARY};
+  argv.insert(argv.end(), args.begin(), args.end());
+  auto child = ChildProcess::Start(argv, log);
+  if (!child.ok()) return -1;
+  if (!(*child)->WaitExit(absl::Seconds(60))) return -2;
+  *out = integration::FileTail(log, 8000);
+  const std::string d = (*child)->Describe();
+  const size_t at = d.find("exited with code ");
+  return at == std::string::npos ? -3 : std::atoi(d.c_str() + at + 17);
+}
+
 // A cluster of n durable pods with a static map of `vshards`.
 class Cluster {
  public:
@@ -135,6 +149,12 @@ class Cluster {
 
   void Kill(size_t i) { pods_[i]->Kill(); }
 
+  // SIGKILLs pod i and starts it again on its disk.
+  absl::Status Restart(size_t i) {
+    Kill(i);
+    return Start(i);
+  }
+
   std::string Servers() const {
     std::vector<std::string> a;
     for (int p : ports_) a.push_back(absl::StrCat("127.0.0.1:", p));
@@ -147,6 +167,17 @@ class Cluster {
     o.num_vshards = vshards_;
     o.worker_id = worker_id;
     return PsClient::Connect(o);
+  }
+
+  // Runs `ps-transfer VERB` on this cluster with --dir=`dir` (and --since=`since` if
+  // given), its log in a file of its own; returns its exit code and puts its output in *out.
+  int Transfer(const std::string& verb, const std::string& dir, std::string* out,
+               const std::string& since = "") {
+    std::vector<std::string> args = {"--servers=" + Servers(), "--dir=" + dir};
+    if (!since.empty()) args.push_back("--since=" + since);
+    args.push_back(verb);
+    return RunTransfer(args, absl::StrCat(root_, "/", name_, "-transfer-", ++transfers_, ".log"),
+                       out);
   }
 
   std::string Logs() const {
@@ -164,20 +195,8 @@ class Cluster {
   std::vector<std::unique_ptr<ChildProcess>> pods_;
   std::vector<int> ports_;
   std::vector<std::string> extra_;
+  int transfers_ = 0;
 };
-
-// Runs ps-transfer; returns its exit code and puts its output in *out.
-int RunTransfer(const std::vector<std::string>& args, const std::string& log, std::string* out) {
-  std::vector<std::string> argv = {PS_TRANSFER_BINARY};
-  argv.insert(argv.end(), args.begin(), args.end());
-  auto child = ChildProcess::Start(argv, log);
-  if (!child.ok()) return -1;
-  if (!(*child)->WaitExit(absl::Seconds(60))) return -2;
-  *out = integration::FileTail(log, 8000);
-  const std::string d = (*child)->Describe();
-  const size_t at = d.find("exited with code ");
-  return at == std::string::npos ? -3 : std::atoi(d.c_str() + at + 17);
-}
 
 // The number after "key": in the last JSON line of a tool's output (0 if absent).
 uint64_t JsonNumber(const std::string& out, const std::string& key) {
@@ -238,100 +257,100 @@ void Train(PsClient& c, uint32_t seed, int rounds) {
   }
 }
 
+// Starts `src`, connects worker 1 to it (*a), creates both tables and the dense tensor and
+// trains them `rounds` rounds from `seed`.
+void StartTrained(Cluster& src, uint32_t seed, int rounds, std::unique_ptr<PsClient>* a) {
+  ASSERT_TRUE(src.StartAll().ok()) << src.Logs();
+  auto c = src.Connect(1);
+  ASSERT_TRUE(c.ok()) << c.status();
+  *a = *std::move(c);
+  ASSERT_TRUE((*a)->CreateTable(AdamSpec()).ok());
+  ASSERT_TRUE((*a)->CreateTable(FtrlSpec()).ok());
+  ASSERT_TRUE((*a)->CreateDense(DenseW()).ok());
+  Train(**a, seed, rounds);
+}
+
+// Whether two snapshots are the same bit for bit, naming what differs.
+testing::AssertionResult BitEqual(const Snapshot& a, const Snapshot& b) {
+  for (const auto& [name, x, y] :
+       {std::tuple{"emb/adam", &a.adam, &b.adam}, std::tuple{"ftrl", &a.ftrl, &b.ftrl},
+        std::tuple{"mlp/w", &a.dense, &b.dense}}) {
+    if (!BitEqual(*x, *y)) return testing::AssertionFailure() << name << " differs";
+  }
+  return testing::AssertionSuccess();
+}
+
+// Imports the full export <tmp>/full, then the delta <tmp>/delta, into a fresh 1-pod
+// cluster `dst` (started here) and pulls everything from it into *imported.
+void ImportFullThenDelta(const std::string& tmp, Cluster& dst, Snapshot* imported) {
+  ASSERT_TRUE(dst.StartAll().ok()) << dst.Logs();
+  std::string out;
+  for (const char* dir : {"/full", "/delta"}) {
+    ASSERT_EQ(dst.Transfer("import", tmp + dir, &out), 0) << out << dst.Logs();
+  }
+  auto b = dst.Connect(3);
+  ASSERT_TRUE(b.ok()) << b.status();
+  *imported = Pull(**b);
+}
+
 TEST(ExportImportTest, TwoPodsToThreePodsBitExact) {
   integration::TempDir tmp("export_import_test");
   ASSERT_FALSE(tmp.path().empty());
   Cluster src(tmp.path(), "src", 2, 64);
-  ASSERT_TRUE(src.StartAll().ok()) << src.Logs();
-  auto a = src.Connect(1);
-  ASSERT_TRUE(a.ok()) << a.status();
-  ASSERT_TRUE((*a)->CreateTable(AdamSpec()).ok());
-  ASSERT_TRUE((*a)->CreateTable(FtrlSpec()).ok());
-  ASSERT_TRUE((*a)->CreateDense(DenseW()).ok());
-  Train(**a, 1, 4);
+  std::unique_ptr<PsClient> a;
+  StartTrained(src, 1, 4, &a);
   if (HasFatalFailure()) return;
-  const Snapshot before = Pull(**a);
+  const Snapshot before = Pull(*a);
 
   const std::string dir = tmp.path() + "/export";
   std::string out;
-  ASSERT_EQ(RunTransfer({"--servers=" + src.Servers(), "--dir=" + dir, "export"},
-                        tmp.path() + "/export.log", &out),
-            0)
-      << out << src.Logs();
+  ASSERT_EQ(src.Transfer("export", dir, &out), 0) << out << src.Logs();
   // Rows that were only pulled (never pushed) hold their initial value and are not stored,
   // so a durable pod exports the pushed rows: nearly all of them here.
   const uint64_t exported = JsonNumber(out, "rows");
   EXPECT_GT(exported, uint64_t{2 * kRows * 9 / 10}) << out;
   // A second export into the same directory is refused.
-  EXPECT_EQ(RunTransfer({"--servers=" + src.Servers(), "--dir=" + dir, "export"},
-                        tmp.path() + "/export2.log", &out),
-            1)
-      << out;
+  EXPECT_EQ(src.Transfer("export", dir, &out), 1) << out;
 
   Cluster dst(tmp.path(), "dst", 3, 128);
   ASSERT_TRUE(dst.StartAll().ok()) << dst.Logs();
-  ASSERT_EQ(RunTransfer({"--servers=" + dst.Servers(), "--dir=" + dir, "import"},
-                        tmp.path() + "/import.log", &out),
-            0)
-      << out << dst.Logs();
+  ASSERT_EQ(dst.Transfer("import", dir, &out), 0) << out << dst.Logs();
   EXPECT_EQ(JsonNumber(out, "installed"), exported + 1) << out;  // + the dense tensor
 
   auto b = dst.Connect(2);
   ASSERT_TRUE(b.ok()) << b.status();
-  const Snapshot imported = Pull(**b);
-  EXPECT_TRUE(BitEqual(imported.adam, before.adam));
-  EXPECT_TRUE(BitEqual(imported.ftrl, before.ftrl));
-  EXPECT_TRUE(BitEqual(imported.dense, before.dense));
+  EXPECT_TRUE(BitEqual(Pull(**b), before));
 
   // The same pushes on both clusters: equal results need the slots and steps too.
-  Train(**a, 2, 2);
+  Train(*a, 2, 2);
   Train(**b, 2, 2);
   if (HasFatalFailure()) return;
-  const Snapshot after_a = Pull(**a);
-  const Snapshot after_b = Pull(**b);
+  const Snapshot after_a = Pull(*a);
   EXPECT_FALSE(BitEqual(after_a.adam, before.adam));
-  EXPECT_TRUE(BitEqual(after_a.adam, after_b.adam));
-  EXPECT_TRUE(BitEqual(after_a.ftrl, after_b.ftrl));
-  EXPECT_TRUE(BitEqual(after_a.dense, after_b.dense));
+  EXPECT_TRUE(BitEqual(Pull(**b), after_a));
 
   // Importing again installs nothing: every row is already at a later step.
-  ASSERT_EQ(RunTransfer({"--servers=" + dst.Servers(), "--dir=" + dir, "import"},
-                        tmp.path() + "/import2.log", &out),
-            0)
-      << out;
+  ASSERT_EQ(dst.Transfer("import", dir, &out), 0) << out;
   EXPECT_NE(out.find("\"installed\":0,"), std::string::npos) << out;
 
   // The installs and later pushes are durable: SIGKILL every target pod and restart it.
   b->reset();
-  for (size_t i = 0; i < 3; ++i) {
-    dst.Kill(i);
-    ASSERT_TRUE(dst.Start(i).ok()) << dst.Logs();
-  }
+  for (size_t i = 0; i < 3; ++i) ASSERT_TRUE(dst.Restart(i).ok()) << dst.Logs();
   auto b2 = dst.Connect(3);
   ASSERT_TRUE(b2.ok()) << b2.status();
-  const Snapshot recovered = Pull(**b2);
-  EXPECT_TRUE(BitEqual(recovered.adam, after_a.adam));
-  EXPECT_TRUE(BitEqual(recovered.ftrl, after_a.ftrl));
-  EXPECT_TRUE(BitEqual(recovered.dense, after_a.dense));
+  EXPECT_TRUE(BitEqual(Pull(**b2), after_a));
 }
 
 TEST(ExportImportTest, DamagedExportInstallsNothing) {
   integration::TempDir tmp("export_import_damaged");
   ASSERT_FALSE(tmp.path().empty());
   Cluster src(tmp.path(), "src", 1, 16);
-  ASSERT_TRUE(src.StartAll().ok()) << src.Logs();
-  auto a = src.Connect(1);
-  ASSERT_TRUE(a.ok()) << a.status();
-  ASSERT_TRUE((*a)->CreateTable(AdamSpec()).ok());
-  ASSERT_TRUE((*a)->CreateTable(FtrlSpec()).ok());
-  ASSERT_TRUE((*a)->CreateDense(DenseW()).ok());
-  Train(**a, 5, 1);
+  std::unique_ptr<PsClient> a;
+  StartTrained(src, 5, 1, &a);
+  if (HasFatalFailure()) return;
   const std::string dir = tmp.path() + "/export";
   std::string out;
-  ASSERT_EQ(RunTransfer({"--servers=" + src.Servers(), "--dir=" + dir, "export"},
-                        tmp.path() + "/export.log", &out),
-            0)
-      << out;
+  ASSERT_EQ(src.Transfer("export", dir, &out), 0) << out;
   // Flip one byte in the middle of the first table file.
   const std::string file = dir + "/part-0/table-0000-00000.psx";
   FILE* f = std::fopen(file.c_str(), "r+b");
@@ -346,9 +365,7 @@ TEST(ExportImportTest, DamagedExportInstallsNothing) {
 
   Cluster dst(tmp.path(), "dst", 2, 32);
   ASSERT_TRUE(dst.StartAll().ok()) << dst.Logs();
-  EXPECT_EQ(RunTransfer({"--servers=" + dst.Servers(), "--dir=" + dir, "import"},
-                        tmp.path() + "/import.log", &out),
-            1);
+  EXPECT_EQ(dst.Transfer("import", dir, &out), 1);
   EXPECT_NE(out.find("DATA_LOSS"), std::string::npos) << out;
   auto b = dst.Connect(2);
   ASSERT_TRUE(b.ok()) << b.status();
@@ -426,10 +443,7 @@ TEST(ExportImportTest, RowsNoUpdateCouldLeaveAreSkippedAndNamed) {
   ASSERT_TRUE((*a)->Pull({{"ftrl", ids, before.data()}}).ok());
   const std::string dir = tmp.path() + "/export";
   std::string out;
-  ASSERT_EQ(RunTransfer({"--servers=" + src.Servers(), "--dir=" + dir, "export"},
-                        tmp.path() + "/export.log", &out),
-            0)
-      << out << src.Logs();
+  ASSERT_EQ(src.Transfer("export", dir, &out), 0) << out << src.Logs();
   ASSERT_EQ(JsonNumber(out, "rows"), ids.size()) << out;
   // A dim-4 FTRL row is 4 weights, then z (4), then n (4): a NaN z, a negative n, a
   // weight beyond ±1e15.
@@ -440,10 +454,7 @@ TEST(ExportImportTest, RowsNoUpdateCouldLeaveAreSkippedAndNamed) {
 
   Cluster dst(tmp.path(), "dst", 2, 32);
   ASSERT_TRUE(dst.StartAll().ok()) << dst.Logs();
-  ASSERT_EQ(RunTransfer({"--servers=" + dst.Servers(), "--dir=" + dir, "import"},
-                        tmp.path() + "/import.log", &out),
-            0)
-      << out << dst.Logs();
+  ASSERT_EQ(dst.Transfer("import", dir, &out), 0) << out << dst.Logs();
   EXPECT_EQ(JsonNumber(out, "invalid"), 3u) << out;
   EXPECT_EQ(JsonNumber(out, "installed"), ids.size() - 3) << out;
   for (const std::string& named :
@@ -470,19 +481,11 @@ TEST(ExportImportTest, DeltaSinceACursorAfterAKillAppliesOnTheFullExport) {
   integration::TempDir tmp("export_import_delta");
   ASSERT_FALSE(tmp.path().empty());
   Cluster src(tmp.path(), "src", 2, 32);
-  ASSERT_TRUE(src.StartAll().ok()) << src.Logs();
-  auto a = src.Connect(1);
-  ASSERT_TRUE(a.ok()) << a.status();
-  ASSERT_TRUE((*a)->CreateTable(AdamSpec()).ok());
-  ASSERT_TRUE((*a)->CreateTable(FtrlSpec()).ok());
-  ASSERT_TRUE((*a)->CreateDense(DenseW()).ok());
-  Train(**a, 1, 2);
+  std::unique_ptr<PsClient> a;
+  StartTrained(src, 1, 2, &a);
   if (HasFatalFailure()) return;
   std::string out;
-  ASSERT_EQ(RunTransfer({"--servers=" + src.Servers(), "--dir=" + tmp.path() + "/full", "export"},
-                        tmp.path() + "/full.log", &out),
-            0)
-      << out << src.Logs();
+  ASSERT_EQ(src.Transfer("export", tmp.path() + "/full", &out), 0) << out << src.Logs();
   const std::string cursor = JsonString(out, "cursor");
   ASSERT_EQ(cursor.rfind("v1:", 0), 0u) << out;
   const uint64_t full_rows = JsonNumber(out, "rows");
@@ -490,43 +493,26 @@ TEST(ExportImportTest, DeltaSinceACursorAfterAKillAppliesOnTheFullExport) {
   // A few rows change; pod 0 is killed and restarts from its disk.
   const std::vector<int64_t> few = {Ids()[1], Ids()[500], Ids()[2999], 77777777};
   std::vector<float> ga(few.size() * 8, 0.5f), gf(few.size() * 4, 0.5f);
-  ASSERT_TRUE((*a)->Push({{"emb/adam", few, ga.data()}, {"ftrl", few, gf.data()}}).ok());
-  a->reset();
-  src.Kill(0);
-  ASSERT_TRUE(src.Start(0).ok()) << src.Logs();
-  a = src.Connect(2);
-  ASSERT_TRUE(a.ok()) << a.status();
-  const Snapshot expected = Pull(**a);
+  ASSERT_TRUE(a->Push({{"emb/adam", few, ga.data()}, {"ftrl", few, gf.data()}}).ok());
+  a.reset();
+  ASSERT_TRUE(src.Restart(0).ok()) << src.Logs();
+  auto a2 = src.Connect(2);
+  ASSERT_TRUE(a2.ok()) << a2.status();
+  const Snapshot expected = Pull(**a2);
 
-  ASSERT_EQ(RunTransfer({"--servers=" + src.Servers(), "--dir=" + tmp.path() + "/delta",
-                         "--since=" + cursor, "export"},
-                        tmp.path() + "/delta.log", &out),
-            0)
-      << out << src.Logs();
+  ASSERT_EQ(src.Transfer("export", tmp.path() + "/delta", &out, cursor), 0) << out << src.Logs();
   EXPECT_EQ(JsonNumber(out, "rows"), 2 * few.size()) << out;  // both tables' changed rows
   EXPECT_EQ(JsonNumber(out, "whole_parts"), 0u) << out;
   EXPECT_LT(JsonNumber(out, "rows"), full_rows);
   EXPECT_NE(JsonString(out, "cursor"), cursor) << out;
 
   Cluster dst(tmp.path(), "dst", 1, 16);
-  ASSERT_TRUE(dst.StartAll().ok()) << dst.Logs();
-  for (const char* dir : {"/full", "/delta"}) {
-    ASSERT_EQ(RunTransfer({"--servers=" + dst.Servers(), "--dir=" + tmp.path() + dir, "import"},
-                          tmp.path() + dir + "-import.log", &out),
-              0)
-        << out << dst.Logs();
-  }
-  auto b = dst.Connect(3);
-  ASSERT_TRUE(b.ok()) << b.status();
-  const Snapshot imported = Pull(**b);
-  EXPECT_TRUE(BitEqual(imported.adam, expected.adam));
-  EXPECT_TRUE(BitEqual(imported.ftrl, expected.ftrl));
-  EXPECT_TRUE(BitEqual(imported.dense, expected.dense));
+  Snapshot imported;
+  ImportFullThenDelta(tmp.path(), dst, &imported);
+  if (HasFatalFailure()) return;
+  EXPECT_TRUE(BitEqual(imported, expected));
   // --since belongs to export.
-  EXPECT_EQ(RunTransfer({"--servers=" + dst.Servers(), "--dir=" + tmp.path() + "/delta",
-                         "--since=" + cursor, "import"},
-                        tmp.path() + "/bad-usage.log", &out),
-            2);
+  EXPECT_EQ(dst.Transfer("import", tmp.path() + "/delta", &out, cursor), 2);
 }
 
 // The pod's journal keeps only its newest round as written and merges the others: the
@@ -540,19 +526,11 @@ TEST(ExportImportTest, DeltaFromACursorInsideAMergedJournalRangeAfterAKill) {
   src.AddFlag("--change_journal_keep_rounds=1");
   src.AddFlag("--change_journal_merge_kb=0");
   src.AddFlag("--materialize_ms=600000");  // rounds only at exports: the journal's are known
-  ASSERT_TRUE(src.StartAll().ok()) << src.Logs();
-  auto a = src.Connect(1);
-  ASSERT_TRUE(a.ok()) << a.status();
-  ASSERT_TRUE((*a)->CreateTable(AdamSpec()).ok());
-  ASSERT_TRUE((*a)->CreateTable(FtrlSpec()).ok());
-  ASSERT_TRUE((*a)->CreateDense(DenseW()).ok());
-  Train(**a, 1, 2);
+  std::unique_ptr<PsClient> a;
+  StartTrained(src, 1, 2, &a);
   if (HasFatalFailure()) return;
   std::string out;
-  ASSERT_EQ(RunTransfer({"--servers=" + src.Servers(), "--dir=" + tmp.path() + "/full", "export"},
-                        tmp.path() + "/full.log", &out),
-            0)
-      << out << src.Logs();
+  ASSERT_EQ(src.Transfer("export", tmp.path() + "/full", &out), 0) << out << src.Logs();
   const std::string cursor = JsonString(out, "cursor");
   ASSERT_EQ(cursor.rfind("v1:", 0), 0u) << out;
 
@@ -564,47 +542,30 @@ TEST(ExportImportTest, DeltaFromACursorInsideAMergedJournalRangeAfterAKill) {
     const std::vector<int64_t> few = {Ids()[r], Ids()[100 + r], 88888800 + r};
     changed.insert(few.begin(), few.end());
     std::vector<float> ga(few.size() * 8, 0.5f), gf(few.size() * 4, 0.5f);
-    ASSERT_TRUE((*a)->Push({{"emb/adam", few, ga.data()}, {"ftrl", few, gf.data()}}).ok());
-    const std::string dir = tmp.path() + "/mid-" + std::to_string(r);
-    ASSERT_EQ(
-        RunTransfer({"--servers=" + src.Servers(), "--dir=" + dir, "export"}, dir + ".log", &out),
-        0)
+    ASSERT_TRUE(a->Push({{"emb/adam", few, ga.data()}, {"ftrl", few, gf.data()}}).ok());
+    ASSERT_EQ(src.Transfer("export", tmp.path() + "/mid-" + std::to_string(r), &out), 0)
         << out << src.Logs();
   }
-  a->reset();
-  src.Kill(0);
-  ASSERT_TRUE(src.Start(0).ok()) << src.Logs();
-  a = src.Connect(2);
-  ASSERT_TRUE(a.ok()) << a.status();
+  a.reset();
+  ASSERT_TRUE(src.Restart(0).ok()) << src.Logs();
+  auto a2 = src.Connect(2);
+  ASSERT_TRUE(a2.ok()) << a2.status();
   const std::vector<int64_t> last = {Ids()[7], 99999999};  // in the restarted pod's log only
   changed.insert(last.begin(), last.end());
   std::vector<float> ga(last.size() * 8, 0.25f), gf(last.size() * 4, 0.25f);
-  ASSERT_TRUE((*a)->Push({{"emb/adam", last, ga.data()}, {"ftrl", last, gf.data()}}).ok());
-  const Snapshot expected = Pull(**a);
+  ASSERT_TRUE((*a2)->Push({{"emb/adam", last, ga.data()}, {"ftrl", last, gf.data()}}).ok());
+  const Snapshot expected = Pull(**a2);
 
-  ASSERT_EQ(RunTransfer({"--servers=" + src.Servers(), "--dir=" + tmp.path() + "/delta",
-                         "--since=" + cursor, "export"},
-                        tmp.path() + "/delta.log", &out),
-            0)
-      << out << src.Logs();
+  ASSERT_EQ(src.Transfer("export", tmp.path() + "/delta", &out, cursor), 0) << out << src.Logs();
   EXPECT_EQ(JsonNumber(out, "whole_parts"), 0u) << out;
   // More than the changed rows of both tables: the merged range's too.
   EXPECT_GT(JsonNumber(out, "rows"), 2 * changed.size()) << out;
 
   Cluster dst(tmp.path(), "dst", 1, 16);
-  ASSERT_TRUE(dst.StartAll().ok()) << dst.Logs();
-  for (const char* dir : {"/full", "/delta"}) {
-    ASSERT_EQ(RunTransfer({"--servers=" + dst.Servers(), "--dir=" + tmp.path() + dir, "import"},
-                          tmp.path() + dir + "-import.log", &out),
-              0)
-        << out << dst.Logs();
-  }
-  auto b = dst.Connect(3);
-  ASSERT_TRUE(b.ok()) << b.status();
-  const Snapshot imported = Pull(**b);
-  EXPECT_TRUE(BitEqual(imported.adam, expected.adam));
-  EXPECT_TRUE(BitEqual(imported.ftrl, expected.ftrl));
-  EXPECT_TRUE(BitEqual(imported.dense, expected.dense));
+  Snapshot imported;
+  ImportFullThenDelta(tmp.path(), dst, &imported);
+  if (HasFatalFailure()) return;
+  EXPECT_TRUE(BitEqual(imported, expected));
 }
 
 TEST(ExportImportTest, ACursorOlderThanTheChangeJournalIsRefused) {
@@ -620,20 +581,11 @@ TEST(ExportImportTest, ACursorOlderThanTheChangeJournalIsRefused) {
   std::vector<float> g(ids.size() * 4, 0.25f);
   ASSERT_TRUE((*a)->Push({{"ftrl", ids, g.data()}}).ok());
   std::string out;
-  ASSERT_EQ(RunTransfer({"--servers=" + src.Servers(), "--dir=" + tmp.path() + "/e0", "export"},
-                        tmp.path() + "/e0.log", &out),
-            0)
-      << out;
+  ASSERT_EQ(src.Transfer("export", tmp.path() + "/e0", &out), 0) << out;
   const std::string old = JsonString(out, "cursor");
   ASSERT_TRUE((*a)->Push({{"ftrl", ids, g.data()}}).ok());
-  ASSERT_EQ(RunTransfer({"--servers=" + src.Servers(), "--dir=" + tmp.path() + "/e1", "export"},
-                        tmp.path() + "/e1.log", &out),
-            0)
-      << out;
-  EXPECT_EQ(RunTransfer({"--servers=" + src.Servers(), "--dir=" + tmp.path() + "/d",
-                         "--since=" + old, "export"},
-                        tmp.path() + "/d.log", &out),
-            1);
+  ASSERT_EQ(src.Transfer("export", tmp.path() + "/e1", &out), 0) << out;
+  EXPECT_EQ(src.Transfer("export", tmp.path() + "/d", &out, old), 1);
   EXPECT_NE(out.find("FAILED_PRECONDITION"), std::string::npos) << out;
   EXPECT_NE(out.find("take a full export"), std::string::npos) << out;
 }
