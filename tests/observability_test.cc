@@ -98,6 +98,43 @@ class ObservabilityTest : public testing::Test {
     return false;
   }
 
+  // ps-master on data dir "master-db" with `flags`; returns {grpc port, metrics port}.
+  std::pair<int, int> StartMaster(const std::vector<std::string>& flags) {
+    std::vector<std::string> argv = {PS_MASTER_BINARY, "--data_dir=" + Path("master-db")};
+    argv.insert(argv.end(), flags.begin(), flags.end());
+    return Start("master", argv);
+  }
+
+  // Pod `id` of the master at `master` with `flags`, once ready (registered); returns {grpc
+  // port, metrics port}, or {0, 0} (and a failure) if it did not become ready.
+  std::pair<int, int> StartPod(const std::string& id, const std::string& master,
+                               const std::vector<std::string>& flags) {
+    std::vector<std::string> argv = {PS_SERVER_BINARY, "--master=" + master, "--pod_id=" + id};
+    argv.insert(argv.end(), flags.begin(), flags.end());
+    const std::pair<int, int> ports = Start(id, argv);
+    if (ports.second > 0 && WaitReady(ports.second)) return ports;
+    ADD_FAILURE() << id << " never became ready";
+    return {0, 0};
+  }
+
+  // A client with `options` creates table `table` (dim `dim`), pushes `grad` to every element
+  // of `ids` and, if `pulled`, pulls them back into it.
+  static void CreateAndPush(const ClientOptions& options, const std::string& table, int dim,
+                            const std::vector<int64_t>& ids, float grad,
+                            std::vector<float>* pulled = nullptr) {
+    auto client = PsClient::Connect(options);
+    ASSERT_TRUE(client.ok()) << client.status();
+    TableSpec spec;
+    spec.set_name(table);
+    spec.set_dim(dim);
+    ASSERT_TRUE((*client)->CreateTable(spec).ok());
+    std::vector<float> grads(ids.size() * dim, grad);
+    ASSERT_TRUE((*client)->Push({{table, ids, grads.data()}}).ok());
+    if (pulled == nullptr) return;
+    pulled->resize(ids.size() * dim);
+    ASSERT_TRUE((*client)->Pull({{table, ids, pulled->data()}}).ok());
+  }
+
   std::string Scrape(int port) {
     auto body = HttpGet(port, "/metrics");
     EXPECT_TRUE(body.ok()) << body.status();
@@ -110,15 +147,13 @@ class ObservabilityTest : public testing::Test {
 
 TEST_F(ObservabilityTest, MetricsFollowTrafficAndAPodDeregistersOnSigterm) {
   auto [master_port, master_metrics] =
-      Start("master", {PS_MASTER_BINARY, "--data_dir=" + Path("master-db"), "--num_ps=1",
-                       "--num_vshards=64", "--lease_ms=2000", "--shutdown_grace_ms=200"});
+      StartMaster({"--num_ps=1", "--num_vshards=64", "--lease_ms=2000", "--shutdown_grace_ms=200"});
   ASSERT_GT(master_metrics, 0);
   const std::string master = absl::StrCat("127.0.0.1:", master_port);
   auto [pod_port, pod_metrics] =
-      Start("ps-0", {PS_SERVER_BINARY, "--master=" + master, "--pod_id=ps-0", "--num_vshards=64",
-                     "--data_dir=" + Path("ps-0"), "--shutdown_grace_ms=500"});
+      StartPod("ps-0", master,
+               {"--num_vshards=64", "--data_dir=" + Path("ps-0"), "--shutdown_grace_ms=500"});
   ASSERT_GT(pod_metrics, 0);
-  ASSERT_TRUE(WaitReady(pod_metrics)) << "the pod never became ready";
 
   std::string pod = Scrape(pod_metrics);
   EXPECT_TRUE(absl::StrContains(pod, "# TYPE ps_pushed_rows_total counter\n")) << pod;
@@ -134,16 +169,9 @@ TEST_F(ObservabilityTest, MetricsFollowTrafficAndAPodDeregistersOnSigterm) {
 
   ClientOptions options;
   options.master = master;
-  auto client = PsClient::Connect(options);
-  ASSERT_TRUE(client.ok()) << client.status();
-  TableSpec spec;
-  spec.set_name("user");
-  spec.set_dim(4);
-  ASSERT_TRUE((*client)->CreateTable(spec).ok());
-  std::vector<int64_t> ids = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10};
-  std::vector<float> grads(ids.size() * 4, 0.5f), rows(ids.size() * 4);
-  ASSERT_TRUE((*client)->Push({{"user", ids, grads.data()}}).ok());
-  ASSERT_TRUE((*client)->Pull({{"user", ids, rows.data()}}).ok());
+  std::vector<float> rows;
+  CreateAndPush(options, "user", 4, {1, 2, 3, 4, 5, 6, 7, 8, 9, 10}, 0.5f, &rows);
+  if (HasFatalFailure()) return;
 
   pod = Scrape(pod_metrics);
   EXPECT_EQ(Sample(pod, "ps_pushed_rows_total"), 10);
@@ -179,7 +207,6 @@ TEST_F(ObservabilityTest, MetricsFollowTrafficAndAPodDeregistersOnSigterm) {
 
   // SIGTERM: the pod stops, deregisters (the master shows it LOST at once, not after
   // its lease) and exits 0.
-  client->reset();
   children_["ps-0"]->Signal(SIGTERM);
   ASSERT_TRUE(children_["ps-0"]->WaitExit(absl::Seconds(10)));
   EXPECT_EQ(children_["ps-0"]->Describe().substr(children_["ps-0"]->Describe().find(' ', 4) + 1),
@@ -199,20 +226,18 @@ TEST_F(ObservabilityTest, ReplicationSeriesAndAdminViews) {
   // A long lag bound: a follower whose address reaches its primary a heartbeat late is not
   // what this test is about.
   auto [master_port, master_metrics] =
-      Start("master", {PS_MASTER_BINARY, "--data_dir=" + Path("master-db"), "--num_ps=2",
-                       "--num_vshards=16", "--replication=2", "--lease_ms=3000",
-                       "--replication_max_lag_ms=60000", "--shutdown_grace_ms=200"});
+      StartMaster({"--num_ps=2", "--num_vshards=16", "--replication=2", "--lease_ms=3000",
+                   "--replication_max_lag_ms=60000", "--shutdown_grace_ms=200"});
   ASSERT_GT(master_metrics, 0);
   const std::string master = absl::StrCat("127.0.0.1:", master_port);
   std::map<std::string, int> pod_metrics;
   for (const std::string id : {"ps-0", "ps-1"}) {
     pod_metrics[id] =
-        Start(id, {PS_SERVER_BINARY, "--master=" + master, "--pod_id=" + id, "--num_vshards=16",
-                   "--data_dir=" + Path(id), "--shutdown_grace_ms=500"})
+        StartPod(id, master,
+                 {"--num_vshards=16", "--data_dir=" + Path(id), "--shutdown_grace_ms=500"})
             .second;
     ASSERT_GT(pod_metrics[id], 0);
   }
-  for (const auto& [id, port] : pod_metrics) ASSERT_TRUE(WaitReady(port)) << id;
   std::string m = Scrape(master_metrics);
   EXPECT_EQ(Sample(m, "ps_master_replication_factor"), 2) << m;
   EXPECT_EQ(Sample(m, "ps_master_under_replicated_vshards"), 0);
@@ -221,16 +246,10 @@ TEST_F(ObservabilityTest, ReplicationSeriesAndAdminViews) {
 
   ClientOptions options;
   options.master = master;
-  auto client = PsClient::Connect(options);
-  ASSERT_TRUE(client.ok()) << client.status();
-  TableSpec spec;
-  spec.set_name("user");
-  spec.set_dim(4);
-  ASSERT_TRUE((*client)->CreateTable(spec).ok());
   std::vector<int64_t> ids;
   for (int64_t i = 1; i <= 64; ++i) ids.push_back(i);  // on both pods
-  std::vector<float> grads(ids.size() * 4, 0.5f);
-  ASSERT_TRUE((*client)->Push({{"user", ids, grads.data()}}).ok());
+  CreateAndPush(options, "user", 4, ids, 0.5f);
+  if (HasFatalFailure()) return;
 
   // Acknowledged: each pod's follower holds its part, nothing is waiting.
   double acked = 0, applied = 0;
@@ -282,23 +301,20 @@ TEST_F(ObservabilityTest, MutualTlsAndTokenAcrossTheCluster) {
       "--tls_cert=" + certs.file("server.crt"), "--tls_key=" + certs.file("server.key"),
       "--tls_ca=" + certs.file("ca.crt"), "--auth_token_file=" + Path("token"),
       "--admin_identities=ps-server,ps-admin"};
-  std::vector<std::string> margv = {PS_MASTER_BINARY, "--data_dir=" + Path("master-db"),
-                                    "--num_ps=1", "--num_vshards=64"};
+  std::vector<std::string> margv = {"--num_ps=1", "--num_vshards=64"};
   margv.insert(margv.end(), tls.begin(), tls.end());
-  auto [master_port, master_metrics] = Start("master", margv);
+  auto [master_port, master_metrics] = StartMaster(margv);
   ASSERT_GT(master_metrics, 0);
   // The certificate names 127.0.0.1 and localhost: the pod advertises 127.0.0.1:PORT.
   const std::string master = absl::StrCat("localhost:", master_port);
-  std::vector<std::string> pargv = {PS_SERVER_BINARY, "--master=" + master, "--pod_id=ps-0",
-                                    "--num_vshards=64"};
+  std::vector<std::string> pargv = {"--num_vshards=64"};
   pargv.insert(pargv.end(), tls.begin(), tls.end());
-  auto [pod_port, pod_metrics] = Start("ps-0", pargv);
-  ASSERT_GT(pod_metrics, 0);
-  ASSERT_TRUE(WaitReady(pod_metrics)) << "the pod never registered over mutual TLS";
+  // Ready: it registered over mutual TLS.
+  ASSERT_GT(StartPod("ps-0", master, pargv).second, 0);
 
   std::vector<int64_t> many(64);
   for (int64_t i = 0; i < 64; ++i) many[i] = i;
-  std::vector<float> before(many.size() * 2), after(many.size() * 2);
+  std::vector<float> before, after(many.size() * 2);
   ClientOptions options;
   options.master = master;
   options.connect_timeout_ms = 3000;
@@ -307,17 +323,8 @@ TEST_F(ObservabilityTest, MutualTlsAndTokenAcrossTheCluster) {
   options.security.cert_file = certs.file("client.crt");
   options.security.key_file = certs.file("client.key");
   options.security.auth_token = "cluster-secret";
-  {
-    auto client = PsClient::Connect(options);
-    ASSERT_TRUE(client.ok()) << client.status();
-    TableSpec spec;
-    spec.set_name("t");
-    spec.set_dim(2);
-    ASSERT_TRUE((*client)->CreateTable(spec).ok());
-    std::vector<float> grads(many.size() * 2, 1.0f);
-    EXPECT_TRUE((*client)->Push({{"t", many, grads.data()}}).ok());
-    ASSERT_TRUE((*client)->Pull({{"t", many, before.data()}}).ok());
-  }
+  CreateAndPush(options, "t", 2, many, 1.0f, &before);
+  if (HasFatalFailure()) return;
   {
     ClientOptions wrong = options;
     wrong.security.auth_token = "not-the-secret";
@@ -355,11 +362,8 @@ TEST_F(ObservabilityTest, MutualTlsAndTokenAcrossTheCluster) {
   // A second pod and a rebalance: the master's calls to the pods and the pods' copy between
   // them go over mutual TLS, admin by their certificate; the pushed rows move with their
   // vshards. A worker's certificate with the token may not rebalance; ps-admin's may.
-  std::vector<std::string> p1argv = {PS_SERVER_BINARY, "--master=" + master, "--pod_id=ps-1",
-                                     "--num_vshards=64"};
-  p1argv.insert(p1argv.end(), tls.begin(), tls.end());
-  auto [pod1_port, pod1_metrics] = Start("ps-1", p1argv);
-  ASSERT_TRUE(WaitReady(pod1_metrics));
+  const int pod1_metrics = StartPod("ps-1", master, pargv).second;
+  ASSERT_GT(pod1_metrics, 0);
   std::string denied = admin({"--auth_token_file=" + Path("token")}, "rebalance");
   EXPECT_TRUE(absl::StartsWith(denied, "exited with code 1")) << denied;
   EXPECT_TRUE(absl::StrContains(denied, "PERMISSION_DENIED")) << denied;
@@ -407,28 +411,24 @@ TEST_F(ObservabilityTest, WorkersCannotControlPodsAndTheAdminCanWithinLimits) {
   std::ofstream(Path("admin.token")) << "admin-secret\n";
   const std::vector<std::string> tokens = {"--auth_token_file=" + Path("worker.token"),
                                            "--admin_token_file=" + Path("admin.token")};
-  std::vector<std::string> margv = {
-      PS_MASTER_BINARY,   "--data_dir=" + Path("master-db"), "--num_ps=1",
-      "--num_vshards=64", "--shutdown_grace_ms=200",         "--checkpoint_dir=" + Path("ckpts")};
+  std::vector<std::string> margv = {"--num_ps=1", "--num_vshards=64", "--shutdown_grace_ms=200",
+                                    "--checkpoint_dir=" + Path("ckpts")};
   margv.insert(margv.end(), tokens.begin(), tokens.end());
-  auto [master_port, master_metrics] = Start("master", margv);
+  auto [master_port, master_metrics] = StartMaster(margv);
   ASSERT_GT(master_port, 0);
   const std::string master = absl::StrCat("127.0.0.1:", master_port);
   std::map<std::string, int> pod_ports, pod_metrics;
   for (const std::string id : {"ps-0", "ps-1"}) {
-    std::vector<std::string> pargv = {PS_SERVER_BINARY,
-                                      "--master=" + master,
-                                      "--pod_id=" + id,
-                                      "--num_vshards=64",
+    std::vector<std::string> pargv = {"--num_vshards=64",
                                       "--data_dir=" + Path(id),
                                       "--materialize_ms=100",
                                       "--shutdown_grace_ms=200",
                                       "--checkpoint_root=" + Path("ckpts"),
                                       "--export_root=" + Path("exports")};
     pargv.insert(pargv.end(), tokens.begin(), tokens.end());
-    std::tie(pod_ports[id], pod_metrics[id]) = Start(id, pargv);
     // Ready = registered: the pod presents the admin token to the master.
-    ASSERT_TRUE(WaitReady(pod_metrics[id])) << id << " never registered";
+    std::tie(pod_ports[id], pod_metrics[id]) = StartPod(id, master, pargv);
+    ASSERT_GT(pod_metrics[id], 0) << id << " never registered";
   }
 
   // A worker trains with the worker token.
@@ -437,18 +437,9 @@ TEST_F(ObservabilityTest, WorkersCannotControlPodsAndTheAdminCanWithinLimits) {
   options.security.auth_token = "worker-secret";
   std::vector<int64_t> ids(64);
   for (int64_t i = 0; i < 64; ++i) ids[i] = i;
-  std::vector<float> before(ids.size() * 2), after(ids.size() * 2);
-  {
-    auto client = PsClient::Connect(options);
-    ASSERT_TRUE(client.ok()) << client.status();
-    TableSpec spec;
-    spec.set_name("t");
-    spec.set_dim(2);
-    ASSERT_TRUE((*client)->CreateTable(spec).ok());
-    std::vector<float> grads(ids.size() * 2, 1.0f);
-    ASSERT_TRUE((*client)->Push({{"t", ids, grads.data()}}).ok());
-    ASSERT_TRUE((*client)->Pull({{"t", ids, before.data()}}).ok());
-  }
+  std::vector<float> before, after(ids.size() * 2);
+  CreateAndPush(options, "t", 2, ids, 1.0f, &before);
+  if (HasFatalFailure()) return;
 
   auto channel = [](const std::string& address, const std::string& token) {
     ChannelSecurity security;
@@ -577,23 +568,14 @@ TEST_F(ObservabilityTest, PrometheusScrapesTheCluster) {
   if (access(prometheus.c_str(), X_OK) != 0) {
     GTEST_SKIP() << "Debian's prometheus is not installed (scripts/install_deps.sh installs it)";
   }
-  auto [master_port, master_metrics] =
-      Start("master", {PS_MASTER_BINARY, "--data_dir=" + Path("master-db"), "--num_ps=1"});
+  auto [master_port, master_metrics] = StartMaster({"--num_ps=1"});
   const std::string master = absl::StrCat("127.0.0.1:", master_port);
-  auto [pod_port, pod_metrics] =
-      Start("ps-0", {PS_SERVER_BINARY, "--master=" + master, "--pod_id=ps-0"});
-  ASSERT_TRUE(WaitReady(pod_metrics));
+  auto [pod_port, pod_metrics] = StartPod("ps-0", master, {});
+  ASSERT_GT(pod_metrics, 0);
   ClientOptions options;
   options.master = master;
-  auto client = PsClient::Connect(options);
-  ASSERT_TRUE(client.ok()) << client.status();
-  TableSpec spec;
-  spec.set_name("user");
-  spec.set_dim(4);
-  ASSERT_TRUE((*client)->CreateTable(spec).ok());
-  std::vector<int64_t> ids = {1, 2, 3};
-  std::vector<float> grads(12, 0.5f);
-  ASSERT_TRUE((*client)->Push({{"user", ids, grads.data()}}).ok());
+  CreateAndPush(options, "user", 4, {1, 2, 3}, 0.5f);
+  if (HasFatalFailure()) return;
 
   const int web_port = FreePort();
   std::ofstream(Path("prometheus.yml"))
