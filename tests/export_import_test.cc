@@ -293,16 +293,23 @@ void ImportFullThenDelta(const std::string& tmp, Cluster& dst, Snapshot* importe
   *imported = Pull(**b);
 }
 
-TEST(ExportImportTest, TwoPodsToThreePodsBitExact) {
-  integration::TempDir tmp("export_import_test");
-  ASSERT_FALSE(tmp.path().empty());
-  Cluster src(tmp.path(), "src", 2, 64);
+// Each test in a run directory of its own.
+class ExportImportTest : public testing::Test {
+ protected:
+  void SetUp() override { ASSERT_FALSE(tmp_.path().empty()) << "mkdtemp failed"; }
+
+  integration::TempDir tmp_{std::string("export_import.") +
+                            testing::UnitTest::GetInstance()->current_test_info()->name()};
+};
+
+TEST_F(ExportImportTest, TwoPodsToThreePodsBitExact) {
+  Cluster src(tmp_.path(), "src", 2, 64);
   std::unique_ptr<PsClient> a;
   StartTrained(src, 1, 4, &a);
   if (HasFatalFailure()) return;
   const Snapshot before = Pull(*a);
 
-  const std::string dir = tmp.path() + "/export";
+  const std::string dir = tmp_.path() + "/export";
   std::string out;
   ASSERT_EQ(src.Transfer("export", dir, &out), 0) << out << src.Logs();
   // Rows that were only pulled (never pushed) hold their initial value and are not stored,
@@ -312,7 +319,7 @@ TEST(ExportImportTest, TwoPodsToThreePodsBitExact) {
   // A second export into the same directory is refused.
   EXPECT_EQ(src.Transfer("export", dir, &out), 1) << out;
 
-  Cluster dst(tmp.path(), "dst", 3, 128);
+  Cluster dst(tmp_.path(), "dst", 3, 128);
   ASSERT_TRUE(dst.StartAll().ok()) << dst.Logs();
   ASSERT_EQ(dst.Transfer("import", dir, &out), 0) << out << dst.Logs();
   EXPECT_EQ(JsonNumber(out, "installed"), exported + 1) << out;  // + the dense tensor
@@ -341,14 +348,12 @@ TEST(ExportImportTest, TwoPodsToThreePodsBitExact) {
   EXPECT_TRUE(BitEqual(Pull(**b2), after_a));
 }
 
-TEST(ExportImportTest, DamagedExportInstallsNothing) {
-  integration::TempDir tmp("export_import_damaged");
-  ASSERT_FALSE(tmp.path().empty());
-  Cluster src(tmp.path(), "src", 1, 16);
+TEST_F(ExportImportTest, DamagedExportInstallsNothing) {
+  Cluster src(tmp_.path(), "src", 1, 16);
   std::unique_ptr<PsClient> a;
   StartTrained(src, 5, 1, &a);
   if (HasFatalFailure()) return;
-  const std::string dir = tmp.path() + "/export";
+  const std::string dir = tmp_.path() + "/export";
   std::string out;
   ASSERT_EQ(src.Transfer("export", dir, &out), 0) << out;
   // Flip one byte in the middle of the first table file.
@@ -363,7 +368,7 @@ TEST(ExportImportTest, DamagedExportInstallsNothing) {
   std::fputc(c ^ 0x01, f);
   std::fclose(f);
 
-  Cluster dst(tmp.path(), "dst", 2, 32);
+  Cluster dst(tmp_.path(), "dst", 2, 32);
   ASSERT_TRUE(dst.StartAll().ok()) << dst.Logs();
   EXPECT_EQ(dst.Transfer("import", dir, &out), 1);
   EXPECT_NE(out.find("DATA_LOSS"), std::string::npos) << out;
@@ -428,10 +433,8 @@ void Poison(const std::string& part, const std::string& file,
 // included. An export made before updates saturated may hold such rows (here written into
 // the export's files): ps-transfer import installs every other row, skips those, counts
 // them ("invalid") and names them.
-TEST(ExportImportTest, RowsNoUpdateCouldLeaveAreSkippedAndNamed) {
-  integration::TempDir tmp("export_import_invalid");
-  ASSERT_FALSE(tmp.path().empty());
-  Cluster src(tmp.path(), "src", 1, 16);
+TEST_F(ExportImportTest, RowsNoUpdateCouldLeaveAreSkippedAndNamed) {
+  Cluster src(tmp_.path(), "src", 1, 16);
   ASSERT_TRUE(src.StartAll().ok()) << src.Logs();
   auto a = src.Connect(1);
   ASSERT_TRUE(a.ok()) << a.status();
@@ -441,7 +444,7 @@ TEST(ExportImportTest, RowsNoUpdateCouldLeaveAreSkippedAndNamed) {
   ASSERT_TRUE((*a)->Push({{"ftrl", ids, grads.data()}}).ok());
   std::vector<float> before(ids.size() * 4);
   ASSERT_TRUE((*a)->Pull({{"ftrl", ids, before.data()}}).ok());
-  const std::string dir = tmp.path() + "/export";
+  const std::string dir = tmp_.path() + "/export";
   std::string out;
   ASSERT_EQ(src.Transfer("export", dir, &out), 0) << out << src.Logs();
   ASSERT_EQ(JsonNumber(out, "rows"), ids.size()) << out;
@@ -452,7 +455,7 @@ TEST(ExportImportTest, RowsNoUpdateCouldLeaveAreSkippedAndNamed) {
   Poison(dir + "/part-0", "table-0000-00000.psx", bad);
   if (HasFatalFailure()) return;
 
-  Cluster dst(tmp.path(), "dst", 2, 32);
+  Cluster dst(tmp_.path(), "dst", 2, 32);
   ASSERT_TRUE(dst.StartAll().ok()) << dst.Logs();
   ASSERT_EQ(dst.Transfer("import", dir, &out), 0) << out << dst.Logs();
   EXPECT_EQ(JsonNumber(out, "invalid"), 3u) << out;
@@ -477,15 +480,13 @@ TEST(ExportImportTest, RowsNoUpdateCouldLeaveAreSkippedAndNamed) {
   }
 }
 
-TEST(ExportImportTest, DeltaSinceACursorAfterAKillAppliesOnTheFullExport) {
-  integration::TempDir tmp("export_import_delta");
-  ASSERT_FALSE(tmp.path().empty());
-  Cluster src(tmp.path(), "src", 2, 32);
+TEST_F(ExportImportTest, DeltaSinceACursorAfterAKillAppliesOnTheFullExport) {
+  Cluster src(tmp_.path(), "src", 2, 32);
   std::unique_ptr<PsClient> a;
   StartTrained(src, 1, 2, &a);
   if (HasFatalFailure()) return;
   std::string out;
-  ASSERT_EQ(src.Transfer("export", tmp.path() + "/full", &out), 0) << out << src.Logs();
+  ASSERT_EQ(src.Transfer("export", tmp_.path() + "/full", &out), 0) << out << src.Logs();
   const std::string cursor = JsonString(out, "cursor");
   ASSERT_EQ(cursor.rfind("v1:", 0), 0u) << out;
   const uint64_t full_rows = JsonNumber(out, "rows");
@@ -500,29 +501,27 @@ TEST(ExportImportTest, DeltaSinceACursorAfterAKillAppliesOnTheFullExport) {
   ASSERT_TRUE(a2.ok()) << a2.status();
   const Snapshot expected = Pull(**a2);
 
-  ASSERT_EQ(src.Transfer("export", tmp.path() + "/delta", &out, cursor), 0) << out << src.Logs();
+  ASSERT_EQ(src.Transfer("export", tmp_.path() + "/delta", &out, cursor), 0) << out << src.Logs();
   EXPECT_EQ(JsonNumber(out, "rows"), 2 * few.size()) << out;  // both tables' changed rows
   EXPECT_EQ(JsonNumber(out, "whole_parts"), 0u) << out;
   EXPECT_LT(JsonNumber(out, "rows"), full_rows);
   EXPECT_NE(JsonString(out, "cursor"), cursor) << out;
 
-  Cluster dst(tmp.path(), "dst", 1, 16);
+  Cluster dst(tmp_.path(), "dst", 1, 16);
   Snapshot imported;
-  ImportFullThenDelta(tmp.path(), dst, &imported);
+  ImportFullThenDelta(tmp_.path(), dst, &imported);
   if (HasFatalFailure()) return;
   EXPECT_TRUE(BitEqual(imported, expected));
   // --since belongs to export.
-  EXPECT_EQ(dst.Transfer("import", tmp.path() + "/delta", &out, cursor), 2);
+  EXPECT_EQ(dst.Transfer("import", tmp_.path() + "/delta", &out, cursor), 2);
 }
 
 // The pod's journal keeps only its newest round as written and merges the others: the
 // full export's cursor then lies inside a merged range, and after a SIGKILL its delta
 // names more rows than changed (that range's), yet imported on the full export it gives
 // the source's rows bit for bit.
-TEST(ExportImportTest, DeltaFromACursorInsideAMergedJournalRangeAfterAKill) {
-  integration::TempDir tmp("export_import_merged");
-  ASSERT_FALSE(tmp.path().empty());
-  Cluster src(tmp.path(), "src", 1, 16);
+TEST_F(ExportImportTest, DeltaFromACursorInsideAMergedJournalRangeAfterAKill) {
+  Cluster src(tmp_.path(), "src", 1, 16);
   src.AddFlag("--change_journal_keep_rounds=1");
   src.AddFlag("--change_journal_merge_kb=0");
   src.AddFlag("--materialize_ms=600000");  // rounds only at exports: the journal's are known
@@ -530,7 +529,7 @@ TEST(ExportImportTest, DeltaFromACursorInsideAMergedJournalRangeAfterAKill) {
   StartTrained(src, 1, 2, &a);
   if (HasFatalFailure()) return;
   std::string out;
-  ASSERT_EQ(src.Transfer("export", tmp.path() + "/full", &out), 0) << out << src.Logs();
+  ASSERT_EQ(src.Transfer("export", tmp_.path() + "/full", &out), 0) << out << src.Logs();
   const std::string cursor = JsonString(out, "cursor");
   ASSERT_EQ(cursor.rfind("v1:", 0), 0u) << out;
 
@@ -543,7 +542,7 @@ TEST(ExportImportTest, DeltaFromACursorInsideAMergedJournalRangeAfterAKill) {
     changed.insert(few.begin(), few.end());
     std::vector<float> ga(few.size() * 8, 0.5f), gf(few.size() * 4, 0.5f);
     ASSERT_TRUE(a->Push({{"emb/adam", few, ga.data()}, {"ftrl", few, gf.data()}}).ok());
-    ASSERT_EQ(src.Transfer("export", tmp.path() + "/mid-" + std::to_string(r), &out), 0)
+    ASSERT_EQ(src.Transfer("export", tmp_.path() + "/mid-" + std::to_string(r), &out), 0)
         << out << src.Logs();
   }
   a.reset();
@@ -556,22 +555,20 @@ TEST(ExportImportTest, DeltaFromACursorInsideAMergedJournalRangeAfterAKill) {
   ASSERT_TRUE((*a2)->Push({{"emb/adam", last, ga.data()}, {"ftrl", last, gf.data()}}).ok());
   const Snapshot expected = Pull(**a2);
 
-  ASSERT_EQ(src.Transfer("export", tmp.path() + "/delta", &out, cursor), 0) << out << src.Logs();
+  ASSERT_EQ(src.Transfer("export", tmp_.path() + "/delta", &out, cursor), 0) << out << src.Logs();
   EXPECT_EQ(JsonNumber(out, "whole_parts"), 0u) << out;
   // More than the changed rows of both tables: the merged range's too.
   EXPECT_GT(JsonNumber(out, "rows"), 2 * changed.size()) << out;
 
-  Cluster dst(tmp.path(), "dst", 1, 16);
+  Cluster dst(tmp_.path(), "dst", 1, 16);
   Snapshot imported;
-  ImportFullThenDelta(tmp.path(), dst, &imported);
+  ImportFullThenDelta(tmp_.path(), dst, &imported);
   if (HasFatalFailure()) return;
   EXPECT_TRUE(BitEqual(imported, expected));
 }
 
-TEST(ExportImportTest, ACursorOlderThanTheChangeJournalIsRefused) {
-  integration::TempDir tmp("export_import_old_cursor");
-  ASSERT_FALSE(tmp.path().empty());
-  Cluster src(tmp.path(), "src", 1, 16);
+TEST_F(ExportImportTest, ACursorOlderThanTheChangeJournalIsRefused) {
+  Cluster src(tmp_.path(), "src", 1, 16);
   src.AddFlag("--change_journal_mb=0");  // keeps the newest round only
   ASSERT_TRUE(src.StartAll().ok()) << src.Logs();
   auto a = src.Connect(1);
@@ -581,11 +578,11 @@ TEST(ExportImportTest, ACursorOlderThanTheChangeJournalIsRefused) {
   std::vector<float> g(ids.size() * 4, 0.25f);
   ASSERT_TRUE((*a)->Push({{"ftrl", ids, g.data()}}).ok());
   std::string out;
-  ASSERT_EQ(src.Transfer("export", tmp.path() + "/e0", &out), 0) << out;
+  ASSERT_EQ(src.Transfer("export", tmp_.path() + "/e0", &out), 0) << out;
   const std::string old = JsonString(out, "cursor");
   ASSERT_TRUE((*a)->Push({{"ftrl", ids, g.data()}}).ok());
-  ASSERT_EQ(src.Transfer("export", tmp.path() + "/e1", &out), 0) << out;
-  EXPECT_EQ(src.Transfer("export", tmp.path() + "/d", &out, old), 1);
+  ASSERT_EQ(src.Transfer("export", tmp_.path() + "/e1", &out), 0) << out;
+  EXPECT_EQ(src.Transfer("export", tmp_.path() + "/d", &out, old), 1);
   EXPECT_NE(out.find("FAILED_PRECONDITION"), std::string::npos) << out;
   EXPECT_NE(out.find("take a full export"), std::string::npos) << out;
 }

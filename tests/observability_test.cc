@@ -16,6 +16,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <limits>
 #include <map>
 #include <memory>
@@ -135,6 +136,19 @@ class ObservabilityTest : public testing::Test {
     ASSERT_TRUE((*client)->Pull({{table, ids, pulled->data()}}).ok());
   }
 
+  // Runs `ps-admin --master=<master> <flags> <command>` (up to a minute); returns how it
+  // ended and what it printed: "exited with code N: <output>".
+  std::string Admin(const std::string& master, std::vector<std::string> flags,
+                    const std::string& command) {
+    std::vector<std::string> argv = {PS_ADMIN_BINARY, "--master=" + master};
+    argv.insert(argv.end(), flags.begin(), flags.end());
+    argv.push_back(command);
+    auto c = ChildProcess::Start(argv, Path(absl::StrCat("admin", admin_runs_++, ".out")));
+    if (!c.ok() || !(*c)->WaitExit(absl::Seconds(60))) return std::string("did not run");
+    const std::string d = (*c)->Describe();
+    return d.substr(d.find(' ', 4) + 1) + ": " + integration::FileTail((*c)->log_path());
+  }
+
   std::string Scrape(int port) {
     auto body = HttpGet(port, "/metrics");
     EXPECT_TRUE(body.ok()) << body.status();
@@ -143,6 +157,7 @@ class ObservabilityTest : public testing::Test {
 
   integration::TempDir tmp_{"observability_test."};
   std::map<std::string, std::unique_ptr<ChildProcess>> children_;
+  int admin_runs_ = 0;
 };
 
 TEST_F(ObservabilityTest, MetricsFollowTrafficAndAPodDeregistersOnSigterm) {
@@ -269,13 +284,7 @@ TEST_F(ObservabilityTest, ReplicationSeriesAndAdminViews) {
   EXPECT_GE(acked, 2);  // one record per pod's part of the push
   EXPECT_EQ(applied, acked);
 
-  auto admin = [&](const std::string& command) {
-    static int runs = 0;
-    auto c = ChildProcess::Start({PS_ADMIN_BINARY, "--master=" + master, command},
-                                 Path(absl::StrCat("repl-admin", runs++, ".out")));
-    if (!c.ok() || !(*c)->WaitExit(absl::Seconds(60))) return std::string("did not run");
-    return integration::FileTail((*c)->log_path());
-  };
+  auto admin = [&](const std::string& command) { return Admin(master, {}, command); };
   const std::string shards = admin("shards");
   EXPECT_TRUE(absl::StrContains(shards, "REPLICAS (R=2")) << shards;
   EXPECT_TRUE(absl::StrContains(shards, "ps-0     ps-1")) << shards;
@@ -341,16 +350,10 @@ TEST_F(ObservabilityTest, MutualTlsAndTokenAcrossTheCluster) {
   // ps-admin with the same credentials, then without the token.
   auto admin = [&](std::vector<std::string> extra, const std::string& command = "status",
                    const std::string& cert = "client") {
-    std::vector<std::string> argv = {
-        PS_ADMIN_BINARY, "--master=" + master, "--tls_ca=" + certs.file("ca.crt"),
-        "--tls_cert=" + certs.file(cert + ".crt"), "--tls_key=" + certs.file(cert + ".key")};
-    argv.insert(argv.end(), extra.begin(), extra.end());
-    argv.push_back(command);
-    static int runs = 0;
-    auto c = ChildProcess::Start(argv, Path(absl::StrCat("admin", runs++, ".out")));
-    if (!c.ok() || !(*c)->WaitExit(absl::Seconds(20))) return std::string("did not run");
-    const std::string d = (*c)->Describe();
-    return d.substr(d.find(' ', 4) + 1) + ": " + integration::FileTail((*c)->log_path());
+    extra.insert(extra.begin(),
+                 {"--tls_ca=" + certs.file("ca.crt"), "--tls_cert=" + certs.file(cert + ".crt"),
+                  "--tls_key=" + certs.file(cert + ".key")});
+    return Admin(master, extra, command);
   };
   std::string ok = admin({"--auth_token_file=" + Path("token")});
   EXPECT_TRUE(absl::StartsWith(ok, "exited with code 0")) << ok;
@@ -459,48 +462,53 @@ TEST_F(ObservabilityTest, WorkersCannotControlPodsAndTheAdminCanWithinLimits) {
   detach.set_epoch(std::numeric_limits<uint64_t>::max());
   detach.set_num_vshards(64);
   ApplyAssignmentResponse assigned;
-  EXPECT_EQ(
-      Call(*worker_pod, &ParameterServer::Stub::ApplyAssignment, detach, &assigned).error_code(),
-      denied);
   PodCheckpointRequest checkpoint;
   checkpoint.set_dir(Path("ckpts/by-worker"));
   PodCheckpointResponse checkpointed;
-  EXPECT_EQ(
-      Call(*worker_pod, &ParameterServer::Stub::Checkpoint, checkpoint, &checkpointed).error_code(),
-      denied);
   ExportRequest exp;
   exp.set_dir(Path("exports/by-worker"));
   ExportResponse exported;
-  EXPECT_EQ(Call(*worker_transfer, &PodTransfer::Stub::Export, exp, &exported).error_code(),
-            denied);
   ImportRowsResponse imported;
-  EXPECT_EQ(Call(*worker_transfer, &PodTransfer::Stub::ImportRows, ImportRowsRequest(), &imported)
-                .error_code(),
-            denied);
   DrainRequest drain;
   drain.set_pod_id("ps-0");
   DrainResponse drained;
-  EXPECT_EQ(Call(*worker_master, &Master::Stub::Drain, drain, &drained).error_code(), denied);
   CheckpointResponse cluster_checkpoint;
-  EXPECT_EQ(
-      Call(*worker_master, &Master::Stub::Checkpoint, CheckpointRequest(), &cluster_checkpoint)
-          .error_code(),
-      denied);
   RegisterPodRequest impostor;  // a worker posing as a pod
   impostor.set_pod_id("ps-9");
   impostor.set_address("127.0.0.1:1");
   impostor.set_num_vshards(64);
   RegisterPodResponse registered;
-  EXPECT_EQ(Call(*worker_master, &Master::Stub::RegisterPod, impostor, &registered).error_code(),
-            denied);
+  const std::vector<std::pair<std::string, std::function<grpc::Status()>>> control_calls = {
+      {"pod ApplyAssignment",
+       [&] {
+         return Call(*worker_pod, &ParameterServer::Stub::ApplyAssignment, detach, &assigned);
+       }},
+      {"pod Checkpoint",
+       [&] {
+         return Call(*worker_pod, &ParameterServer::Stub::Checkpoint, checkpoint, &checkpointed);
+       }},
+      {"pod Export",
+       [&] { return Call(*worker_transfer, &PodTransfer::Stub::Export, exp, &exported); }},
+      {"pod ImportRows",
+       [&] {
+         return Call(*worker_transfer, &PodTransfer::Stub::ImportRows, ImportRowsRequest(),
+                     &imported);
+       }},
+      {"master Drain", [&] { return Call(*worker_master, &Master::Stub::Drain, drain, &drained); }},
+      {"master Checkpoint",
+       [&] {
+         return Call(*worker_master, &Master::Stub::Checkpoint, CheckpointRequest(),
+                     &cluster_checkpoint);
+       }},
+      {"master RegisterPod",
+       [&] { return Call(*worker_master, &Master::Stub::RegisterPod, impostor, &registered); }},
+  };
+  for (const auto& [what, call] : control_calls) {
+    EXPECT_EQ(call().error_code(), denied) << what;
+  }
   // ps-admin with the worker token only.
   auto admin_cli = [&](const std::string& token_flag, const std::string& command) {
-    static int runs = 0;
-    auto c = ChildProcess::Start({PS_ADMIN_BINARY, "--master=" + master, token_flag, command},
-                                 Path(absl::StrCat("admin", runs++, ".out")));
-    if (!c.ok() || !(*c)->WaitExit(absl::Seconds(60))) return std::string("did not run");
-    const std::string d = (*c)->Describe();
-    return d.substr(d.find(' ', 4) + 1) + ": " + integration::FileTail((*c)->log_path());
+    return Admin(master, {token_flag}, command);
   };
   std::string refused = admin_cli("--auth_token_file=" + Path("worker.token"), "rebalance");
   EXPECT_TRUE(absl::StartsWith(refused, "exited with code 1")) << refused;
