@@ -43,6 +43,40 @@ DenseSpec CounterDense(const std::string& name, int64_t numel) {
   return spec;
 }
 
+TableSpec AdamSpec() {
+  TableSpec t;
+  t.set_name("emb/adam");
+  t.set_dim(8);
+  t.mutable_initializer()->set_kind(InitializerSpec::NORMAL);
+  t.mutable_initializer()->set_stddev(0.1f);
+  t.mutable_initializer()->set_seed(3);
+  t.mutable_optimizer()->set_kind(OptimizerSpec::ADAM);
+  t.mutable_optimizer()->set_learning_rate(0.01f);
+  return t;
+}
+
+TableSpec FtrlSpec() {
+  TableSpec t;
+  t.set_name("ftrl");
+  t.set_dim(4);
+  t.mutable_optimizer()->set_kind(OptimizerSpec::FTRL);
+  t.mutable_optimizer()->set_learning_rate(0.05f);
+  t.mutable_optimizer()->set_ftrl_l1(0.001f);
+  return t;
+}
+
+DenseSpec DenseW() {
+  DenseSpec d;
+  d.set_name("mlp/w");
+  d.add_shape(3);
+  d.add_shape(5);
+  d.mutable_initializer()->set_kind(InitializerSpec::UNIFORM);
+  d.mutable_initializer()->set_low(-1);
+  d.mutable_initializer()->set_high(1);
+  d.mutable_optimizer()->set_kind(OptimizerSpec::ADAM);
+  return d;
+}
+
 void DescribeAll(uint32_t num_vshards, const TableSpec& table, const DenseSpec& dense,
                  DescribeResponse* resp) {
   *resp->add_tables()->mutable_spec() = table;

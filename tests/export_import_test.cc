@@ -30,6 +30,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "client/ps_client.h"
+#include "client/test_fakes.h"
 #include "gtest/gtest.h"
 #include "proto/export.pb.h"
 #include "proto/export_file.h"
@@ -46,42 +47,11 @@ namespace ps {
 namespace {
 
 using integration::ChildProcess;
+using testing_fakes::AdamSpec;
+using testing_fakes::DenseW;
+using testing_fakes::FtrlSpec;
 
 constexpr int kRows = 3000;
-
-TableSpec AdamSpec() {
-  TableSpec t;
-  t.set_name("emb/adam");
-  t.set_dim(8);
-  t.mutable_initializer()->set_kind(InitializerSpec::NORMAL);
-  t.mutable_initializer()->set_stddev(0.1f);
-  t.mutable_initializer()->set_seed(3);
-  t.mutable_optimizer()->set_kind(OptimizerSpec::ADAM);
-  t.mutable_optimizer()->set_learning_rate(0.01f);
-  return t;
-}
-
-TableSpec FtrlSpec() {
-  TableSpec t;
-  t.set_name("ftrl");
-  t.set_dim(4);
-  t.mutable_optimizer()->set_kind(OptimizerSpec::FTRL);
-  t.mutable_optimizer()->set_learning_rate(0.05f);
-  t.mutable_optimizer()->set_ftrl_l1(0.001f);
-  return t;
-}
-
-DenseSpec DenseW() {
-  DenseSpec d;
-  d.set_name("mlp/w");
-  d.add_shape(3);
-  d.add_shape(5);
-  d.mutable_initializer()->set_kind(InitializerSpec::UNIFORM);
-  d.mutable_initializer()->set_low(-1);
-  d.mutable_initializer()->set_high(1);
-  d.mutable_optimizer()->set_kind(OptimizerSpec::ADAM);
-  return d;
-}
 
 // Runs ps-transfer; returns its exit code and puts its output in *out.
 int RunTransfer(const std::vector<std::string>& args, const std::string& log, std::string* out) {
