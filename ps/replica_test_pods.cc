@@ -5,6 +5,7 @@
 #include <cstring>
 #include <filesystem>
 
+#include "common/base/status_macros.h"
 #include "proto/packed.h"
 
 namespace ps::replica_test {
@@ -61,16 +62,22 @@ std::vector<uint32_t> Range(uint32_t begin, uint32_t end) {
   return v;
 }
 
-Assignment Role(uint64_t epoch, const std::string& pod, const std::vector<uint32_t>& owned,
-                const std::vector<std::string>& followers,
-                const std::map<std::string, std::vector<uint32_t>>& following,
-                const std::vector<uint32_t>& in, const std::vector<uint32_t>& out) {
+Assignment Placement(uint64_t epoch, const std::vector<uint32_t>& owned,
+                     const std::vector<uint32_t>& in, const std::vector<uint32_t>& out) {
   Assignment a;
   a.set_epoch(epoch);
   a.set_num_vshards(kVShards);
   for (uint32_t v : owned) a.add_owned(v);
   for (uint32_t v : in) a.add_moving_in(v);
   for (uint32_t v : out) a.add_moving_out(v);
+  return a;
+}
+
+Assignment Role(uint64_t epoch, const std::string& pod, const std::vector<uint32_t>& owned,
+                const std::vector<std::string>& followers,
+                const std::map<std::string, std::vector<uint32_t>>& following,
+                const std::vector<uint32_t>& in, const std::vector<uint32_t>& out) {
+  Assignment a = Placement(epoch, owned, in, out);
   ReplicationRole* r = a.mutable_replication();
   r->set_pod_id(pod);
   r->set_factor(2);
@@ -135,6 +142,43 @@ absl::Status Replicate(PsCore& core, uint64_t epoch, const std::string& primary,
     return absl::DeadlineExceededError("ReplicateRecords did not answer");
   }
   return *result;
+}
+
+absl::Status ImportRows(PsCore& core, const ImportRowsRequest& req, ImportRowsResponse* resp) {
+  absl::Notification done;
+  absl::Status result;
+  core.ImportRows(req, resp, [&](absl::Status s) {
+    result = s;
+    done.Notify();
+  });
+  done.WaitForNotification();
+  return result;
+}
+
+absl::Status BeginMove(PsCore& from, PsCore& to, uint64_t move,
+                       const std::vector<uint32_t>& vshards) {
+  MigrateBeginRequest begin;
+  begin.set_move_id(move);
+  for (uint32_t v : vshards) begin.add_vshards(v);
+  MigrateBeginResponse begun;
+  RETURN_IF_ERROR(from.MigrateBegin(begin, &begun));
+  return to.BeginImport(move, vshards);
+}
+
+absl::Status CopyPhase(PsCore& from, PsCore& to, uint64_t move, MigrateExportRequest::Phase phase,
+                       uint64_t max_bytes) {
+  MigrateExportRequest req;
+  req.set_move_id(move);
+  req.set_phase(phase);
+  req.set_max_bytes(max_bytes);
+  for (;;) {
+    MigrateExportResponse chunk;
+    RETURN_IF_ERROR(from.MigrateExport(req, &chunk));
+    uint64_t rows = 0, bytes = 0;
+    RETURN_IF_ERROR(to.ImportChunk(chunk, &rows, &bytes));
+    if (chunk.done()) return absl::OkStatus();
+    req.set_cursor(chunk.next_cursor());
+  }
 }
 
 TableSpec EmbSpec() {

@@ -4,7 +4,8 @@
 // table "emb" (by default Adam, dim kDim, normal init) and a write lease good for an hour;
 // durable in a temporary directory or in memory, as the test's options say; a durable pod
 // can be stopped and opened again on its disk. With the assignment builder, the push maker,
-// a push in flight and the row dump those tests compare with.
+// a push in flight, waiting forms of the pods' asynchronous calls, a live move's copy and
+// the row dump those tests compare with (pod_transfer_test uses the last few too).
 // Test-only (the ps_replica_test_pods library).
 #pragma once
 
@@ -48,6 +49,11 @@ class InProcessSender : public ReplicaSender {
 // Vshards [begin, end).
 std::vector<uint32_t> Range(uint32_t begin, uint32_t end);
 
+// An assignment at `epoch` of kVShards without replication: what the pod owns, receives
+// and sends.
+Assignment Placement(uint64_t epoch, const std::vector<uint32_t>& owned,
+                     const std::vector<uint32_t>& in = {}, const std::vector<uint32_t>& out = {});
+
 // Pod `pod`'s assignment at `epoch` (kVShards, factor 2): what it owns, receives and
 // sends, its followers (pod ids; address "<id>:1") and what it follows, by primary.
 Assignment Role(uint64_t epoch, const std::string& pod, const std::vector<uint32_t>& owned,
@@ -85,6 +91,19 @@ class PendingPush {
 // answer (DEADLINE_EXCEEDED if none comes within a minute).
 absl::Status Replicate(PsCore& core, uint64_t epoch, const std::string& primary,
                        const std::vector<std::string>& records);
+
+// Hands `req` to core.ImportRows and waits for its answer (in *resp).
+absl::Status ImportRows(PsCore& core, const ImportRowsRequest& req, ImportRowsResponse* resp);
+
+// A live move of `vshards` from `from` to `to` as the master runs it, after both applied
+// the assignment that says so: BeginMove starts move `move` (MigrateBegin on `from`,
+// BeginImport on `to`); CopyPhase exports every chunk of `phase` from `from` (at most
+// `max_bytes` a chunk; 0: the pod's default) and imports it into `to`. The first error
+// is returned.
+absl::Status BeginMove(PsCore& from, PsCore& to, uint64_t move,
+                       const std::vector<uint32_t>& vshards);
+absl::Status CopyPhase(PsCore& from, PsCore& to, uint64_t move, MigrateExportRequest::Phase phase,
+                       uint64_t max_bytes = 0);
 
 // The fixture's "emb" table: Adam, dim kDim, normal init (stddev 0.1).
 TableSpec EmbSpec();
