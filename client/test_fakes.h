@@ -1,9 +1,9 @@
 // Test doubles of the client's unit tests that need a cluster around the client: a
 // master that serves whatever shard map the test sets, a gRPC server for a scripted pod,
 // the SGD "counter" table the tests push to, and a scripted pod's Describe answer; and the
-// tables the export/import tests move between clusters. Used by client/failover_test.cc,
-// client/wrong_shard_test.cc, client/transfer_test.cc and tests/export_import_test.cc;
-// not part of ps_client.
+// tables the export/import tests train, move between clusters and compare. Used by
+// client/failover_test.cc, client/wrong_shard_test.cc, client/transfer_test.cc and
+// tests/export_import_test.cc; not part of ps_client.
 #pragma once
 
 #include <grpcpp/grpcpp.h>
@@ -11,9 +11,12 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
+#include "client/ps_client.h"
+#include "gtest/gtest.h"
 #include "proto/master.grpc.pb.h"
 #include "proto/ps.grpc.pb.h"
 
@@ -47,6 +50,20 @@ DenseSpec CounterDense(const std::string& name, int64_t numel);
 TableSpec AdamSpec();
 TableSpec FtrlSpec();
 DenseSpec DenseW();
+// Creates the three through `c`.
+void CreateTransferTables(PsClient& c);
+// `rounds` rounds of pushes of normal gradients to about two thirds of `ids` each (so rows
+// reach different steps) and to "mlp/w"; the same pushes for a given seed.
+void TrainTransferTables(PsClient& c, const std::vector<int64_t>& ids, uint32_t seed, int rounds);
+// Rows `ids` of both tables and the whole dense tensor, as pulled (raw floats).
+struct TransferSnapshot {
+  std::vector<float> adam, ftrl, dense;
+};
+TransferSnapshot PullTransferTables(PsClient& c, const std::vector<int64_t>& ids);
+// Whether two float arrays, or two snapshots, are the same bit for bit (naming the part of
+// a snapshot that differs).
+bool BitEqual(const std::vector<float>& a, const std::vector<float>& b);
+testing::AssertionResult BitEqual(const TransferSnapshot& a, const TransferSnapshot& b);
 
 // The Describe answer of a scripted pod that owns all of `num_vshards` vshards at epoch 1
 // and holds `table` (and `dense`, when given: its name is not empty).

@@ -47,8 +47,8 @@ namespace ps {
 namespace {
 
 using integration::ChildProcess;
-using testing_fakes::AdamSpec;
-using testing_fakes::DenseW;
+using testing_fakes::BitEqual;
+using testing_fakes::CreateTransferTables;
 using testing_fakes::FtrlSpec;
 
 constexpr int kRows = 3000;
@@ -189,42 +189,13 @@ std::vector<int64_t> Ids() {
   return ids;
 }
 
-// Pulls every id of both tables and the dense tensor, as raw floats.
-struct Snapshot {
-  std::vector<float> adam, ftrl, dense;
-};
-Snapshot Pull(PsClient& c) {
-  const std::vector<int64_t> ids = Ids();
-  Snapshot s;
-  s.adam.resize(ids.size() * 8);
-  s.ftrl.resize(ids.size() * 4);
-  s.dense.resize(15);
-  EXPECT_TRUE(c.Pull({{"emb/adam", ids, s.adam.data()}, {"ftrl", ids, s.ftrl.data()}}).ok());
-  EXPECT_TRUE(c.PullDense({"mlp/w"}, {s.dense.data()}).ok());
-  return s;
-}
+// Every row of Ids() and the dense tensor.
+using Snapshot = testing_fakes::TransferSnapshot;
+Snapshot Pull(PsClient& c) { return testing_fakes::PullTransferTables(c, Ids()); }
 
-bool BitEqual(const std::vector<float>& a, const std::vector<float>& b) {
-  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
-}
-
-// One round of pushes over a subset of the ids, the same for a given seed.
+// Rounds of pushes over Ids(), the same for a given seed.
 void Train(PsClient& c, uint32_t seed, int rounds) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> g;
-  const std::vector<int64_t> all = Ids();
-  for (int r = 0; r < rounds; ++r) {
-    std::vector<int64_t> ids;
-    for (int64_t id : all) {
-      if (rng() % 3 != 0) ids.push_back(id);  // rows get different step counts
-    }
-    std::vector<float> ga(ids.size() * 8), gf(ids.size() * 4), gd(15);
-    for (float& x : ga) x = g(rng);
-    for (float& x : gf) x = g(rng);
-    for (float& x : gd) x = g(rng);
-    ASSERT_TRUE(c.Push({{"emb/adam", ids, ga.data()}, {"ftrl", ids, gf.data()}}).ok());
-    ASSERT_TRUE(c.PushDense({"mlp/w"}, {gd.data()}).ok());
-  }
+  testing_fakes::TrainTransferTables(c, Ids(), seed, rounds);
 }
 
 // Starts `src`, connects worker 1 to it (*a), creates both tables and the dense tensor and
@@ -234,20 +205,8 @@ void StartTrained(Cluster& src, uint32_t seed, int rounds, std::unique_ptr<PsCli
   auto c = src.Connect(1);
   ASSERT_TRUE(c.ok()) << c.status();
   *a = *std::move(c);
-  ASSERT_TRUE((*a)->CreateTable(AdamSpec()).ok());
-  ASSERT_TRUE((*a)->CreateTable(FtrlSpec()).ok());
-  ASSERT_TRUE((*a)->CreateDense(DenseW()).ok());
+  CreateTransferTables(**a);
   Train(**a, seed, rounds);
-}
-
-// Whether two snapshots are the same bit for bit, naming what differs.
-testing::AssertionResult BitEqual(const Snapshot& a, const Snapshot& b) {
-  for (const auto& [name, x, y] :
-       {std::tuple{"emb/adam", &a.adam, &b.adam}, std::tuple{"ftrl", &a.ftrl, &b.ftrl},
-        std::tuple{"mlp/w", &a.dense, &b.dense}}) {
-    if (!BitEqual(*x, *y)) return testing::AssertionFailure() << name << " differs";
-  }
-  return testing::AssertionSuccess();
 }
 
 // Imports the full export <tmp>/full, then the delta <tmp>/delta, into a fresh 1-pod
@@ -267,6 +226,14 @@ void ImportFullThenDelta(const std::string& tmp, Cluster& dst, Snapshot* importe
 class ExportImportTest : public testing::Test {
  protected:
   void SetUp() override { ASSERT_FALSE(tmp_.path().empty()) << "mkdtemp failed"; }
+
+  // Exports `src` whole into <run dir>/full: its output in *out, its cursor (which must be
+  // one) in *cursor.
+  void ExportFull(Cluster& src, std::string* out, std::string* cursor) {
+    ASSERT_EQ(src.Transfer("export", tmp_.path() + "/full", out), 0) << *out << src.Logs();
+    *cursor = JsonString(*out, "cursor");
+    ASSERT_EQ(cursor->rfind("v1:", 0), 0u) << *out;
+  }
 
   integration::TempDir tmp_{std::string("export_import.") +
                             testing::UnitTest::GetInstance()->current_test_info()->name()};
@@ -455,10 +422,9 @@ TEST_F(ExportImportTest, DeltaSinceACursorAfterAKillAppliesOnTheFullExport) {
   std::unique_ptr<PsClient> a;
   StartTrained(src, 1, 2, &a);
   if (HasFatalFailure()) return;
-  std::string out;
-  ASSERT_EQ(src.Transfer("export", tmp_.path() + "/full", &out), 0) << out << src.Logs();
-  const std::string cursor = JsonString(out, "cursor");
-  ASSERT_EQ(cursor.rfind("v1:", 0), 0u) << out;
+  std::string out, cursor;
+  ExportFull(src, &out, &cursor);
+  if (HasFatalFailure()) return;
   const uint64_t full_rows = JsonNumber(out, "rows");
 
   // A few rows change; pod 0 is killed and restarts from its disk.
@@ -498,10 +464,9 @@ TEST_F(ExportImportTest, DeltaFromACursorInsideAMergedJournalRangeAfterAKill) {
   std::unique_ptr<PsClient> a;
   StartTrained(src, 1, 2, &a);
   if (HasFatalFailure()) return;
-  std::string out;
-  ASSERT_EQ(src.Transfer("export", tmp_.path() + "/full", &out), 0) << out << src.Logs();
-  const std::string cursor = JsonString(out, "cursor");
-  ASSERT_EQ(cursor.rfind("v1:", 0), 0u) << out;
+  std::string out, cursor;
+  ExportFull(src, &out, &cursor);
+  if (HasFatalFailure()) return;
 
   // The full export wrote the training as one round (the cursor's). Three rounds of a few
   // changed rows follow, one per export: the second merges the cursor's round and the
