@@ -227,9 +227,13 @@ class ExportImportTest : public testing::Test {
  protected:
   void SetUp() override { ASSERT_FALSE(tmp_.path().empty()) << "mkdtemp failed"; }
 
-  // Exports `src` whole into <run dir>/full: its output in *out, its cursor (which must be
-  // one) in *cursor.
-  void ExportFull(Cluster& src, std::string* out, std::string* cursor) {
+  // The delta tests' start: `src` started and trained (StartTrained, seed 1, 2 rounds;
+  // the client in *a), then exported whole into <run dir>/full: its output in *out, its
+  // cursor (which must be one) in *cursor.
+  void StartTrainedAndExportFull(Cluster& src, std::unique_ptr<PsClient>* a, std::string* out,
+                                 std::string* cursor) {
+    StartTrained(src, 1, 2, a);
+    if (HasFatalFailure()) return;
     ASSERT_EQ(src.Transfer("export", tmp_.path() + "/full", out), 0) << *out << src.Logs();
     *cursor = JsonString(*out, "cursor");
     ASSERT_EQ(cursor->rfind("v1:", 0), 0u) << *out;
@@ -420,10 +424,8 @@ TEST_F(ExportImportTest, RowsNoUpdateCouldLeaveAreSkippedAndNamed) {
 TEST_F(ExportImportTest, DeltaSinceACursorAfterAKillAppliesOnTheFullExport) {
   Cluster src(tmp_.path(), "src", 2, 32);
   std::unique_ptr<PsClient> a;
-  StartTrained(src, 1, 2, &a);
-  if (HasFatalFailure()) return;
   std::string out, cursor;
-  ExportFull(src, &out, &cursor);
+  StartTrainedAndExportFull(src, &a, &out, &cursor);
   if (HasFatalFailure()) return;
   const uint64_t full_rows = JsonNumber(out, "rows");
 
@@ -462,10 +464,8 @@ TEST_F(ExportImportTest, DeltaFromACursorInsideAMergedJournalRangeAfterAKill) {
   src.AddFlag("--change_journal_merge_kb=0");
   src.AddFlag("--materialize_ms=600000");  // rounds only at exports: the journal's are known
   std::unique_ptr<PsClient> a;
-  StartTrained(src, 1, 2, &a);
-  if (HasFatalFailure()) return;
   std::string out, cursor;
-  ExportFull(src, &out, &cursor);
+  StartTrainedAndExportFull(src, &a, &out, &cursor);
   if (HasFatalFailure()) return;
 
   // The full export wrote the training as one round (the cursor's). Three rounds of a few

@@ -35,6 +35,7 @@
 #include "gtest/gtest.h"
 #include "proto/master.grpc.pb.h"
 #include "proto/ps.grpc.pb.h"
+#include "tests/cluster_test_fixture.h"
 #include "tests/http_get.h"
 #include "tests/process.h"
 
@@ -57,37 +58,10 @@ double Sample(const std::string& exposition, const std::string& series) {
   return -1;
 }
 
-class ObservabilityTest : public testing::Test {
+class ObservabilityTest : public integration::ClusterProcessTest {
  protected:
-  void SetUp() override { ASSERT_FALSE(tmp_.path().empty()) << "mkdtemp failed"; }
-  void TearDown() override {
-    for (auto& [name, child] : children_) {
-      if (child == nullptr) continue;
-      child->Stop(absl::Seconds(3));
-      if (HasFailure()) {
-        std::fprintf(stderr, "---- %s (%s):\n%s\n", name.c_str(), child->Describe().c_str(),
-                     integration::FileTail(child->log_path()).c_str());
-      }
-    }
-  }
-
-  std::string Path(const std::string& name) const { return absl::StrCat(tmp_.path(), "/", name); }
-
-  // Starts `argv` with --port=0 and --metrics_port=0; returns {grpc port, metrics port}.
-  std::pair<int, int> Start(const std::string& name, std::vector<std::string> argv) {
-    argv.insert(argv.end(), {"--host=127.0.0.1", "--port=0", "--port_file=" + Path(name + ".port"),
-                             "--metrics_port=0", "--metrics_port_file=" + Path(name + ".mport")});
-    auto child = ChildProcess::Start(argv, Path(name + ".log"));
-    EXPECT_TRUE(child.ok()) << child.status();
-    if (!child.ok()) return {0, 0};
-    children_[name] = *std::move(child);
-    auto port = integration::WaitForPortFile(Path(name + ".port"), *children_[name], kStartTimeout);
-    EXPECT_TRUE(port.ok()) << port.status();
-    auto mport =
-        integration::WaitForPortFile(Path(name + ".mport"), *children_[name], kStartTimeout);
-    EXPECT_TRUE(mport.ok()) << mport.status();
-    return {port.value_or(0), mport.value_or(0)};
-  }
+  ObservabilityTest()
+      : ClusterProcessTest("observability_test.", PS_MASTER_BINARY, PS_SERVER_BINARY) {}
 
   // Polls the pod's /healthz until it answers 200 (registered with the master).
   bool WaitReady(int metrics_port) {
@@ -99,21 +73,32 @@ class ObservabilityTest : public testing::Test {
     return false;
   }
 
-  // ps-master on data dir "master-db" with `flags`; returns {grpc port, metrics port}.
-  std::pair<int, int> StartMaster(const std::vector<std::string>& flags) {
-    std::vector<std::string> argv = {PS_MASTER_BINARY, "--data_dir=" + Path("master-db")};
-    argv.insert(argv.end(), flags.begin(), flags.end());
-    return Start("master", argv);
+  // The fixture's ps-master with `flags`, serving metrics; returns {grpc port, metrics
+  // port}, or zeros (and a failure).
+  std::pair<int, int> StartMasterWithMetrics(const std::vector<std::string>& flags) {
+    std::vector<std::string> all = MetricsFlags("master");
+    all.insert(all.end(), flags.begin(), flags.end());
+    const absl::Status started = StartMaster(all);
+    EXPECT_TRUE(started.ok()) << started;
+    if (!started.ok()) return {0, 0};
+    auto metrics = MetricsPort("master");
+    EXPECT_TRUE(metrics.ok()) << metrics.status();
+    return {master_port_, metrics.value_or(0)};
   }
 
   // Pod `id` of the master at `master` with `flags`, once ready (registered); returns {grpc
   // port, metrics port}, or {0, 0} (and a failure) if it did not become ready.
-  std::pair<int, int> StartPod(const std::string& id, const std::string& master,
-                               const std::vector<std::string>& flags) {
+  std::pair<int, int> StartReadyPod(const std::string& id, const std::string& master,
+                                    const std::vector<std::string>& flags) {
     std::vector<std::string> argv = {PS_SERVER_BINARY, "--master=" + master, "--pod_id=" + id};
     argv.insert(argv.end(), flags.begin(), flags.end());
-    const std::pair<int, int> ports = Start(id, argv);
-    if (ports.second > 0 && WaitReady(ports.second)) return ports;
+    const std::vector<std::string> metrics_flags = MetricsFlags(id);
+    argv.insert(argv.end(), metrics_flags.begin(), metrics_flags.end());
+    auto port = StartServer(id, argv);
+    EXPECT_TRUE(port.ok()) << port.status();
+    auto metrics = MetricsPort(id);
+    EXPECT_TRUE(metrics.ok()) << metrics.status();
+    if (port.ok() && metrics.ok() && WaitReady(*metrics)) return {*port, *metrics};
     ADD_FAILURE() << id << " never became ready";
     return {0, 0};
   }
@@ -155,19 +140,17 @@ class ObservabilityTest : public testing::Test {
     return body.value_or("");
   }
 
-  integration::TempDir tmp_{"observability_test."};
-  std::map<std::string, std::unique_ptr<ChildProcess>> children_;
   int admin_runs_ = 0;
 };
 
 TEST_F(ObservabilityTest, MetricsFollowTrafficAndAPodDeregistersOnSigterm) {
-  auto [master_port, master_metrics] =
-      StartMaster({"--num_ps=1", "--num_vshards=64", "--lease_ms=2000", "--shutdown_grace_ms=200"});
+  auto [master_port, master_metrics] = StartMasterWithMetrics(
+      {"--num_ps=1", "--num_vshards=64", "--lease_ms=2000", "--shutdown_grace_ms=200"});
   ASSERT_GT(master_metrics, 0);
   const std::string master = absl::StrCat("127.0.0.1:", master_port);
   auto [pod_port, pod_metrics] =
-      StartPod("ps-0", master,
-               {"--num_vshards=64", "--data_dir=" + Path("ps-0"), "--shutdown_grace_ms=500"});
+      StartReadyPod("ps-0", master,
+                    {"--num_vshards=64", "--data_dir=" + Path("ps-0"), "--shutdown_grace_ms=500"});
   ASSERT_GT(pod_metrics, 0);
 
   std::string pod = Scrape(pod_metrics);
@@ -240,16 +223,16 @@ TEST_F(ObservabilityTest, MetricsFollowTrafficAndAPodDeregistersOnSigterm) {
 TEST_F(ObservabilityTest, ReplicationSeriesAndAdminViews) {
   // A long lag bound: a follower whose address reaches its primary a heartbeat late is not
   // what this test is about.
-  auto [master_port, master_metrics] =
-      StartMaster({"--num_ps=2", "--num_vshards=16", "--replication=2", "--lease_ms=3000",
-                   "--replication_max_lag_ms=60000", "--shutdown_grace_ms=200"});
+  auto [master_port, master_metrics] = StartMasterWithMetrics(
+      {"--num_ps=2", "--num_vshards=16", "--replication=2", "--lease_ms=3000",
+       "--replication_max_lag_ms=60000", "--shutdown_grace_ms=200"});
   ASSERT_GT(master_metrics, 0);
   const std::string master = absl::StrCat("127.0.0.1:", master_port);
   std::map<std::string, int> pod_metrics;
   for (const std::string id : {"ps-0", "ps-1"}) {
     pod_metrics[id] =
-        StartPod(id, master,
-                 {"--num_vshards=16", "--data_dir=" + Path(id), "--shutdown_grace_ms=500"})
+        StartReadyPod(id, master,
+                      {"--num_vshards=16", "--data_dir=" + Path(id), "--shutdown_grace_ms=500"})
             .second;
     ASSERT_GT(pod_metrics[id], 0);
   }
@@ -312,14 +295,14 @@ TEST_F(ObservabilityTest, MutualTlsAndTokenAcrossTheCluster) {
       "--admin_identities=ps-server,ps-admin"};
   std::vector<std::string> margv = {"--num_ps=1", "--num_vshards=64"};
   margv.insert(margv.end(), tls.begin(), tls.end());
-  auto [master_port, master_metrics] = StartMaster(margv);
+  auto [master_port, master_metrics] = StartMasterWithMetrics(margv);
   ASSERT_GT(master_metrics, 0);
   // The certificate names 127.0.0.1 and localhost: the pod advertises 127.0.0.1:PORT.
   const std::string master = absl::StrCat("localhost:", master_port);
   std::vector<std::string> pargv = {"--num_vshards=64"};
   pargv.insert(pargv.end(), tls.begin(), tls.end());
   // Ready: it registered over mutual TLS.
-  ASSERT_GT(StartPod("ps-0", master, pargv).second, 0);
+  ASSERT_GT(StartReadyPod("ps-0", master, pargv).second, 0);
 
   std::vector<int64_t> many(64);
   for (int64_t i = 0; i < 64; ++i) many[i] = i;
@@ -365,7 +348,7 @@ TEST_F(ObservabilityTest, MutualTlsAndTokenAcrossTheCluster) {
   // A second pod and a rebalance: the master's calls to the pods and the pods' copy between
   // them go over mutual TLS, admin by their certificate; the pushed rows move with their
   // vshards. A worker's certificate with the token may not rebalance; ps-admin's may.
-  const int pod1_metrics = StartPod("ps-1", master, pargv).second;
+  const int pod1_metrics = StartReadyPod("ps-1", master, pargv).second;
   ASSERT_GT(pod1_metrics, 0);
   std::string denied = admin({"--auth_token_file=" + Path("token")}, "rebalance");
   EXPECT_TRUE(absl::StartsWith(denied, "exited with code 1")) << denied;
@@ -417,7 +400,7 @@ TEST_F(ObservabilityTest, WorkersCannotControlPodsAndTheAdminCanWithinLimits) {
   std::vector<std::string> margv = {"--num_ps=1", "--num_vshards=64", "--shutdown_grace_ms=200",
                                     "--checkpoint_dir=" + Path("ckpts")};
   margv.insert(margv.end(), tokens.begin(), tokens.end());
-  auto [master_port, master_metrics] = StartMaster(margv);
+  auto [master_port, master_metrics] = StartMasterWithMetrics(margv);
   ASSERT_GT(master_port, 0);
   const std::string master = absl::StrCat("127.0.0.1:", master_port);
   std::map<std::string, int> pod_ports, pod_metrics;
@@ -430,7 +413,7 @@ TEST_F(ObservabilityTest, WorkersCannotControlPodsAndTheAdminCanWithinLimits) {
                                       "--export_root=" + Path("exports")};
     pargv.insert(pargv.end(), tokens.begin(), tokens.end());
     // Ready = registered: the pod presents the admin token to the master.
-    std::tie(pod_ports[id], pod_metrics[id]) = StartPod(id, master, pargv);
+    std::tie(pod_ports[id], pod_metrics[id]) = StartReadyPod(id, master, pargv);
     ASSERT_GT(pod_metrics[id], 0) << id << " never registered";
   }
 
@@ -576,9 +559,9 @@ TEST_F(ObservabilityTest, PrometheusScrapesTheCluster) {
   if (access(prometheus.c_str(), X_OK) != 0) {
     GTEST_SKIP() << "Debian's prometheus is not installed (scripts/install_deps.sh installs it)";
   }
-  auto [master_port, master_metrics] = StartMaster({"--num_ps=1"});
+  auto [master_port, master_metrics] = StartMasterWithMetrics({"--num_ps=1"});
   const std::string master = absl::StrCat("127.0.0.1:", master_port);
-  auto [pod_port, pod_metrics] = StartPod("ps-0", master, {});
+  auto [pod_port, pod_metrics] = StartReadyPod("ps-0", master, {});
   ASSERT_GT(pod_metrics, 0);
   ClientOptions options;
   options.master = master;
