@@ -111,7 +111,8 @@ TableSpec EmbSpec();
 // beside "emb").
 TableSpec SpecOf(const std::string& name, OptimizerSpec::Kind optimizer);
 
-// Creates `spec` (by default EmbSpec(), as every pod of the fixture holds it) on `core`.
+// Creates `spec` on `core`; CreateEmbTable creates EmbSpec(), as the fixture's pods hold
+// it by default.
 absl::Status CreateTable(PsCore& core, const TableSpec& spec);
 absl::Status CreateEmbTable(PsCore& core);
 
