@@ -92,6 +92,11 @@ class Membership {
   struct StartedMove {
     MoveRecord move;
     std::string source_address, destination_address;
+    // The other pods whose role the commit changes, to be told with source and
+    // destination: an owner move's followers of the vshards (their primary changes; told
+    // only at their next heartbeat, they refuse the new primary's records meanwhile and
+    // its pushes wait), a follower copy's `replaces` (it leaves the ack sets).
+    std::vector<std::string> also_told;
   };
   // Records a move of `vshards` from `source` to `destination` (both live) and bumps the
   // epoch: the pods' assignments now carry it. With `follower` it is a follower copy

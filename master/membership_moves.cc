@@ -70,6 +70,19 @@ absl::StatusOr<Membership::StartedMove> Membership::BeginMove(const std::string&
                                    [&](Counters* c) { c->set_next_move_id(move.move_id()); }));
   map_ = std::move(map);
   moves_[move.move_id()] = move;
+  if (!follower) {
+    for (uint32_t v : vshards) {
+      if (v >= static_cast<uint32_t>(map_.followers_size())) continue;
+      for (const std::string& pod : map_.followers(v).pods()) {
+        if (std::find(started.also_told.begin(), started.also_told.end(), pod) ==
+            started.also_told.end()) {
+          started.also_told.push_back(pod);
+        }
+      }
+    }
+  } else if (!replaces.empty()) {
+    started.also_told.push_back(replaces);
+  }
   started.source_address = pods_[source].record.address();
   started.destination_address = pods_[destination].record.address();
   return started;

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <optional>
 #include <thread>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -141,11 +142,16 @@ absl::StatusOr<MoveInfo> MoveRunner::Run(const std::string& source, const std::s
     AbortMove(id, absl::StrCat("cannot commit: ", committed.status().message()));
     return committed.status();
   }
-  // Both at once: the destination starts serving (or following), the source drops the rows
-  // (or unfences, streaming to its new follower).
-  std::thread to_source([&] { NotifyPod(source); });
+  // All at once: the destination starts serving (or following), the source drops the rows
+  // (or unfences, streaming to its new follower), and the vshards' followers take the new
+  // primary's records (or a replaced follower stops following).
+  std::vector<std::thread> others;
+  others.emplace_back([&] { NotifyPod(source); });
+  for (const std::string& pod : started.also_told) {
+    others.emplace_back([this, &pod] { NotifyPod(pod); });
+  }
   NotifyPod(destination);
-  to_source.join();
+  for (std::thread& t : others) t.join();
   const absl::Time end = absl::Now();
   MoveInfo info = Ended(move, MoveInfo::COMMITTED);
   info.set_rows(imported.rows());

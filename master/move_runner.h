@@ -5,7 +5,9 @@
 //   2. A: MigrateBegin (tracking starts). B: MigrateImport, which copies from A, fences A
 //      for the final delta and returns once B holds everything durably.
 //   3. Commit (Membership::CommitMove: the map names B, epoch + 1, the record deleted, one
-//      synced write). Then B and A get their assignments at once: B serves, A drops the rows.
+//      synced write). Then B, A and the other pods whose role changes (the vshards'
+//      followers, whose primary is now B; a replaced follower) get their assignments at
+//      once: B serves, A drops the rows, the followers take B's records.
 //      A follower copy (FillFollower, re-replication) commits B into the vshards' ack sets
 //      instead: A keeps serving them, and ships its records to B from its fence's end on.
 // Any failure before the commit aborts: the record is deleted (epoch + 1) and both pods
