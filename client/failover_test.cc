@@ -337,6 +337,24 @@ INSTANTIATE_TEST_SUITE_P(SparseAndDense, FailoverWriteTest, testing::Bool(),
                            return p.param ? "Dense" : "Sparse";
                          });
 
+TEST(FailoverPushTest, ANotAppliedRefusalAfterAnUnknownFateGivesANewKey) {
+  // The first attempt's fate is unknown (the pod was killed, say); the pod, back and still
+  // the owner, then refuses it saying it neither applied nor is applying it (a fence), then
+  // as not its own any more: the fate is known after all, so the re-routed push goes under
+  // a new key. Kept, the key names every part the re-route splits the call into, and a pod
+  // that applied one part answered another "duplicate" (migration_test ScaleOutThenDrain
+  // at R = 2 lost pushes so). (As above, the test's primary ships the push anyway: a new
+  // key shows as a second application.)
+  Outcome out = PushThroughFailover(
+      /*shipped=*/true,
+      {kUnavailable,
+       ToGrpcStatus(NotAppliedError(absl::UnavailableError("vshard 0 is moving; retry"))),
+       ToGrpcStatus(WrongShardError("vshard 0 is not this pod's", 2, 0))});
+  ASSERT_TRUE(out.push.ok()) << out.push;
+  EXPECT_EQ(out.stats.duplicate_pushes, 0u);
+  for (float v : out.rows) ASSERT_EQ(v, 2.0f);
+}
+
 // ps-transfer import through the failover: an export of "emb" (ids 0..31, each pushed -1
 // three times: value 3 at step 3) and "w" (the same), imported into the cluster.
 void ImportThroughFailover(bool shipped) {

@@ -32,8 +32,17 @@ bool RpcRunner::AfterAttempt(RpcState* rpc, const grpc::Status& s, const std::sh
     return true;
   }
   const auto code = static_cast<absl::StatusCode>(s.error_code());
-  // A pod's refusal that says it applied nothing (proto/wrong_shard.h) leaves the fate known.
-  if (RetryPolicy::IsRetryable(code) && !IsNotApplied(FromGrpcStatus(s))) rpc->fate_unknown = true;
+  // A pod's refusal that says it applied nothing (proto/wrong_shard.h) makes the fate known,
+  // even after an earlier attempt's was unknown: a pod that still owns the vshards (a
+  // deposed one refuses as not their owner) and neither applied nor is applying the key (a
+  // restarted one holds the keys of its recovered log) means no copy holds it. Kept, the key
+  // would name every part a re-route splits the call into, and a pod that applied one part,
+  // or follows one that did, would answer another part "duplicate" (keys are per pod).
+  if (IsNotApplied(FromGrpcStatus(s))) {
+    rpc->fate_unknown = false;
+  } else if (RetryPolicy::IsRetryable(code)) {
+    rpc->fate_unknown = true;
+  }
   if (rpc->fallback &&
       (code == absl::StatusCode::kUnavailable || code == absl::StatusCode::kDeadlineExceeded) &&
       rpc->fallback(op)) {

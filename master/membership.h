@@ -97,6 +97,13 @@ class Membership {
   struct StartedMove {
     MoveRecord move;
     std::string source_address, destination_address;
+    // The other pods to tell of each map change of the move (begin, commit, abort) with
+    // source and destination: the followers of every vshard either leads (their streams
+    // carry the new epoch, and a follower behind a record's epoch refuses rows of vshards
+    // it does not follow until it learns it: told at its next heartbeat only, the streams
+    // stall and so do the pushes and the fence waiting on them; an owner move's followers
+    // also get a new primary) and a follower copy's `replaces` (it leaves the ack sets).
+    std::vector<std::string> also_told;
   };
   // Records a move of `vshards` from `source` to `destination` (both live) and bumps the
   // epoch: the pods' assignments now carry it. With `follower` it is a follower copy

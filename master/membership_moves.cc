@@ -70,6 +70,20 @@ absl::StatusOr<Membership::StartedMove> Membership::BeginMove(const std::string&
                                    [&](Counters* c) { c->set_next_move_id(move.move_id()); }));
   map_ = std::move(map);
   moves_[move.move_id()] = move;
+  for (int v = 0; v < map_.owner_size() && v < map_.followers_size(); ++v) {
+    if (map_.owner(v) != source && map_.owner(v) != destination) continue;
+    for (const std::string& pod : map_.followers(v).pods()) {
+      if (pod != source && pod != destination &&
+          std::find(started.also_told.begin(), started.also_told.end(), pod) ==
+              started.also_told.end()) {
+        started.also_told.push_back(pod);
+      }
+    }
+  }
+  if (!replaces.empty() && std::find(started.also_told.begin(), started.also_told.end(),
+                                     replaces) == started.also_told.end()) {
+    started.also_told.push_back(replaces);
+  }
   started.source_address = pods_[source].record.address();
   started.destination_address = pods_[destination].record.address();
   return started;

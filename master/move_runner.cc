@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <optional>
 #include <thread>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -64,7 +65,19 @@ void MoveRunner::NotifyPod(const std::string& pod_id) {
   }
 }
 
-void MoveRunner::AbortMove(uint64_t id, const std::string& why) {
+void MoveRunner::NotifyPods(const std::string& source, const std::string& destination,
+                            const std::vector<std::string>& others) {
+  std::vector<std::thread> threads;
+  threads.emplace_back([&] { NotifyPod(source); });
+  for (const std::string& pod : others) {
+    threads.emplace_back([this, &pod] { NotifyPod(pod); });
+  }
+  NotifyPod(destination);
+  for (std::thread& t : threads) t.join();
+}
+
+void MoveRunner::AbortMove(uint64_t id, const std::vector<std::string>& also_told,
+                           const std::string& why) {
   MoveRecord move;
   {
     // Held across the abort, so that status never shows the move both in flight and ended.
@@ -84,8 +97,7 @@ void MoveRunner::AbortMove(uint64_t id, const std::string& why) {
     LOG(WARNING) << "move " << id << " (" << move.source() << " -> " << move.destination()
                  << ") aborted: " << why << "; epoch " << (*aborted)->epoch;
   }
-  NotifyPod(move.source());
-  NotifyPod(move.destination());
+  NotifyPods(move.source(), move.destination(), also_told);
 }
 
 absl::StatusOr<MoveInfo> MoveRunner::MoveVShards(const std::string& source,
@@ -110,16 +122,16 @@ absl::StatusOr<MoveInfo> MoveRunner::Run(const std::string& source, const std::s
   const uint64_t id = move.move_id();
   const absl::Time start = absl::Now();
   // Both pods learn the move before any copying: the destination keeps what it receives,
-  // the source refuses pushes to the vshards should it restart mid-move.
-  NotifyPod(destination);
-  NotifyPod(source);
+  // the source refuses pushes to the vshards should it restart mid-move. Their followers
+  // learn the epoch their records now carry.
+  NotifyPods(source, destination, started.also_told);
   MigrateBeginRequest begin;
   begin.set_move_id(id);
   *begin.mutable_vshards() = move.vshards();
   MigrateBeginResponse begun;
   if (absl::Status s = options_.pod_control->MigrateBegin(started.source_address, begin, &begun);
       !s.ok()) {
-    AbortMove(id, absl::StrCat("MigrateBegin on ", source, ": ", s.message()));
+    AbortMove(id, started.also_told, absl::StrCat("MigrateBegin on ", source, ": ", s.message()));
     return absl::Status(s.code(), absl::StrCat("move ", id, " aborted: MigrateBegin on ", source,
                                                " failed: ", s.message()));
   }
@@ -132,20 +144,20 @@ absl::StatusOr<MoveInfo> MoveRunner::Run(const std::string& source, const std::s
   if (absl::Status s =
           options_.pod_control->MigrateImport(started.destination_address, import, &imported);
       !s.ok()) {
-    AbortMove(id, absl::StrCat("MigrateImport on ", destination, ": ", s.message()));
+    AbortMove(id, started.also_told,
+              absl::StrCat("MigrateImport on ", destination, ": ", s.message()));
     return absl::Status(s.code(), absl::StrCat("move ", id, " aborted: MigrateImport on ",
                                                destination, " failed: ", s.message()));
   }
   const absl::Time commit_start = absl::Now();
   if (absl::StatusOr<uint64_t> committed = membership_->CommitMove(id); !committed.ok()) {
-    AbortMove(id, absl::StrCat("cannot commit: ", committed.status().message()));
+    AbortMove(id, started.also_told, absl::StrCat("cannot commit: ", committed.status().message()));
     return committed.status();
   }
-  // Both at once: the destination starts serving (or following), the source drops the rows
-  // (or unfences, streaming to its new follower).
-  std::thread to_source([&] { NotifyPod(source); });
-  NotifyPod(destination);
-  to_source.join();
+  // All at once: the destination starts serving (or following), the source drops the rows
+  // (or unfences, streaming to its new follower), and the followers take the new epoch's
+  // records (the new primary's, for an owner move; a replaced follower stops following).
+  NotifyPods(source, destination, started.also_told);
   const absl::Time end = absl::Now();
   MoveInfo info = Ended(move, MoveInfo::COMMITTED);
   info.set_rows(imported.rows());

@@ -1,14 +1,16 @@
 // MoveRunner: one live vshard move, source pod A -> destination pod B, start to commit or
 // abort, and the record of the last finished moves for status.
 //   1. Record it (Membership::BeginMove: MoveRecord, epoch + 1, one synced write), then
-//      send A and B their assignments (moving_out / moving_in).
+//      send A and B their assignments (moving_out / moving_in), and the followers of
+//      their vshards theirs (the epoch A's and B's records now carry).
 //   2. A: MigrateBegin (tracking starts). B: MigrateImport, which copies from A, fences A
 //      for the final delta and returns once B holds everything durably.
 //   3. Commit (Membership::CommitMove: the map names B, epoch + 1, the record deleted, one
-//      synced write). Then B and A get their assignments at once: B serves, A drops the rows.
+//      synced write). Then B, A and those followers (a replaced follower too) get their
+//      assignments at once: B serves, A drops the rows, the followers take B's records.
 //      A follower copy (FillFollower, re-replication) commits B into the vshards' ack sets
 //      instead: A keeps serving them, and ships its records to B from its fence's end on.
-// Any failure before the commit aborts: the record is deleted (epoch + 1) and both pods
+// Any failure before the commit aborts: the record is deleted (epoch + 1) and the same pods
 // told; A keeps the vshards (and unfences), B drops what it copied. A master that restarts
 // with a record aborts it (Membership::Load). So the map always names exactly one owner.
 //
@@ -67,8 +69,14 @@ class MoveRunner {
   absl::StatusOr<MoveInfo> Run(const std::string& source, const std::string& destination,
                                const std::vector<uint32_t>& vshards, bool follower,
                                const std::string& replaces) ABSL_LOCKS_EXCLUDED(mu_);
-  // Aborts move `id` (the source keeps its vshards) and tells both pods.
-  void AbortMove(uint64_t id, const std::string& why) ABSL_LOCKS_EXCLUDED(mu_);
+  // Aborts move `id` (the source keeps its vshards) and tells both pods and `also_told`
+  // (Membership::StartedMove).
+  void AbortMove(uint64_t id, const std::vector<std::string>& also_told, const std::string& why)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // Tells `source`, `destination` and `others` their assignments, all at once (NotifyPod
+  // each); returns when all answered or failed.
+  void NotifyPods(const std::string& source, const std::string& destination,
+                  const std::vector<std::string>& others) ABSL_LOCKS_EXCLUDED(mu_);
   void Remember(MoveInfo info) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const MasterOptions& options_;

@@ -284,10 +284,35 @@ TEST_F(RereplicateTest, ADrainAtTwoCopiesMovesBothRolesAndKeepsTwoCopies) {
   for (const std::string& c : Copies()) {
     EXPECT_EQ(c.find("ps-1"), std::string::npos) << c;
   }
+  // ps-1 was told at each commit that it no longer follows what it followed (told only at
+  // its next heartbeat, it would accept its old primaries' records meanwhile).
+  EXPECT_TRUE(Following("ps-1:1").empty());
   // Durable: a restarted master has the same copies.
   const std::vector<std::string> before = Copies();
   Reopen();
   EXPECT_EQ(Copies(), before);
+}
+
+TEST_F(RereplicateTest, AMovedPrimarysFollowersAreToldAtTheCommit) {
+  Start(3);
+  Register("ps-3", "1");
+  RebalanceResponse resp;
+  ASSERT_TRUE(core_->Rebalance(RebalanceRequest(), &resp).ok());
+  ASSERT_GT(resp.moved_vshards(), 0u);
+  // Each vshard ps-3 now leads kept its follower, which was told its new primary by the
+  // commit, without a heartbeat: told later, it would refuse ps-3's records meanwhile, and
+  // ps-3's pushes to the vshards would wait for it.
+  const ShardMapResponse map = Map();
+  int moved = 0;
+  for (int v = 0; v < map.owner_size(); ++v) {
+    if (map.pods(map.owner(v)).pod_id() != "ps-3") continue;
+    ++moved;
+    ASSERT_EQ(map.followers(v).pods_size(), 1) << "vshard " << v;
+    const PodInfo& follower = map.pods(map.followers(v).pods(0));
+    EXPECT_EQ(Following(follower.address())["ps-3"].count(v), 1u)
+        << "vshard " << v << ": follower " << follower.pod_id() << " was not told";
+  }
+  EXPECT_EQ(moved, static_cast<int>(resp.moved_vshards()));
 }
 
 TEST_F(RereplicateTest, AMoveWhoseSourceFailedOverMeanwhileIsNotCommitted) {

@@ -515,25 +515,27 @@ void PsCore::PushAsync(const PushRequest& req, PushResponse* resp, Done done) {
 }
 
 void PsCore::ApplyChange(const Change& change, ApplyFn apply, Done done) {
+  // Refused before anything applies (a fence, no write lease): a push applied here before
+  // is acknowledged as such (its retry is safe). One this pod never saw is refused as such,
+  // so that the client knows its fate: re-routed, it goes to the new owner under a new key,
+  // not this one's, which a pod there may hold for another part of the call (a key kept
+  // across a re-route names parts on several pods; de-duplication is per pod).
+  auto refuse = [&](absl::Status refused) {
+    if (change.key != nullptr) {
+      const PushDedup::Claim claim = dedup_.Peek(*change.key);
+      if (claim == PushDedup::Claim::kDuplicate) {
+        return done(Repeated(*change.key, PushDedup::Claim::kDuplicate, change.resp));
+      }
+      if (claim == PushDedup::Claim::kNew) refused = NotAppliedError(std::move(refused));
+    }
+    return done(refused);
+  };
   OutgoingMove* out = outgoing_.get();
   if (out != nullptr) {
-    if (absl::Status fenced = CheckFence(*out, change); !fenced.ok()) {
-      // A push applied here before the fence is acknowledged as such: its retry is safe.
-      // One this pod never saw is refused as such, so that the client knows its fate (it
-      // goes to the new owner under a new key, not this one's, which a follower of that
-      // owner may hold for another part of the call).
-      if (change.key != nullptr) {
-        const PushDedup::Claim claim = dedup_.Peek(*change.key);
-        if (claim == PushDedup::Claim::kDuplicate) {
-          return done(Repeated(*change.key, PushDedup::Claim::kDuplicate, change.resp));
-        }
-        if (claim == PushDedup::Claim::kNew) fenced = NotAppliedError(std::move(fenced));
-      }
-      return done(fenced);
-    }
+    if (absl::Status fenced = CheckFence(*out, change); !fenced.ok()) return refuse(fenced);
   }
   if (change.ship) {
-    if (absl::Status s = CheckWriteLease(); !s.ok()) return done(s);
+    if (absl::Status s = CheckWriteLease(); !s.ok()) return refuse(s);
   }
   if (change.key != nullptr) {
     absl::StatusOr<PushDedup::Claim> claim = dedup_.Begin(*change.key);

@@ -9,6 +9,7 @@
 
 #include "gtest/gtest.h"
 #include "proto/packed.h"
+#include "proto/wrong_shard.h"
 #include "ps/ps_core.h"
 
 namespace ps {
@@ -147,6 +148,38 @@ TEST_F(CopyDedupTest, APushAppliedBeforeTheCopyIsADuplicateAtItsDestination) {
   ASSERT_TRUE(b_->Push(MakePush({1}, 5, 2), &fresh).ok());
   EXPECT_FALSE(fresh.duplicate());
   EXPECT_EQ(Rows(*b_).at(1), std::vector<float>(kDim, 2.0f));
+}
+
+// A replicated primary without a write lease (the master unreachable) refuses a push it
+// never saw with the NotApplied detail, so that the client knows its fate: without it, the
+// client took the refusal as "maybe applied" and re-routed the push after a move with its
+// key kept, under which a pod then answered "duplicate" from another part's record
+// (migration_test MasterKilledMidRebalance/R2 lost a push so). A push it applied before is
+// acknowledged as a duplicate, as under a move's fence.
+TEST_F(CopyDedupTest, APrimaryWithoutAWriteLeaseSaysWhetherItApplied) {
+  Assignment role = Owning(3, true);
+  role.mutable_replication()->set_pod_id("a");
+  role.mutable_replication()->set_factor(2);
+  role.mutable_replication()->set_lease_ms(1000);
+  Apply(*a_, role);
+  PushResponse resp;
+  absl::Status refused = a_->Push(MakePush({1, 2}, 7, 1), &resp);
+  EXPECT_EQ(refused.code(), absl::StatusCode::kUnavailable) << refused;
+  EXPECT_TRUE(IsNotApplied(refused)) << refused;
+  EXPECT_TRUE(Rows(*a_).empty());
+
+  a_->RenewWriteLease(absl::Now() + absl::Hours(1));
+  ASSERT_TRUE(a_->Push(MakePush({1, 2}, 7, 1), &resp).ok());
+  EXPECT_FALSE(resp.duplicate());
+  a_->RenewWriteLease(absl::Now() - absl::Seconds(1));  // the lease ran out
+  PushResponse retry;
+  ASSERT_TRUE(a_->Push(MakePush({1, 2}, 7, 1), &retry).ok());
+  EXPECT_TRUE(retry.duplicate());
+  EXPECT_EQ(Rows(*a_).at(1), std::vector<float>(kDim, 1.0f));
+  refused = a_->Push(MakePush({1}, 7, 2), &resp);
+  EXPECT_EQ(refused.code(), absl::StatusCode::kUnavailable) << refused;
+  EXPECT_TRUE(IsNotApplied(refused)) << refused;
+  EXPECT_EQ(Rows(*a_).at(1), std::vector<float>(kDim, 1.0f));
 }
 
 }  // namespace

@@ -6,7 +6,8 @@
 // is SIGKILLed right after the rebalance and restarted, so what it received must be durable.
 // Also: a pod SIGKILLed and restarted (same identity and data dir, a new port) while
 // clients push. Every test runs with one copy of each vshard (R1) and with two (R2: the
-// moves keep each vshard's follower, a killed primary may fail over to it).
+// moves keep each vshard's follower, a killed primary may fail over to it, and a
+// re-routed push whose fate was unknown keeps its key).
 #include <grpcpp/grpcpp.h>
 #include <unistd.h>
 
@@ -181,18 +182,20 @@ class MigrationTest : public integration::ClusterProcessTest,
     for (int i = 0; i < kIds; ++i) ids[i] = i;
     std::vector<float> rows(ids.size() * kDim);
     ASSERT_TRUE(client.Pull({{"emb", ids, rows.data()}}).ok());
-    int wrong = 0;
+    int wrong = 0;  // rows, each reported once (up to 40): which rows tells which vshards
     for (int i = 0; i < kIds; ++i) {
       auto it = counts.find(i);
       const float expected = it == counts.end() ? 0.0f : -static_cast<float>(it->second);
       for (uint32_t j = 0; j < kDim; ++j) {
-        if (rows[i * kDim + j] != expected && wrong++ < 10) {
+        if (rows[i * kDim + j] == expected) continue;
+        if (wrong++ < 40) {
           ADD_FAILURE() << "row " << i << " element " << j << " is " << rows[i * kDim + j]
                         << ", expected " << expected;
         }
+        break;
       }
     }
-    EXPECT_EQ(wrong, 0);
+    EXPECT_EQ(wrong, 0) << "rows wrong";
   }
 
   // Rows of a second table, so that moves take long enough to be interrupted.
@@ -230,12 +233,16 @@ class MigrationTest : public integration::ClusterProcessTest,
 
 TEST_P(MigrationTest, ScaleOutThenDrainWhileClientsPushIsExact) {
   if (GetParam() == 2) {
-    // Fails 2 runs in 3 at R = 2: a few rows of vshards drained back from ps-2 are one
-    // push too high (applied twice). Suspected: a push applied on the drained primary
-    // whose acknowledgement failed when its streams ended is marked not applied in its
-    // de-duplication state, so its retry is refused as new under the fence and sent to
-    // the new owner (which holds it from the copy) under a new key. Open (repl-dense).
-    GTEST_SKIP() << "R = 2: a push applied twice across a drain (open; see the comment)";
+    // Loses a push in about 1 run in 10 at R = 2 (3 copies at once). Diagnosed: a push
+    // part in flight at ps-2 when it is SIGKILLed has an unknown fate; retried at the
+    // restarted ps-2 after a drain move took some of its vshards, it is refused as not
+    // ps-2's (no fence answer in between, which would settle the fate), so it is re-routed
+    // with its key kept (the key must reach a promoted follower that may hold it). The
+    // drain moves ps-2's vshards to ps-0 in several moves: the first piece is applied at
+    // ps-0 under the key, the next piece reaches ps-0 under the same key after the next
+    // move and is answered "duplicate". Push keys are per pod, not per vshard; fixing it
+    // needs keys scoped by vshard (or the client tracking which pods applied a piece).
+    GTEST_SKIP() << "R = 2: a kept push key split over consecutive moves to one pod (open)";
   }
   StartMaster(/*lease_ms=*/3000);
   StartPod(0);
@@ -263,9 +270,14 @@ TEST_P(MigrationTest, ScaleOutThenDrainWhileClientsPushIsExact) {
   // dir and address), it serves the moved rows again.
   children_["ps-2"]->Kill();
   ASSERT_EQ(StartPod(2, port2), port2);
+  // Pushing on across the new map (waited for, not timed: the restarted pod re-ships its
+  // recovered log first, and the machine may be busy).
   const uint64_t before_drain = pushers.pushes();
-  absl::SleepFor(absl::Milliseconds(800));
-  EXPECT_GT(pushers.pushes(), before_drain);  // pushing on across the new map
+  const absl::Time deadline = absl::Now() + absl::Seconds(15);
+  while (pushers.pushes() < before_drain + 20 && absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(50));
+  }
+  EXPECT_GE(pushers.pushes(), before_drain + 20);
 
   // Scale in: drain ps-2; it then owns nothing and shows DRAINED.
   {
@@ -352,11 +364,6 @@ TEST_P(MigrationTest, DestinationKilledMidRebalance) {
 // aborted (its record is found at start), the pods drop the move's state at their next
 // heartbeat (the source unfences), and a rebalance then completes; rows stay exact.
 TEST_P(MigrationTest, MasterKilledMidRebalance) {
-  if (GetParam() == 2) {
-    // Lost a push (rows one short in moved vshards) in 1 of 3 runs of the whole suite at
-    // R = 2; passes alone. Not yet diagnosed (repl-dense, open).
-    GTEST_SKIP() << "R = 2: a push lost in some runs (open; see the comment)";
-  }
   StartMaster(/*lease_ms=*/1500);
   StartPod(0);
   StartPod(1);
