@@ -19,12 +19,12 @@
 //
 // Sized for load, not in powers of two: the capacity is (4 + m) << e lines of 4 buckets
 // (m in 0..3), steps of 1.14x to 1.25x; the array holds at most 4/5 of its buckets and
-// grows by one step when full, so it stays between 0.64 and 0.8 full (a power-of-two
-// array sits between 0.375 and 0.75: 32 bytes a row at 1M rows over 256 stripes, against
-// about 22 now). Each growth rehashes the whole array, 6 times the ids in total instead of
-// doubling's 2. Its smallest size is 16 buckets (256 bytes), so thousands of small stripes
-// stay cheap. Erase is backward-shift deletion: no tombstones, so eviction never degrades
-// probes.
+// grows by one step when full, so a grown array is 0.64 to 0.8 full (a power-of-two array
+// was 0.375 to 0.75: 32 bytes a row at 1M rows over 256 stripes, against about 22 now;
+// HugeBlockPool hands out whole pages, not powers of two, so the bytes are saved). Each
+// growth rehashes the whole array, 6 times the ids in total instead of doubling's 2. Its
+// smallest size is 16 buckets (256 bytes), so thousands of small stripes stay cheap. Erase is
+// backward-shift deletion: no tombstones, so eviction never degrades probes.
 //
 // The key INT64_MIN marks an empty bucket; a row with that id lives in a side field.
 #pragma once
