@@ -22,21 +22,29 @@ namespace ps {
 namespace {
 
 // Row storage is a list of fixed-size blocks per stripe: growing never moves a row, and a
-// block is about kBlockBytes so small tables stay small. A block holds rows_per_block
-// rows, then their ids (int64 each), then, for a table with eviction, their last-update
-// stamps (uint32 each): the per-slot data grows with the rows, a block at a time, where
-// vectors of their own would double (up to 2x their 12 bytes a row).
-constexpr size_t kBlockBytes = 32 * 1024;
+// block is at most kBlockBytes so small tables stay small. A block holds rows_per_block
+// rows, then their ids (int64 each) unless each row keeps its id in its own padding,
+// then, for a table with eviction, their last-update stamps (uint32 each): the per-slot
+// data grows with the rows, a block at a time, where vectors of their own would double
+// (up to 2x their 12 bytes a row).
+constexpr size_t kBlockBytes = 16 * 1024;
 
-// Layout of one row, in floats: [weights dim][slots k*dim][step: 2 floats][pad to 4].
+// Layout of one row, in floats: [weights dim][slots k*dim][step: 2 floats][pad to 4],
+// the row's id in the padding when it has 2 floats (it does for half the layouts, e.g.
+// Adagrad of any even dim).
 struct RowLayout {
   uint32_t dim;
   uint32_t slot_floats;
   uint32_t stride;  // floats per row, a multiple of 4 (16-byte aligned rows)
+  bool id_in_row;
 
   RowLayout(uint32_t d, int slots)
-      : dim(d), slot_floats(d * slots), stride(((d + d * slots + 2) + 3) / 4 * 4) {}
+      : dim(d),
+        slot_floats(d * slots),
+        stride(((d + d * slots + 2) + 3) / 4 * 4),
+        id_in_row(stride - (d + d * slots + 2) >= 2) {}
   size_t step_offset() const { return dim + slot_floats; }
+  size_t id_offset() const { return dim + slot_floats + 2; }  // if id_in_row
 };
 
 // Whether a table's rows keep a last-update stamp (eviction by TTL or row cap).
@@ -44,9 +52,29 @@ bool Stamped(const TableSpec& spec) {
   return spec.eviction().ttl_seconds() > 0 || spec.eviction().max_rows() > 0;
 }
 
-// Block bytes per row: the row, its id and (stamped) its stamp.
+// Block bytes per row: the row, its id (unless in the row) and (stamped) its stamp.
 size_t SlotBytes(const RowLayout& layout, bool stamped) {
-  return layout.stride * sizeof(float) + sizeof(int64_t) + (stamped ? sizeof(uint32_t) : 0);
+  return layout.stride * sizeof(float) + (layout.id_in_row ? 0 : sizeof(int64_t)) +
+         (stamped ? sizeof(uint32_t) : 0);
+}
+
+// Rows per block: of the counts whose block fits kBlockBytes (at least half as many as
+// fit), the one that puts the most rows in a BlockArena chunk (blocks are 64-byte rounded
+// and never straddle chunks), the larger on a tie. 221 rows of 148 bytes waste 24 KiB of a
+// 2 MiB chunk; 41 of 788 (the largest that fit) would waste a whole block's 31 KiB where 38
+// waste 0.5 KiB.
+size_t RowsPerBlock(size_t slot_bytes) {
+  const size_t most = std::max<size_t>(1, kBlockBytes / slot_bytes);
+  size_t best = most, best_rows = 0;
+  for (size_t r = most; r >= 1 && r * 2 >= most; --r) {
+    const size_t block = (r * slot_bytes + 63) / 64 * 64;
+    const size_t rows = BlockArena::kChunkBytes / block * r;
+    if (rows > best_rows) {
+      best = r;
+      best_rows = rows;
+    }
+  }
+  return best;
 }
 
 class alignas(64) Stripe {
@@ -85,9 +113,9 @@ class EmbeddingTableImpl final : public EmbeddingTable {
         initializer_(spec_.initializer()),
         optimizer_(Optimizer::For(spec_)),
         layout_(spec_.dim(), optimizer_.slots()),
-        rows_per_block_(std::max<size_t>(1, kBlockBytes / SlotBytes(layout_, Stamped(spec_)))),
+        rows_per_block_(RowsPerBlock(SlotBytes(layout_, Stamped(spec_)))),
         ids_offset_(rows_per_block_ * layout_.stride * sizeof(float)),
-        stamps_offset_(ids_offset_ + rows_per_block_ * sizeof(int64_t)),
+        stamps_offset_(ids_offset_ + (layout_.id_in_row ? 0 : rows_per_block_ * sizeof(int64_t))),
         block_bytes_(rows_per_block_ * SlotBytes(layout_, Stamped(spec_))),
         stripe_mask_(options.num_stripes - 1),
         track_dirty_(options.track_dirty),
@@ -568,7 +596,7 @@ class EmbeddingTableImpl final : public EmbeddingTable {
         ClearBit(s.ref, slot);
         continue;
       }
-      const int64_t id = IdAt(s, slot);
+      const int64_t id = IdOf(s, slot);
       s.index.Erase(id, RouteHash(name_hash_, id));
       ClearBit(s.live, slot);
       s.free_slots.push_back(slot);
@@ -610,7 +638,7 @@ class EmbeddingTableImpl final : public EmbeddingTable {
           if (!TestBit(s.live, slot)) continue;
           const float* row = RowAt(s, slot);
           RowView view;
-          view.id = IdAt(s, slot);
+          view.id = IdOf(s, slot);
           view.weights = row;
           view.slots = row + layout_.dim;
           view.step = GetStep(row);
@@ -701,11 +729,21 @@ class EmbeddingTableImpl final : public EmbeddingTable {
   float* RowAt(Stripe& s, uint32_t slot) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mu) {
     return s.blocks[slot / rows_per_block_] + (slot % rows_per_block_) * layout_.stride;
   }
-  // The id of the row in `slot`, and (stamped_ only) its last-update stamp.
-  int64_t& IdAt(Stripe& s, uint32_t slot) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mu) {
+  // The id of the row in `slot` (in the row's padding or the block's id array).
+  char* IdAddress(Stripe& s, uint32_t slot) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mu) {
+    if (layout_.id_in_row) return reinterpret_cast<char*>(RowAt(s, slot) + layout_.id_offset());
     char* block = reinterpret_cast<char*>(s.blocks[slot / rows_per_block_]);
-    return reinterpret_cast<int64_t*>(block + ids_offset_)[slot % rows_per_block_];
+    return block + ids_offset_ + (slot % rows_per_block_) * sizeof(int64_t);
   }
+  int64_t IdOf(Stripe& s, uint32_t slot) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mu) {
+    int64_t id;
+    std::memcpy(&id, IdAddress(s, slot), sizeof(id));  // 4-byte aligned in a row
+    return id;
+  }
+  void SetId(Stripe& s, uint32_t slot, int64_t id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mu) {
+    std::memcpy(IdAddress(s, slot), &id, sizeof(id));
+  }
+  // The last-update stamp of the row in `slot` (stamped_ only).
   uint32_t& StampAt(Stripe& s, uint32_t slot) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mu) {
     char* block = reinterpret_cast<char*>(s.blocks[slot / rows_per_block_]);
     return reinterpret_cast<uint32_t*>(block + stamps_offset_)[slot % rows_per_block_];
@@ -743,7 +781,7 @@ class EmbeddingTableImpl final : public EmbeddingTable {
         if (evictable_) s.ref.push_back(0);
       }
     }
-    IdAt(s, slot) = id;
+    SetId(s, slot, id);
     SetBit(s.live, slot);
     if (evictable_) SetBit(s.ref, slot);
     if (stamped_) StampAt(s, slot) = now_stamp();
@@ -761,7 +799,7 @@ class EmbeddingTableImpl final : public EmbeddingTable {
   const Optimizer optimizer_;
   const RowLayout layout_;
   const size_t rows_per_block_;
-  const size_t ids_offset_;     // block bytes before the ids (IdAt)
+  const size_t ids_offset_;     // block bytes before the ids (unless layout_.id_in_row)
   const size_t stamps_offset_;  // block bytes before the stamps (StampAt)
   const size_t block_bytes_;
   const uint64_t stripe_mask_;
