@@ -18,9 +18,9 @@
 // never need the hash function.
 //
 // Sized for load, not in powers of two: the capacity is (4 + m) << e lines of 4 buckets
-// (m in 0..3), steps of 1.14x to 1.25x; the array holds at most 4/5 of its buckets and
-// grows by one step when full, so a grown array is 0.64 to 0.8 full (a power-of-two array
-// was 0.375 to 0.75: 32 bytes a row at 1M rows over 256 stripes, against about 22 now;
+// (m in 0..3), steps of 1.14x to 1.25x; the array holds at most 3/4 of its buckets and
+// grows by one step when full, so a grown array is 0.6 to 0.75 full (a power-of-two array
+// was 0.375 to 0.75: 32 bytes a row at 1M rows over 256 stripes, against about 25 now;
 // HugeBlockPool hands out whole pages, not powers of two, so the bytes are saved). Each
 // growth rehashes the whole array, 6 times the ids in total instead of doubling's 2. Its
 // smallest size is 16 buckets (256 bytes), so thousands of small stripes stay cheap. Erase is
@@ -106,7 +106,7 @@ class RowIndex {
   // The number of buckets: 4 * (4 + m) << e for some m in 0..3, >= kMinCapacity.
   size_t capacity() const { return capacity_; }
 
-  // The most ids the current array holds before Insert grows it (4/5 of capacity()).
+  // The most ids the current array holds before Insert grows it (3/4 of capacity()).
   size_t max_load() const { return MaxLoad(capacity_); }
 
   // Heap bytes owned by the index (the bucket array), not counting sizeof(RowIndex).
@@ -124,7 +124,7 @@ class RowIndex {
   // PRFM on Arm do not), so that costs at most a useless prefetch. The old array is
   // deliberately not kept alive: that would cost up to +88% of the index's memory per
   // stripe, and still would not cover a reader stalled across two rehashes. The load is
-  // relaxed: the value is only an address hint, nothing is read through it. At up to 4/5
+  // relaxed: the value is only an address hint, nothing is read through it. At up to 3/4
   // load a run often crosses into the next line (a miss under the lock if not fetched
   // here); a run longer than 4 buckets still misses past that. `this` must outlive the
   // call.
@@ -168,8 +168,8 @@ class RowIndex {
   static constexpr size_t CapacityOf(int code) {
     return (size_t{4} + (code & 3)) << ((code >> 2) + 2);
   }
-  // At most 4/5 of the buckets hold an entry.
-  static constexpr size_t MaxLoad(size_t capacity) { return capacity * 4 / 5; }
+  // At most 3/4 of the buckets hold an entry.
+  static constexpr size_t MaxLoad(size_t capacity) { return capacity * 3 / 4; }
 
   static uint32_t Mix(uint64_t hash) { return static_cast<uint32_t>((hash * kFibonacci) >> 32); }
   // The home bucket of `mixed` in an array of `capacity` buckets (monotone in `mixed`).
