@@ -22,26 +22,65 @@ namespace ps {
 namespace {
 
 // Row storage is a list of fixed-size blocks per stripe: growing never moves a row, and a
-// block is about kBlockBytes so small tables stay small.
-constexpr size_t kBlockBytes = 32 * 1024;
+// block is at most kBlockBytes so small tables stay small. A block holds rows_per_block
+// rows, then their ids (int64 each) unless each row keeps its id in its own padding,
+// then, for a table with eviction, their last-update stamps (uint32 each): the per-slot
+// data grows with the rows, a block at a time, where vectors of their own would double
+// (up to 2x their 12 bytes a row).
+constexpr size_t kBlockBytes = 16 * 1024;
 
-// Layout of one row, in floats: [weights dim][slots k*dim][step: 2 floats][pad to 4].
+// Layout of one row, in floats: [weights dim][slots k*dim][step: 2 floats][pad to 4],
+// the row's id in the padding when it has 2 floats (it does for half the layouts, e.g.
+// Adagrad of any even dim).
 struct RowLayout {
   uint32_t dim;
   uint32_t slot_floats;
   uint32_t stride;  // floats per row, a multiple of 4 (16-byte aligned rows)
+  bool id_in_row;
 
   RowLayout(uint32_t d, int slots)
-      : dim(d), slot_floats(d * slots), stride(((d + d * slots + 2) + 3) / 4 * 4) {}
+      : dim(d),
+        slot_floats(d * slots),
+        stride(((d + d * slots + 2) + 3) / 4 * 4),
+        id_in_row(stride - (d + d * slots + 2) >= 2) {}
   size_t step_offset() const { return dim + slot_floats; }
+  size_t id_offset() const { return dim + slot_floats + 2; }  // if id_in_row
 };
+
+// Whether a table's rows keep a last-update stamp (eviction by TTL or row cap).
+bool Stamped(const TableSpec& spec) {
+  return spec.eviction().ttl_seconds() > 0 || spec.eviction().max_rows() > 0;
+}
+
+// Block bytes per row: the row, its id (unless in the row) and (stamped) its stamp.
+size_t SlotBytes(const RowLayout& layout, bool stamped) {
+  return layout.stride * sizeof(float) + (layout.id_in_row ? 0 : sizeof(int64_t)) +
+         (stamped ? sizeof(uint32_t) : 0);
+}
+
+// Rows per block: of the counts whose block fits kBlockBytes (at least half as many as
+// fit), the one that puts the most rows in a BlockArena chunk (blocks are 64-byte rounded
+// and never straddle chunks). 110 rows of 148 bytes (the most that fit) leave 8 KiB of a
+// 2 MiB chunk unused, 80 leave 1.4 KiB; 20 rows of 788 bytes leave 10 KiB, 19 leave 0.5.
+size_t RowsPerBlock(size_t slot_bytes) {
+  const size_t most = std::max<size_t>(1, kBlockBytes / slot_bytes);
+  size_t best = most, best_rows = 0;
+  for (size_t r = most; r >= 1 && r * 2 >= most; --r) {
+    const size_t block = (r * slot_bytes + 63) / 64 * 64;
+    const size_t rows = BlockArena::kChunkBytes / block * r;
+    if (rows > best_rows) {
+      best = r;
+      best_rows = rows;
+    }
+  }
+  return best;
+}
 
 class alignas(64) Stripe {
  public:
   SpinLock mu;
   RowIndex index ABSL_GUARDED_BY(mu);               // id -> slot; Prefetch needs no lock
   std::vector<float*> blocks ABSL_GUARDED_BY(mu);   // owned by the table's arena
-  std::vector<int64_t> ids ABSL_GUARDED_BY(mu);     // slot -> id
   std::vector<uint64_t> dirty ABSL_GUARDED_BY(mu);  // bit per slot (with track_dirty)
   uint32_t used_slots ABSL_GUARDED_BY(mu) = 0;
   // A bit per slot holding a row, and the slots of evicted or erased rows for reuse.
@@ -55,8 +94,6 @@ class alignas(64) Stripe {
   // deleted them from its row source yet, so neither set is read back.
   absl::flat_hash_set<int64_t> deleted ABSL_GUARDED_BY(mu);
   absl::flat_hash_set<int64_t> reported ABSL_GUARDED_BY(mu);
-  // With eviction: each slot's last-update stamp (RowView::updated).
-  std::vector<uint32_t> stamps ABSL_GUARDED_BY(mu);
 };
 
 inline bool TestBit(const std::vector<uint64_t>& v, uint32_t i) {
@@ -75,11 +112,14 @@ class EmbeddingTableImpl final : public EmbeddingTable {
         initializer_(spec_.initializer()),
         optimizer_(Optimizer::For(spec_)),
         layout_(spec_.dim(), optimizer_.slots()),
-        rows_per_block_(std::max<size_t>(1, kBlockBytes / (layout_.stride * sizeof(float)))),
+        rows_per_block_(RowsPerBlock(SlotBytes(layout_, Stamped(spec_)))),
+        ids_offset_(rows_per_block_ * layout_.stride * sizeof(float)),
+        stamps_offset_(ids_offset_ + (layout_.id_in_row ? 0 : rows_per_block_ * sizeof(int64_t))),
+        block_bytes_(rows_per_block_ * SlotBytes(layout_, Stamped(spec_))),
         stripe_mask_(options.num_stripes - 1),
         track_dirty_(options.track_dirty),
         evictable_(options.evictable),
-        stamped_(spec_.eviction().ttl_seconds() > 0 || spec_.eviction().max_rows() > 0),
+        stamped_(Stamped(spec_)),
         clock_(options.clock),
         base_seconds_(NowSeconds()),
         min_count_(spec_.admission().min_count()),
@@ -262,7 +302,7 @@ class EmbeddingTableImpl final : public EmbeddingTable {
       Stripe& s = StripeOf(h);
       SpinLockHolder lock(&s.mu);
       const uint32_t* slot = s.index.Find(id, h);
-      if (slot == nullptr || (stamped_ && s.stamps[*slot] >= updated_before)) continue;
+      if (slot == nullptr || (stamped_ && StampAt(s, *slot) >= updated_before)) continue;
       if (track_dirty_) s.deleted.insert(id);
       EraseLocked(s, id, h);
       deleted->push_back(id);
@@ -473,7 +513,7 @@ class EmbeddingTableImpl final : public EmbeddingTable {
 
   int64_t NowSeconds() const { return clock_ ? clock_() : absl::ToUnixSeconds(absl::Now()); }
   void Stamp(Stripe& s, uint32_t slot, uint32_t now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mu) {
-    if (stamped_) s.stamps[slot] = now;
+    if (stamped_) StampAt(s, slot) = now;
   }
 
   // Removes row `id` if resident (its slot is reused); returns 1 if it was.
@@ -555,7 +595,7 @@ class EmbeddingTableImpl final : public EmbeddingTable {
         ClearBit(s.ref, slot);
         continue;
       }
-      const int64_t id = s.ids[slot];
+      const int64_t id = IdOf(s, slot);
       s.index.Erase(id, RouteHash(name_hash_, id));
       ClearBit(s.live, slot);
       s.free_slots.push_back(slot);
@@ -597,11 +637,11 @@ class EmbeddingTableImpl final : public EmbeddingTable {
           if (!TestBit(s.live, slot)) continue;
           const float* row = RowAt(s, slot);
           RowView view;
-          view.id = s.ids[slot];
+          view.id = IdOf(s, slot);
           view.weights = row;
           view.slots = row + layout_.dim;
           view.step = GetStep(row);
-          view.updated = stamped_ ? s.stamps[slot] : 0;
+          view.updated = stamped_ ? StampAt(s, slot) : 0;
           fn(view);
           ++visited;
         }
@@ -688,6 +728,25 @@ class EmbeddingTableImpl final : public EmbeddingTable {
   float* RowAt(Stripe& s, uint32_t slot) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mu) {
     return s.blocks[slot / rows_per_block_] + (slot % rows_per_block_) * layout_.stride;
   }
+  // The id of the row in `slot` (in the row's padding or the block's id array).
+  char* IdAddress(Stripe& s, uint32_t slot) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mu) {
+    if (layout_.id_in_row) return reinterpret_cast<char*>(RowAt(s, slot) + layout_.id_offset());
+    char* block = reinterpret_cast<char*>(s.blocks[slot / rows_per_block_]);
+    return block + ids_offset_ + (slot % rows_per_block_) * sizeof(int64_t);
+  }
+  int64_t IdOf(Stripe& s, uint32_t slot) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mu) {
+    int64_t id;
+    std::memcpy(&id, IdAddress(s, slot), sizeof(id));  // 4-byte aligned in a row
+    return id;
+  }
+  void SetId(Stripe& s, uint32_t slot, int64_t id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mu) {
+    std::memcpy(IdAddress(s, slot), &id, sizeof(id));
+  }
+  // The last-update stamp of the row in `slot` (stamped_ only).
+  uint32_t& StampAt(Stripe& s, uint32_t slot) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mu) {
+    char* block = reinterpret_cast<char*>(s.blocks[slot / rows_per_block_]);
+    return reinterpret_cast<uint32_t*>(block + stamps_offset_)[slot % rows_per_block_];
+  }
 
   float* CreateRow(Stripe& s, int64_t id, uint64_t h) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mu) {
     float* row = RowAt(s, NewSlot(s, id, h));
@@ -709,27 +768,22 @@ class EmbeddingTableImpl final : public EmbeddingTable {
     if (!s.free_slots.empty()) {
       slot = s.free_slots.back();
       s.free_slots.pop_back();
-      s.ids[slot] = id;
       if (track_dirty_) ClearBit(s.dirty, slot);
     } else {
       slot = s.used_slots++;
       if (slot / rows_per_block_ >= s.blocks.size()) {
-        s.blocks.push_back(
-            static_cast<float*>(arena_.Allocate(rows_per_block_ * layout_.stride * sizeof(float))));
+        s.blocks.push_back(static_cast<float*>(arena_.Allocate(block_bytes_)));
       }
-      s.ids.push_back(id);
       if ((slot & 63) == 0) {
         if (track_dirty_) s.dirty.push_back(0);
         s.live.push_back(0);
         if (evictable_) s.ref.push_back(0);
       }
     }
+    SetId(s, slot, id);
     SetBit(s.live, slot);
     if (evictable_) SetBit(s.ref, slot);
-    if (stamped_) {
-      if (s.stamps.size() <= slot) s.stamps.resize(size_t{slot} + 1);
-      s.stamps[slot] = now_stamp();
-    }
+    if (stamped_) StampAt(s, slot) = now_stamp();
     const size_t index_bytes = s.index.memory_bytes();
     s.index.Insert(id, h, slot);
     index_bytes_.fetch_add(s.index.memory_bytes() - index_bytes, std::memory_order_relaxed);
@@ -744,6 +798,9 @@ class EmbeddingTableImpl final : public EmbeddingTable {
   const Optimizer optimizer_;
   const RowLayout layout_;
   const size_t rows_per_block_;
+  const size_t ids_offset_;     // block bytes before the ids (unless layout_.id_in_row)
+  const size_t stamps_offset_;  // block bytes before the stamps (StampAt)
+  const size_t block_bytes_;
   const uint64_t stripe_mask_;
   const bool track_dirty_;
   const bool evictable_;

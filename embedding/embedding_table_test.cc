@@ -373,6 +373,57 @@ TEST(EmbeddingTableTest, AdmissionCreatesTheRowAtTheNthPush) {
   EXPECT_EQ(fresh->admission(), nullptr);
 }
 
+// Each row block carries its rows' ids and last-update stamps: over many blocks of one
+// stripe, through deletion and slot reuse, every row reports its own id and stamp, and
+// DeleteStale goes by the stamps.
+TEST(EmbeddingTableTest, IdsAndStampsFollowTheirRowsAcrossBlocks) {
+  TableSpec spec = Spec(4, OptimizerSpec::SGD);
+  spec.mutable_eviction()->set_max_rows(1000000);  // stamped rows
+  int64_t now = 1000;
+  TableOptions options;
+  options.num_stripes = 1;  // every row in one stripe: about 744 rows a block here
+  options.clock = [&now] { return now; };
+  auto t = *EmbeddingTable::Create(spec, options);
+  const std::vector<float> g(4, 0.5f);
+  std::map<int64_t, uint32_t> expected;  // id -> stamp
+  auto push = [&](int64_t first, int64_t count) {
+    for (int64_t id = first; id < first + count; ++id) {
+      t->Push({id * 7919}, g.data(), 0.f);
+      expected[id * 7919] = t->now_stamp();
+    }
+  };
+  auto check = [&] {
+    std::map<int64_t, uint32_t> seen;
+    t->ForEachRow([&](const RowView& r) {
+      EXPECT_TRUE(seen.emplace(r.id, r.updated).second) << r.id;
+      EXPECT_EQ(r.step, 1u) << r.id;
+      const std::vector<float> init = Initial(spec, r.id);
+      for (int j = 0; j < 4; ++j) ASSERT_FLOAT_EQ(r.weights[j], init[j] - 0.5f) << r.id;
+    });
+    EXPECT_EQ(seen, expected);
+  };
+  push(0, 2000);
+  now += 10;
+  push(2000, 2000);
+  check();
+  // The first 2000 are older than stamp 10: DeleteStale takes exactly those of a list
+  // that mixes both.
+  std::vector<int64_t> candidates, deleted;
+  for (int64_t id = 1000; id < 3000; ++id) candidates.push_back(id * 7919);
+  t->DeleteStale(candidates, /*updated_before=*/10, &deleted);
+  EXPECT_EQ(deleted.size(), 1000u);
+  for (int64_t id : deleted) {
+    EXPECT_LT(expected.at(id), 10u) << id;
+    expected.erase(id);
+  }
+  check();
+  // New rows reuse the freed slots, in the first blocks, with their own ids and stamps.
+  now += 10;
+  push(5000, 1500);
+  EXPECT_EQ(t->rows(), expected.size());
+  check();
+}
+
 TEST(EmbeddingTableTest, RejectsBadStripeCount) {
   TableOptions options;
   options.num_stripes = 12;

@@ -2,6 +2,7 @@
 
 #include <sys/mman.h>
 
+#include <cstdio>
 #include <cstdlib>
 #include <new>
 
@@ -15,6 +16,10 @@ void* AllocateChunks(size_t bytes) {
   return p;
 }
 
+size_t PagesOf(size_t bytes) {
+  return (bytes + HugeBlockPool::kPageBytes - 1) / HugeBlockPool::kPageBytes;
+}
+
 }  // namespace
 
 HugeBlockPool& HugeBlockPool::Default() {
@@ -22,68 +27,82 @@ HugeBlockPool& HugeBlockPool::Default() {
   return *pool;
 }
 
-int HugeBlockPool::OrderOf(size_t bytes) {
-  int order = 0;
-  while ((kMinBlockBytes << order) < bytes) ++order;
-  return order;
-}
-
 void* HugeBlockPool::Allocate(size_t bytes) {
-  if (bytes < kMinBlockBytes) {
-    void* p = std::aligned_alloc(64, (bytes + 63) / 64 * 64);
+  if (bytes < kPageBytes) {
+    void* p = std::aligned_alloc(kAlignment, (bytes + kAlignment - 1) / kAlignment * kAlignment);
     if (p == nullptr) throw std::bad_alloc();
     return p;
   }
   if (bytes > kChunkBytes)
     return AllocateChunks((bytes + kChunkBytes - 1) / kChunkBytes * kChunkBytes);
-  const int want = OrderOf(bytes);
+  const size_t want = PagesOf(bytes);
   absl::MutexLock lock(&mu_);
-  int order = want;
-  while (order < kOrders && free_[order].empty()) ++order;
-  uintptr_t block;
-  if (order == kOrders) {
-    block = reinterpret_cast<uintptr_t>(AllocateChunks(kChunkBytes));
-    ++chunks_;
-    order = kOrders - 1;
-  } else {
-    block = *free_[order].begin();
-    free_[order].erase(free_[order].begin());
+  // Best fit: the shortest free run of at least `want` pages over every chunk.
+  Chunk* best = nullptr;
+  uintptr_t best_base = 0;
+  size_t best_start = 0, best_run = kPages + 1;
+  for (auto& [base, chunk] : chunks_) {
+    if (chunk.free_pages < want) continue;
+    for (size_t i = 0; i < kPages;) {
+      if (chunk.used[i]) {
+        ++i;
+        continue;
+      }
+      size_t end = i;
+      while (end < kPages && !chunk.used[end]) ++end;
+      const size_t run = end - i;
+      if (run >= want && run < best_run) {
+        best = &chunk;
+        best_base = base;
+        best_start = i;
+        best_run = run;
+      }
+      i = end;
+    }
+    if (best_run == want) break;  // exact: nothing fits better
   }
-  // Split down to the size wanted; the upper halves become free blocks.
-  while (order > want) {
-    --order;
-    free_[order].insert(block + (kMinBlockBytes << order));
+  if (best == nullptr) {
+    best_base = reinterpret_cast<uintptr_t>(AllocateChunks(kChunkBytes));
+    best = &chunks_[best_base];
+    best_start = 0;
   }
-  return reinterpret_cast<void*>(block);
+  for (size_t i = best_start; i < best_start + want; ++i) best->used.set(i);
+  best->free_pages -= want;
+  used_pages_ += want;
+  return reinterpret_cast<void*>(best_base + best_start * kPageBytes);
 }
 
 void HugeBlockPool::Free(void* p, size_t bytes) {
   if (p == nullptr) return;
-  if (bytes < kMinBlockBytes || bytes > kChunkBytes) return std::free(p);
-  int order = OrderOf(bytes);
-  uintptr_t block = reinterpret_cast<uintptr_t>(p);
+  if (bytes < kPageBytes || bytes > kChunkBytes) return std::free(p);
+  const size_t pages = PagesOf(bytes);
+  const uintptr_t block = reinterpret_cast<uintptr_t>(p);
+  const uintptr_t base = block & ~(uintptr_t{kChunkBytes} - 1);
   absl::MutexLock lock(&mu_);
-  // Merge with the buddy while it is free (a chunk is 2 MiB aligned, so the buddy of a
-  // block of size b is its address xor b).
-  while (order < kOrders - 1) {
-    const uintptr_t buddy = block ^ (kMinBlockBytes << order);
-    auto it = free_[order].find(buddy);
-    if (it == free_[order].end()) break;
-    free_[order].erase(it);
-    block = std::min(block, buddy);
-    ++order;
+  auto it = chunks_.find(base);
+  if (it == chunks_.end()) {
+    std::fprintf(stderr, "HugeBlockPool: Free of %p, not from the pool\n", p);
+    std::abort();
   }
-  if (order == kOrders - 1) {
-    std::free(reinterpret_cast<void*>(block));  // the whole chunk is free
-    --chunks_;
-    return;
+  Chunk& chunk = it->second;
+  const size_t first = (block - base) / kPageBytes;
+  for (size_t i = first; i < first + pages; ++i) chunk.used.reset(i);
+  chunk.free_pages += pages;
+  used_pages_ -= pages;
+  if (chunk.free_pages == kPages) {
+    std::free(reinterpret_cast<void*>(base));  // the whole chunk is free
+    chunks_.erase(it);
   }
-  free_[order].insert(block);
 }
 
 size_t HugeBlockPool::chunk_bytes() const {
   absl::MutexLock lock(&mu_);
-  return chunks_ * kChunkBytes;
+  return chunks_.size() * kChunkBytes;
+}
+
+size_t HugeBlockPool::used_bytes() const {
+  absl::MutexLock lock(&mu_);
+  return used_pages_ * kPageBytes;
 }
 
 }  // namespace ps

@@ -8,20 +8,14 @@
 #include "embedding/huge_block_pool.h"
 
 namespace ps {
-namespace {
 
-constexpr int kMinLog2Capacity = 4;
-// The array keeps 32 bits of mixed hash per entry, so it cannot address more buckets.
-constexpr int kMaxLog2Capacity = 32;
-
-// At most 3/4 of the buckets hold an entry.
-size_t MaxLoad(size_t capacity) { return capacity - capacity / 4; }
-
-}  // namespace
-
-static_assert(RowIndex::kMinCapacity == size_t{1} << kMinLog2Capacity, "");
-
-RowIndex::RowIndex() { Rehash(kMinLog2Capacity); }
+RowIndex::RowIndex() {
+  static_assert(kMinCapacity == CapacityOf(0), "code 0 is the smallest array");
+  static_assert(CapacityOf(kMaxCode) == size_t{1} << 32, "a 32-bit mixed hash addresses it");
+  static_assert(kMaxCode <= static_cast<int>(kCodeMask), "a code fits the mask");
+  static_assert(HugeBlockPool::kAlignment > kCodeMask, "a code fits below the alignment");
+  Rehash(0);
+}
 
 RowIndex::~RowIndex() = default;
 
@@ -33,16 +27,16 @@ std::pair<uint32_t*, bool> RowIndex::Insert(int64_t id, uint64_t hash, uint32_t 
     return {&empty_key_value_, true};
   }
   const uint32_t mixed = Mix(hash);
-  const size_t mask = Mask();
-  size_t b = Bucket(mixed, shift_);
-  for (;; b = (b + 1) & mask) {
+  const size_t capacity = capacity_;
+  size_t b = Bucket(mixed, capacity);
+  for (;; b = Next(b, capacity)) {
     Entry& e = At(b);
     if (e.key == id) return {&e.value, false};
     if (e.key == kEmptyKey) break;
   }
   Entry* e = &At(b);
   if (growth_left_ == 0) {
-    Rehash(log2_capacity_ + 1);
+    Rehash(code_ + 1);
     e = FindEmpty(mixed);
   }
   e->key = id;
@@ -59,9 +53,9 @@ bool RowIndex::Erase(int64_t id, uint64_t hash) {
     has_empty_key_ = false;
     return had;
   }
-  const size_t mask = Mask();
-  size_t hole = Bucket(Mix(hash), shift_);
-  for (;; hole = (hole + 1) & mask) {
+  const size_t capacity = capacity_;
+  size_t hole = Bucket(Mix(hash), capacity);
+  for (;; hole = Next(hole, capacity)) {
     const Entry& e = At(hole);
     if (e.key == id) break;
     if (e.key == kEmptyKey) return false;
@@ -69,11 +63,11 @@ bool RowIndex::Erase(int64_t id, uint64_t hash) {
   // Backward shift: walk the rest of the run; an entry whose probe run [home, j] passes
   // through the hole (cyclically: the hole is no further back from j than its home) moves
   // into it, and its old bucket becomes the hole. The run ends at the first empty bucket.
-  for (size_t j = (hole + 1) & mask;; j = (j + 1) & mask) {
+  for (size_t j = Next(hole, capacity);; j = Next(j, capacity)) {
     const Entry& e = At(j);
     if (e.key == kEmptyKey) break;
-    const size_t home = Bucket(e.mixed, shift_);
-    if (((j - home) & mask) >= ((j - hole) & mask)) {
+    const size_t home = Bucket(e.mixed, capacity);
+    if (Distance(home, j, capacity) >= Distance(hole, j, capacity)) {
       At(hole) = e;
       hole = j;
     }
@@ -85,9 +79,9 @@ bool RowIndex::Erase(int64_t id, uint64_t hash) {
 }
 
 void RowIndex::Reserve(size_t n) {
-  int log2_capacity = log2_capacity_;
-  while (MaxLoad(size_t{1} << log2_capacity) < n) ++log2_capacity;
-  if (log2_capacity > log2_capacity_) Rehash(log2_capacity);
+  int code = code_;
+  while (code < kMaxCode && MaxLoad(CapacityOf(code)) < n) ++code;
+  if (code > code_) Rehash(code);
 }
 
 void RowIndex::Clear() {
@@ -95,7 +89,7 @@ void RowIndex::Clear() {
   Lines old = std::move(lines_);
   size_ = 0;
   has_empty_key_ = false;
-  Rehash(kMinLog2Capacity);
+  Rehash(0);
 }
 
 void RowIndex::PoolFree::operator()(Line* lines) const {
@@ -110,36 +104,37 @@ RowIndex::Lines RowIndex::NewLines(size_t count) {
   return Lines(lines, PoolFree(bytes));
 }
 
-void RowIndex::Rehash(int log2_capacity) {
-  if (log2_capacity > kMaxLog2Capacity) {
-    std::fprintf(stderr, "RowIndex: cannot grow past 2^%d buckets\n", kMaxLog2Capacity);
+void RowIndex::Rehash(int code) {
+  if (code > kMaxCode) {
+    std::fprintf(stderr, "RowIndex: cannot grow past %zu buckets\n", CapacityOf(kMaxCode));
     std::abort();
   }
-  const size_t old_lines = lines_ ? capacity() / 4 : 0;
+  const size_t old_lines = lines_ ? capacity_ / 4 : 0;
   Lines old = std::move(lines_);
-  lines_ = NewLines((size_t{1} << log2_capacity) / 4);
-  if ((reinterpret_cast<uintptr_t>(lines_.get()) & kLog2Mask) != 0) {
-    std::fprintf(stderr, "RowIndex: bucket array is not 64-byte aligned\n");
+  const size_t capacity = CapacityOf(code);
+  lines_ = NewLines(capacity / 4);
+  if ((reinterpret_cast<uintptr_t>(lines_.get()) & kCodeMask) != 0) {
+    std::fprintf(stderr, "RowIndex: bucket array is not %zu-byte aligned\n",
+                 static_cast<size_t>(kCodeMask + 1));
     std::abort();
   }
-  log2_capacity_ = log2_capacity;
-  shift_ = 32 - log2_capacity;
+  code_ = code;
+  capacity_ = capacity;
   for (size_t i = 0; i < old_lines; ++i) {
     for (const Entry& e : old[i].entries) {
       if (e.key != kEmptyKey) *FindEmpty(e.mixed) = e;
     }
   }
-  growth_left_ = MaxLoad(capacity()) - size_;
+  growth_left_ = MaxLoad(capacity) - size_;
   // Publish before `old` is freed, so that a Prefetch that loads the new state never
   // computes an address in freed memory (one that loaded the old state still may).
-  published_.store(
-      reinterpret_cast<uintptr_t>(lines_.get()) | static_cast<uintptr_t>(log2_capacity),
-      std::memory_order_release);
+  published_.store(reinterpret_cast<uintptr_t>(lines_.get()) | static_cast<uintptr_t>(code),
+                   std::memory_order_release);
 }
 
 RowIndex::Entry* RowIndex::FindEmpty(uint32_t mixed) {
-  const size_t mask = Mask();
-  for (size_t b = Bucket(mixed, shift_);; b = (b + 1) & mask) {
+  const size_t capacity = capacity_;
+  for (size_t b = Bucket(mixed, capacity);; b = Next(b, capacity)) {
     Entry& e = At(b);
     if (e.key == kEmptyKey) return &e;
   }
