@@ -33,8 +33,10 @@ void ReplicaOrder::TakeParked(Primary& p, Pred fail, std::vector<Batch>* out) {
   p.parked.erase(keep, p.parked.end());
 }
 
-void ReplicaOrder::Submit(const std::string& primary, uint64_t stream, uint64_t first,
+void ReplicaOrder::Submit(const std::string& primary_ref, uint64_t stream, uint64_t first,
                           uint64_t count, bool restart, Run run) {
+  // A copy: `primary_ref` may be the request's, which a batch's answer frees.
+  const std::string primary = primary_ref;
   if (stream == 0) {  // an unnumbered batch: applied on arrival, as before pipelining
     run(absl::OkStatus());
     return;

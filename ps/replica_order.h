@@ -60,7 +60,7 @@ class ReplicaOrder {
 
   // Runs `run` for the batch of `count` records numbered from `first` in `primary`'s
   // stream `stream`, in its turn: on this thread, or later on the thread that finishes the
-  // batch before it.
+  // batch before it. `primary` is copied (it may die with the batch's answer).
   void Submit(const std::string& primary, uint64_t stream, uint64_t first, uint64_t count,
               bool restart, Run run) ABSL_LOCKS_EXCLUDED(mu_);
 
