@@ -294,8 +294,17 @@ Outcome PushDenseThroughFailover(bool shipped, std::deque<grpc::Status> answers)
 
 const grpc::Status kUnavailable(grpc::StatusCode::UNAVAILABLE, "connection lost");
 
-TEST(FailoverPushTest, ShippedPushIsAppliedOnceAtThePromotedFollower) {
-  Outcome out = PushThroughFailover(/*shipped=*/true, {kUnavailable});
+// The same three cases for a sparse push (the parameter false) and a dense one (true).
+class FailoverWriteTest : public testing::TestWithParam<bool> {
+ protected:
+  Outcome PushThrough(bool shipped, std::deque<grpc::Status> answers) {
+    return GetParam() ? PushDenseThroughFailover(shipped, std::move(answers))
+                      : PushThroughFailover(shipped, std::move(answers));
+  }
+};
+
+TEST_P(FailoverWriteTest, ShippedPushIsAppliedOnceAtThePromotedFollower) {
+  Outcome out = PushThrough(/*shipped=*/true, {kUnavailable});
   ASSERT_TRUE(out.push.ok()) << out.push;
   for (float v : out.rows) ASSERT_EQ(v, 1.0f);  // once, not twice
   EXPECT_EQ(out.stats.duplicate_pushes, 1u);    // the follower knew the key
@@ -303,50 +312,30 @@ TEST(FailoverPushTest, ShippedPushIsAppliedOnceAtThePromotedFollower) {
   EXPECT_LT(out.primary_pushes, 10);  // it followed the map instead of using up its attempts
 }
 
-TEST(FailoverPushTest, UnshippedPushIsAppliedAtThePromotedFollower) {
-  Outcome out = PushThroughFailover(/*shipped=*/false, {kUnavailable});
-  ASSERT_TRUE(out.push.ok()) << out.push;
-  for (float v : out.rows) ASSERT_EQ(v, 1.0f);
-  EXPECT_EQ(out.stats.duplicate_pushes, 0u);
-}
-
-TEST(FailoverPushTest, DeposedPrimaryRefusingAfterAnUnknownFateKeepsTheKey) {
-  // The primary answers UNAVAILABLE (it was cut off), then, deposed (or back without its
-  // data), refuses with the wrong-shard detail: its refusal does not mean the follower
-  // lacks the record, so the push goes to the follower under its key.
-  Outcome out = PushThroughFailover(
-      /*shipped=*/true,
-      {kUnavailable, ToGrpcStatus(WrongShardError("vshard 0 is not this pod's", 2, 0))});
-  ASSERT_TRUE(out.push.ok()) << out.push;
-  for (float v : out.rows) ASSERT_EQ(v, 1.0f);
-  EXPECT_EQ(out.stats.duplicate_pushes, 1u);
-}
-
-TEST(FailoverDensePushTest, ShippedDensePushIsAppliedOnceAtThePromotedFollower) {
-  Outcome out = PushDenseThroughFailover(/*shipped=*/true, {kUnavailable});
-  ASSERT_TRUE(out.push.ok()) << out.push;
-  for (float v : out.rows) ASSERT_EQ(v, 1.0f);  // once, not twice
-  EXPECT_EQ(out.stats.duplicate_pushes, 1u);    // the follower knew the key
-  EXPECT_GE(out.stats.reroutes, 1u);
-  EXPECT_LT(out.primary_pushes, 10);  // it followed the map instead of using up its attempts
-}
-
-TEST(FailoverDensePushTest, UnshippedDensePushIsAppliedAtThePromotedFollower) {
-  Outcome out = PushDenseThroughFailover(/*shipped=*/false, {kUnavailable});
+TEST_P(FailoverWriteTest, UnshippedPushIsAppliedAtThePromotedFollower) {
+  Outcome out = PushThrough(/*shipped=*/false, {kUnavailable});
   ASSERT_TRUE(out.push.ok()) << out.push;
   for (float v : out.rows) ASSERT_EQ(v, 1.0f);
   EXPECT_EQ(out.stats.duplicate_pushes, 0u);
   EXPECT_LT(out.primary_pushes, 10);
 }
 
-TEST(FailoverDensePushTest, DeposedPrimaryRefusingAfterAnUnknownFateKeepsTheKey) {
-  Outcome out = PushDenseThroughFailover(
+TEST_P(FailoverWriteTest, DeposedPrimaryRefusingAfterAnUnknownFateKeepsTheKey) {
+  // The primary answers UNAVAILABLE (it was cut off), then, deposed (or back without its
+  // data), refuses with the wrong-shard detail: its refusal does not mean the follower
+  // lacks the record, so the push goes to the follower under its key.
+  Outcome out = PushThrough(
       /*shipped=*/true,
       {kUnavailable, ToGrpcStatus(WrongShardError("vshard 0 is not this pod's", 2, 0))});
   ASSERT_TRUE(out.push.ok()) << out.push;
   for (float v : out.rows) ASSERT_EQ(v, 1.0f);
   EXPECT_EQ(out.stats.duplicate_pushes, 1u);
 }
+
+INSTANTIATE_TEST_SUITE_P(SparseAndDense, FailoverWriteTest, testing::Bool(),
+                         [](const testing::TestParamInfo<bool>& p) {
+                           return p.param ? "Dense" : "Sparse";
+                         });
 
 // ps-transfer import through the failover: an export of "emb" (ids 0..31, each pushed -1
 // three times: value 3 at step 3) and "w" (the same), imported into the cluster.

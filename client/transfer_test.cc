@@ -25,6 +25,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "client/ps_client.h"
+#include "client/test_fakes.h"
 #include "gtest/gtest.h"
 #include "proto/export_file.h"
 #include "proto/ps.grpc.pb.h"
@@ -34,42 +35,10 @@ namespace ps {
 namespace {
 
 namespace fs = std::filesystem;
+using testing_fakes::AdamSpec;
+using testing_fakes::BitEqual;
 
 constexpr int kRows = 500;  // ids per table
-
-TableSpec AdamSpec() {
-  TableSpec t;
-  t.set_name("emb/adam");
-  t.set_dim(8);
-  t.mutable_initializer()->set_kind(InitializerSpec::NORMAL);
-  t.mutable_initializer()->set_stddev(0.1f);
-  t.mutable_initializer()->set_seed(3);
-  t.mutable_optimizer()->set_kind(OptimizerSpec::ADAM);
-  t.mutable_optimizer()->set_learning_rate(0.01f);
-  return t;
-}
-
-TableSpec FtrlSpec() {
-  TableSpec t;
-  t.set_name("ftrl");
-  t.set_dim(4);
-  t.mutable_optimizer()->set_kind(OptimizerSpec::FTRL);
-  t.mutable_optimizer()->set_learning_rate(0.05f);
-  t.mutable_optimizer()->set_ftrl_l1(0.001f);
-  return t;
-}
-
-DenseSpec DenseW() {
-  DenseSpec d;
-  d.set_name("mlp/w");
-  d.add_shape(3);
-  d.add_shape(5);
-  d.mutable_initializer()->set_kind(InitializerSpec::UNIFORM);
-  d.mutable_initializer()->set_low(-1);
-  d.mutable_initializer()->set_high(1);
-  d.mutable_optimizer()->set_kind(OptimizerSpec::ADAM);
-  return d;
-}
 
 std::vector<int64_t> Ids() {
   std::vector<int64_t> ids;
@@ -192,13 +161,7 @@ struct Pods {
 };
 
 // Rows of both tables and the dense tensor, as pulled.
-struct Snapshot {
-  std::vector<float> adam, ftrl, dense;
-};
-
-bool BitEqual(const std::vector<float>& a, const std::vector<float>& b) {
-  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
-}
+using Snapshot = testing_fakes::TransferSnapshot;
 
 class TransferTest : public testing::Test {
  protected:
@@ -249,46 +212,20 @@ class TransferTest : public testing::Test {
   // Creates the tables and trains them: every id is pulled (so every row exists), then
   // rounds of pushes to random subsets, so rows reach different steps.
   static void CreateAndTrain(PsClient& c) {
-    ASSERT_TRUE(c.CreateTable(AdamSpec()).ok());
-    ASSERT_TRUE(c.CreateTable(FtrlSpec()).ok());
-    ASSERT_TRUE(c.CreateDense(DenseW()).ok());
+    testing_fakes::CreateTransferTables(c);
     Pull(c);
     Train(c, 1, 3);
   }
 
   // Identical pushes for a given seed.
   static void Train(PsClient& c, uint32_t seed, int rounds) {
-    std::mt19937 rng(seed);
-    std::normal_distribution<float> g;
-    for (int r = 0; r < rounds; ++r) {
-      std::vector<int64_t> ids;
-      for (int64_t id : Ids()) {
-        if (rng() % 3 != 0) ids.push_back(id);
-      }
-      std::vector<float> ga(ids.size() * 8), gf(ids.size() * 4), gd(15);
-      for (float& x : ga) x = g(rng);
-      for (float& x : gf) x = g(rng);
-      for (float& x : gd) x = g(rng);
-      ASSERT_TRUE(c.Push({{"emb/adam", ids, ga.data()}, {"ftrl", ids, gf.data()}}).ok());
-      ASSERT_TRUE(c.PushDense({"mlp/w"}, {gd.data()}).ok());
-    }
+    testing_fakes::TrainTransferTables(c, Ids(), seed, rounds);
   }
 
-  static Snapshot Pull(PsClient& c) {
-    const std::vector<int64_t> ids = Ids();
-    Snapshot s;
-    s.adam.resize(ids.size() * 8);
-    s.ftrl.resize(ids.size() * 4);
-    s.dense.resize(15);
-    EXPECT_TRUE(c.Pull({{"emb/adam", ids, s.adam.data()}, {"ftrl", ids, s.ftrl.data()}}).ok());
-    EXPECT_TRUE(c.PullDense({"mlp/w"}, {s.dense.data()}).ok());
-    return s;
-  }
+  static Snapshot Pull(PsClient& c) { return testing_fakes::PullTransferTables(c, Ids()); }
 
   static void ExpectSame(const Snapshot& a, const Snapshot& b) {
-    EXPECT_TRUE(BitEqual(a.adam, b.adam));
-    EXPECT_TRUE(BitEqual(a.ftrl, b.ftrl));
-    EXPECT_TRUE(BitEqual(a.dense, b.dense));
+    EXPECT_TRUE(testing_fakes::BitEqual(a, b));
   }
 
   // The tables a pod has (none: nothing was created there).

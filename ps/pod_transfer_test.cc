@@ -20,15 +20,18 @@
 #include <set>
 
 #include "absl/strings/match.h"
-#include "absl/synchronization/notification.h"
 #include "common/base/status_macros.h"
 #include "common/routing/hash.h"
 #include "proto/export_file.h"
 #include "proto/packed.h"
+#include "ps/replica_test_pods.h"
 
 namespace ps {
 namespace {
 
+using replica_test::ImportRows;
+using replica_test::MakePush;
+using replica_test::Placement;
 using Rows = std::map<int64_t, std::vector<float>>;  // weights, slots, step
 
 TableSpec Spec() {
@@ -81,16 +84,8 @@ class PodTransferTest : public ::testing::Test {
       if (pushed != nullptr) pushed->insert(ids.begin(), ids.end());
       std::vector<float> grads(ids.size() * 4);
       for (float& x : grads) x = g(rng);
-      PushRequest req;
-      req.mutable_key()->set_worker_id(5);
-      req.mutable_key()->set_incarnation(1);
-      req.mutable_key()->set_sequence(s);
-      TableGrads* t = req.add_tables();
-      t->set_table("emb");
-      *t->mutable_ids() = Pack<int64_t>(ids);
-      *t->mutable_grads() = Pack<float>(grads);
       PushResponse resp;
-      ASSERT_TRUE(core.Push(req, &resp).ok());
+      ASSERT_TRUE(core.Push(MakePush(ids, grads, 5, s), &resp).ok());
     }
   }
 
@@ -129,17 +124,6 @@ class PodTransferTest : public ::testing::Test {
       }
     }
     return req;
-  }
-
-  static absl::Status Import(PsCore& core, const ImportRowsRequest& req, ImportRowsResponse* resp) {
-    absl::Notification done;
-    absl::Status result;
-    core.ImportRows(req, resp, [&](absl::Status s) {
-      result = s;
-      done.Notify();
-    });
-    done.WaitForNotification();
-    return result;
   }
 
   // The table rows (kind 1) and deleted ids (kind 3) of the export parts in `dirs`.
@@ -200,6 +184,32 @@ class PodTransferTest : public ::testing::Test {
     return resp;
   }
 
+  // Exports `core` whole to <root>/e1: the delta `d1` applied to the full export `e0` must
+  // give that export, which must hold the pod's rows. Its cursor and rows in *cursor, *e1.
+  void ExpectDeltaGivesANewExport(PsCore& core, const Part& e0, const Part& d1, std::string* cursor,
+                                  Rows* e1) {
+    auto full1 = Export(core, root_ + "/e1");
+    ASSERT_TRUE(full1.ok()) << full1.status();
+    *cursor = full1->cursor();
+    *e1 = ReadRows({root_ + "/e1"}).rows;
+    EXPECT_EQ(ApplyDelta(e0.rows, d1), *e1);
+    EXPECT_EQ(*e1, Snapshot(core));
+  }
+
+  // The import's side: the full export <root>/e0, then the delta `d1`'s deletions (the
+  // answer in *deleted), then its rows (<root>/d1; the answer in *installed).
+  void ImportFullThenDelta(PsCore& core, const Part& d1, ImportRowsResponse* deleted,
+                           ImportRowsResponse* installed) {
+    ImportRowsResponse full;
+    ASSERT_TRUE(ImportRows(core, ReadPart(root_ + "/e0"), &full).ok());
+    ImportRowsRequest deletes;
+    TableRows* t = deletes.add_deletes();
+    t->set_table("emb");
+    t->set_ids(Pack<int64_t>(std::vector<int64_t>(d1.deleted.begin(), d1.deleted.end())));
+    ASSERT_TRUE(ImportRows(core, deletes, deleted).ok());
+    ASSERT_TRUE(ImportRows(core, ReadPart(root_ + "/d1"), installed).ok());
+  }
+
   std::string root_;
   ChangeJournalOptions journal_;  // what Open gives pods (but max_bytes)
 };
@@ -234,33 +244,24 @@ TEST_F(PodTransferTest, ADeltaOnThePreviousExportEqualsANewExportAcrossACrash) {
   EXPECT_EQ(ids, changed);  // exactly what changed: nothing else, nothing less
   EXPECT_LT(d1.rows.size(), e0.rows.size());
 
-  auto full1 = Export(*a, root_ + "/e1");
-  ASSERT_TRUE(full1.ok()) << full1.status();
-  const Part e1 = ReadRows({root_ + "/e1"});
-  EXPECT_EQ(ApplyDelta(e0.rows, d1), e1.rows);
-  EXPECT_EQ(e1.rows, Snapshot(*a));
+  std::string cursor1;
+  Rows e1;
+  ExpectDeltaGivesANewExport(*a, e0, d1, &cursor1, &e1);
+  if (HasFatalFailure()) return;
 
   // Nothing changed since the last cursor: an empty delta.
-  auto none = Export(*a, root_ + "/d2", full1->cursor());
+  auto none = Export(*a, root_ + "/d2", cursor1);
   ASSERT_TRUE(none.ok()) << none.status();
   EXPECT_FALSE(none->whole());
   EXPECT_EQ(none->rows(), 0u);
   // Each export's cursor moves on only when rows were written.
-  EXPECT_EQ(none->cursor(), full1->cursor());
+  EXPECT_EQ(none->cursor(), cursor1);
 }
 
 // Pushes gradient `g` to `ids` of "emb" under key (5, 1, seq).
 void PushIds(PsCore& core, uint64_t seq, const std::vector<int64_t>& ids, float g) {
-  PushRequest req;
-  req.mutable_key()->set_worker_id(5);
-  req.mutable_key()->set_incarnation(1);
-  req.mutable_key()->set_sequence(seq);
-  TableGrads* t = req.add_tables();
-  t->set_table("emb");
-  *t->mutable_ids() = Pack<int64_t>(ids);
-  *t->mutable_grads() = Pack<float>(std::vector<float>(ids.size() * 4, g));
   PushResponse resp;
-  ASSERT_TRUE(core.Push(req, &resp).ok());
+  ASSERT_TRUE(core.Push(MakePush(ids, std::vector<float>(ids.size() * 4, g), 5, seq), &resp).ok());
 }
 
 // Deleted rows (eviction's path, PsCore::DeleteRows) are listed as deleted, also a row
@@ -296,54 +297,38 @@ TEST_F(PodTransferTest, ADeltaListsDeletionsAlsoOfRowsCreatedAgain) {
   EXPECT_EQ(d1.rows.size(), 2u);
   EXPECT_EQ(delta->deleted(), 6u);
 
-  auto full1 = Export(*a, root_ + "/e1");
-  ASSERT_TRUE(full1.ok()) << full1.status();
-  const Part e1 = ReadRows({root_ + "/e1"});
-  EXPECT_EQ(e1.rows.size(), e0.rows.size() - 4);
-  EXPECT_EQ(ApplyDelta(e0.rows, d1), e1.rows);
-  EXPECT_EQ(e1.rows, Snapshot(*a));
+  std::string cursor1;
+  Rows e1;
+  ExpectDeltaGivesANewExport(*a, e0, d1, &cursor1, &e1);
+  if (HasFatalFailure()) return;
+  EXPECT_EQ(e1.size(), e0.rows.size() - 4);
 
   // The import's side: the delta's deletions through ImportRows, then its rows.
   auto b = Open("b", false);
-  ImportRowsResponse resp;
-  ASSERT_TRUE(Import(*b, ReadPart(root_ + "/e0"), &resp).ok());
-  ImportRowsRequest deletes;
-  TableRows* t = deletes.add_deletes();
-  t->set_table("emb");
-  t->set_ids(Pack<int64_t>(std::vector<int64_t>(d1.deleted.begin(), d1.deleted.end())));
-  ASSERT_TRUE(Import(*b, deletes, &resp).ok());
-  EXPECT_EQ(resp.deleted(), 6u);
-  ASSERT_TRUE(Import(*b, ReadPart(root_ + "/d1"), &resp).ok());
-  EXPECT_EQ(resp.installed(), 2u);
-  EXPECT_EQ(Snapshot(*b), e1.rows);
+  ImportRowsResponse deleted, installed;
+  ImportFullThenDelta(*b, d1, &deleted, &installed);
+  if (HasFatalFailure()) return;
+  EXPECT_EQ(deleted.deleted(), 6u);
+  EXPECT_EQ(installed.installed(), 2u);
+  EXPECT_EQ(Snapshot(*b), e1);
   b.reset();  // the deletions and installs are durable
   b = Open("b", false);
-  EXPECT_EQ(Snapshot(*b), e1.rows);
+  EXPECT_EQ(Snapshot(*b), e1);
 }
 
 TEST_F(PodTransferTest, ADeltaFollowsAVShardMove) {
-  constexpr uint32_t kV = 16;
+  constexpr uint32_t kV = replica_test::kVShards;  // Placement's
   auto a = Open("a", false, *ShardOwnership::Create(kV, 0, {}));
   auto b = Open("b", false, *ShardOwnership::Create(kV, 0, {}));
   ASSERT_TRUE(a && b);
-  auto assign = [&](uint64_t epoch, const std::vector<uint32_t>& owned,
-                    const std::vector<uint32_t>& in, const std::vector<uint32_t>& out) {
-    Assignment x;
-    x.set_epoch(epoch);
-    x.set_num_vshards(kV);
-    for (uint32_t v : owned) x.add_owned(v);
-    for (uint32_t v : in) x.add_moving_in(v);
-    for (uint32_t v : out) x.add_moving_out(v);
-    return x;
-  };
   std::vector<uint32_t> all, moving = {1, 5, 9}, rest;
   for (uint32_t v = 0; v < kV; ++v) {
     all.push_back(v);
     if (v != 1 && v != 5 && v != 9) rest.push_back(v);
   }
   ApplyAssignmentResponse ar;
-  ASSERT_TRUE(a->ApplyAssignment(assign(1, all, {}, {}), &ar).ok());
-  ASSERT_TRUE(b->ApplyAssignment(assign(1, {}, {}, {}), &ar).ok());
+  ASSERT_TRUE(a->ApplyAssignment(Placement(1, all, {}, {}), &ar).ok());
+  ASSERT_TRUE(b->ApplyAssignment(Placement(1, {}, {}, {}), &ar).ok());
   PushSome(*a, 1, 20, 1);
   auto ea = Export(*a, root_ + "/e0a");
   auto eb = Export(*b, root_ + "/e0b");
@@ -358,30 +343,15 @@ TEST_F(PodTransferTest, ADeltaFollowsAVShardMove) {
   ASSERT_EQ(*ParseExportCursor(cursor), entries);
 
   // Move vshards 1, 5, 9 from A to B (as the master runs it), then train on both.
-  ASSERT_TRUE(a->ApplyAssignment(assign(2, all, {}, moving), &ar).ok());
-  ASSERT_TRUE(b->ApplyAssignment(assign(2, {}, moving, {}), &ar).ok());
-  MigrateBeginRequest begin;
-  begin.set_move_id(3);
-  for (uint32_t v : moving) begin.add_vshards(v);
-  MigrateBeginResponse begun;
-  ASSERT_TRUE(a->MigrateBegin(begin, &begun).ok());
-  ASSERT_TRUE(b->BeginImport(3, moving).ok());
+  ASSERT_TRUE(a->ApplyAssignment(Placement(2, all, {}, moving), &ar).ok());
+  ASSERT_TRUE(b->ApplyAssignment(Placement(2, {}, moving, {}), &ar).ok());
+  ASSERT_TRUE(replica_test::BeginMove(*a, *b, 3, moving).ok());
   for (auto phase : {MigrateExportRequest::SNAPSHOT, MigrateExportRequest::FINAL}) {
-    MigrateExportRequest req;
-    req.set_move_id(3);
-    req.set_phase(phase);
-    for (;;) {
-      MigrateExportResponse chunk;
-      ASSERT_TRUE(a->MigrateExport(req, &chunk).ok());
-      uint64_t rows = 0, bytes = 0;
-      ASSERT_TRUE(b->ImportChunk(chunk, &rows, &bytes).ok());
-      if (chunk.done()) break;
-      req.set_cursor(chunk.next_cursor());
-    }
+    ASSERT_TRUE(replica_test::CopyPhase(*a, *b, 3, phase).ok());
   }
   ASSERT_TRUE(b->FinishImport().ok());
-  ASSERT_TRUE(b->ApplyAssignment(assign(3, moving, {}, {}), &ar).ok());
-  ASSERT_TRUE(a->ApplyAssignment(assign(3, rest, {}, {}), &ar).ok());
+  ASSERT_TRUE(b->ApplyAssignment(Placement(3, moving, {}, {}), &ar).ok());
+  ASSERT_TRUE(a->ApplyAssignment(Placement(3, rest, {}, {}), &ar).ok());
   // Pushes go to the owner of each id now (a client routes them so).
   std::mt19937 rng(9);
   for (uint64_t seq = 100; seq < 104; ++seq) {
@@ -394,16 +364,10 @@ TEST_F(PodTransferTest, ADeltaFollowsAVShardMove) {
     for (auto [core, ids] :
          {std::pair<PsCore*, std::vector<int64_t>*>{a.get(), &on_a}, {b.get(), &on_b}}) {
       if (ids->empty()) continue;
-      PushRequest req;
-      req.mutable_key()->set_worker_id(6);
-      req.mutable_key()->set_incarnation(1);
-      req.mutable_key()->set_sequence(seq);
-      TableGrads* t = req.add_tables();
-      t->set_table("emb");
-      *t->mutable_ids() = Pack<int64_t>(*ids);
-      *t->mutable_grads() = Pack<float>(std::vector<float>(ids->size() * 4, 0.5f));
       PushResponse resp;
-      ASSERT_TRUE(core->Push(req, &resp).ok());
+      ASSERT_TRUE(
+          core->Push(MakePush(*ids, std::vector<float>(ids->size() * 4, 0.5f), 6, seq), &resp)
+              .ok());
     }
   }
   auto da = Export(*a, root_ + "/d1a", cursor);
@@ -422,7 +386,7 @@ TEST_F(PodTransferTest, ADeltaFollowsAVShardMove) {
 
   // A pod the cursor does not name (a new pod, a lost disk) writes every row it holds.
   auto c = Open("c", false, *ShardOwnership::Create(kV, 0, {}));
-  ASSERT_TRUE(c->ApplyAssignment(assign(1, all, {}, {}), &ar).ok());
+  ASSERT_TRUE(c->ApplyAssignment(Placement(1, all, {}, {}), &ar).ok());
   PushSome(*c, 1, 5, 4);
   auto whole = Export(*c, root_ + "/d1c", cursor);
   ASSERT_TRUE(whole.ok()) << whole.status();
@@ -485,23 +449,17 @@ TEST_F(PodTransferTest, ADeltaFromBeforeAJournalMergeIsExactAcrossACrash) {
   EXPECT_EQ(d1.rows.count(40), 0u);
   EXPECT_EQ(d1.rows.at(3).back(), 1.0f);  // its step: a new row
 
-  auto full1 = Export(*a, root_ + "/e1");
-  ASSERT_TRUE(full1.ok()) << full1.status();
-  const Part e1 = ReadRows({root_ + "/e1"});
-  EXPECT_EQ(ApplyDelta(e0.rows, d1), e1.rows);
-  EXPECT_EQ(e1.rows, Snapshot(*a));
+  std::string cursor1;
+  Rows e1;
+  ExpectDeltaGivesANewExport(*a, e0, d1, &cursor1, &e1);
+  if (HasFatalFailure()) return;
 
   // The import's side: the full export, the delta's deletions, then its rows.
   auto b = Open("b", false);
-  ImportRowsResponse resp;
-  ASSERT_TRUE(Import(*b, ReadPart(root_ + "/e0"), &resp).ok());
-  ImportRowsRequest deletes;
-  TableRows* t = deletes.add_deletes();
-  t->set_table("emb");
-  t->set_ids(Pack<int64_t>(std::vector<int64_t>(d1.deleted.begin(), d1.deleted.end())));
-  ASSERT_TRUE(Import(*b, deletes, &resp).ok());
-  ASSERT_TRUE(Import(*b, ReadPart(root_ + "/d1"), &resp).ok());
-  EXPECT_EQ(Snapshot(*b), e1.rows);
+  ImportRowsResponse deletes, installs;
+  ImportFullThenDelta(*b, d1, &deletes, &installs);
+  if (HasFatalFailure()) return;
+  EXPECT_EQ(Snapshot(*b), e1);
 }
 
 // A database an older version wrote has a second identity ("journal_id") that its cursors
@@ -590,11 +548,11 @@ TEST_F(PodTransferTest, ExportThenImportIsExactAndDurable) {
   {
     auto b = Open("b", /*materialize_on_close=*/false);
     ImportRowsResponse resp;
-    ASSERT_TRUE(Import(*b, req, &resp).ok());
+    ASSERT_TRUE(ImportRows(*b, req, &resp).ok());
     EXPECT_EQ(resp.installed(), source.size());
     EXPECT_EQ(Snapshot(*b), source);
     // Again: everything is already there.
-    ASSERT_TRUE(Import(*b, req, &resp).ok());
+    ASSERT_TRUE(ImportRows(*b, req, &resp).ok());
     EXPECT_EQ(resp.installed(), 0u);
     EXPECT_EQ(resp.skipped(), source.size());
   }  // a crash: nothing materialized, the installs are only in the log
@@ -617,7 +575,7 @@ TEST_F(PodTransferTest, InstallsInterleavedWithPushesRecoverExactly) {
     PushSome(*b, 1, 5, 4);  // some rows exist with few steps: the import overwrites them
     ASSERT_TRUE(b->storage()->Materialize().ok());
     ImportRowsResponse resp;
-    ASSERT_TRUE(Import(*b, req, &resp).ok());
+    ASSERT_TRUE(ImportRows(*b, req, &resp).ok());
     EXPECT_GT(resp.installed(), 0u);
     PushSome(*b, 100, 10, 5);  // on top of the installed rows
     ASSERT_TRUE(b->storage()->Materialize().ok());
@@ -649,19 +607,20 @@ TEST_F(PodTransferTest, ImportIsValidatedWhole) {
     return req;
   };
   ImportRowsResponse resp;
-  EXPECT_EQ(Import(*b, request({owned, foreign}, 12, 1), &resp).code(),
+  EXPECT_EQ(ImportRows(*b, request({owned, foreign}, 12, 1), &resp).code(),
             absl::StatusCode::kFailedPrecondition);
-  EXPECT_EQ(Import(*b, request({owned}, 11, 1), &resp).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(ImportRows(*b, request({owned}, 11, 1), &resp).code(),
+            absl::StatusCode::kInvalidArgument);
   ImportRowsRequest unknown = request({owned}, 12, 1);
   unknown.mutable_tables(0)->set_table("nope");
-  EXPECT_EQ(Import(*b, unknown, &resp).code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(ImportRows(*b, unknown, &resp).code(), absl::StatusCode::kNotFound);
   EXPECT_EQ(b->store().FindTable("emb")->rows(), 0u);  // nothing was installed
-  ASSERT_TRUE(Import(*b, request({owned}, 12, 1), &resp).ok());
+  ASSERT_TRUE(ImportRows(*b, request({owned}, 12, 1), &resp).ok());
   EXPECT_EQ(resp.installed(), 1u);
   // An older state (lower step) never replaces a newer one.
   ImportRowsRequest older = request({owned}, 12, 2);
   *older.mutable_tables(0)->mutable_steps() = Pack<uint64_t>(std::vector<uint64_t>{2});
-  ASSERT_TRUE(Import(*b, older, &resp).ok());
+  ASSERT_TRUE(ImportRows(*b, older, &resp).ok());
   EXPECT_EQ(resp.skipped(), 1u);
   b->store().FindTable("emb")->Inspect(owned, [](const RowView& r) {
     EXPECT_EQ(r.weights[0], 1.0f);
@@ -698,10 +657,10 @@ TEST_F(PodTransferTest, ImportSkipsAndNamesRowsThatAreNoValidState) {
   DenseState* d = req.add_dense();
   d->set_name("missing-is-still-an-error");
   ImportRowsResponse resp;
-  EXPECT_EQ(Import(*b, req, &resp).code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(ImportRows(*b, req, &resp).code(), absl::StatusCode::kNotFound);
   req.clear_dense();
 
-  ASSERT_TRUE(Import(*b, req, &resp).ok());
+  ASSERT_TRUE(ImportRows(*b, req, &resp).ok());
   EXPECT_EQ(resp.installed(), 2u);
   EXPECT_EQ(resp.invalid(), 3u);
   ASSERT_EQ(resp.invalid_rows_size(), 3);
@@ -725,7 +684,7 @@ TEST_F(PodTransferTest, ImportSkipsAndNamesRowsThatAreNoValidState) {
   *bad->mutable_ids() = Pack<int64_t>(std::vector<int64_t>{20});
   *bad->mutable_steps() = Pack<uint64_t>(std::vector<uint64_t>{1});
   *bad->mutable_values() = Pack<float>(row(std::numeric_limits<float>::infinity(), 0, 0));
-  ASSERT_TRUE(Import(*b, only_bad, &resp).ok());
+  ASSERT_TRUE(ImportRows(*b, only_bad, &resp).ok());
   EXPECT_EQ(resp.installed(), 0u);
   EXPECT_EQ(resp.invalid(), 1u);
 }
@@ -769,7 +728,7 @@ TEST_F(PodTransferTest, ExportLeavesOutRowsAnImportWouldRefuse) {
 
     auto b = Open(durable ? "b-durable" : "b-memory", false);
     ImportRowsResponse resp;
-    ASSERT_TRUE(Import(*b, ReadPart(dir), &resp).ok());
+    ASSERT_TRUE(ImportRows(*b, ReadPart(dir), &resp).ok());
     EXPECT_EQ(resp.installed(), good);
     EXPECT_EQ(resp.invalid(), 0u);
   }

@@ -85,20 +85,9 @@ class FillTest : public replica_test::ReplicaPairTest {
     const uint64_t target = acked_.load() + n;
     while (acked_.load() < target) absl::SleepFor(absl::Milliseconds(1));
   }
-  // Every export chunk of a phase from `a`, imported into `b`.
+  // Every export chunk of a phase from `a`, a few rows each, imported into `b`.
   void Copy(uint64_t move, MigrateExportRequest::Phase phase) {
-    MigrateExportRequest req;
-    req.set_move_id(move);
-    req.set_phase(phase);
-    req.set_max_bytes(512);  // a few rows per chunk
-    for (;;) {
-      MigrateExportResponse chunk;
-      ASSERT_TRUE(a_->MigrateExport(req, &chunk).ok());
-      uint64_t rows = 0, bytes = 0;
-      ASSERT_TRUE(b_->ImportChunk(chunk, &rows, &bytes).ok());
-      if (chunk.done()) return;
-      req.set_cursor(chunk.next_cursor());
-    }
+    ASSERT_TRUE(replica_test::CopyPhase(*a_, *b_, move, phase, /*max_bytes=*/512).ok());
   }
 
   std::vector<std::thread> writers_;
@@ -126,12 +115,7 @@ void FillTest::FillAndCompare(const std::vector<uint32_t>& followed) {
   // The copy's record (epoch 3): b receives the rest, a sends them.
   ASSERT_TRUE(b_->ApplyAssignment(Follower(3, followed, copying), &ar).ok());
   ASSERT_TRUE(a_->ApplyAssignment(Primary(3, streaming, copying), &ar).ok());
-  MigrateBeginRequest begin;
-  begin.set_move_id(1);
-  for (uint32_t v : copying) begin.add_vshards(v);
-  MigrateBeginResponse begun;
-  ASSERT_TRUE(a_->MigrateBegin(begin, &begun).ok());
-  ASSERT_TRUE(b_->BeginImport(1, copying).ok());
+  ASSERT_TRUE(replica_test::BeginMove(*a_, *b_, 1, copying).ok());
   Copy(1, MigrateExportRequest::SNAPSHOT);
   WaitForPushes(20);
   Copy(1, MigrateExportRequest::DELTA);
@@ -165,12 +149,7 @@ TEST_P(FillTest, AnAbortedCopyLeavesTheFollowerItsOwnVShardsOnly) {
   StartWriters();
   ASSERT_TRUE(b_->ApplyAssignment(Follower(3, followed, copying), &ar).ok());
   ASSERT_TRUE(a_->ApplyAssignment(Primary(3, true, copying), &ar).ok());
-  MigrateBeginRequest begin;
-  begin.set_move_id(1);
-  for (uint32_t v : copying) begin.add_vshards(v);
-  MigrateBeginResponse begun;
-  ASSERT_TRUE(a_->MigrateBegin(begin, &begun).ok());
-  ASSERT_TRUE(b_->BeginImport(1, copying).ok());
+  ASSERT_TRUE(replica_test::BeginMove(*a_, *b_, 1, copying).ok());
   Copy(1, MigrateExportRequest::SNAPSHOT);
   Copy(1, MigrateExportRequest::FINAL);
   // The master gives up (epoch 4): a unfences and keeps serving; b drops the copy.
@@ -251,12 +230,7 @@ TEST_P(FillTest, APrimaryMovedAtTwoCopiesKeepsItsFollowerExact) {
   WaitForPushes(20);
   ASSERT_TRUE(b_->ApplyAssignment(Role(3, "b", {}, {}, {}, moved), &ar).ok());
   ASSERT_TRUE(a_->ApplyAssignment(Role(3, "a", all, {"f"}, {}, {}, moved), &ar).ok());
-  MigrateBeginRequest begin;
-  begin.set_move_id(1);
-  for (uint32_t v : moved) begin.add_vshards(v);
-  MigrateBeginResponse begun;
-  ASSERT_TRUE(a_->MigrateBegin(begin, &begun).ok());
-  ASSERT_TRUE(b_->BeginImport(1, moved).ok());
+  ASSERT_TRUE(replica_test::BeginMove(*a_, *b_, 1, moved).ok());
   Copy(1, MigrateExportRequest::SNAPSHOT);
   WaitForPushes(20);
   Copy(1, MigrateExportRequest::FINAL);
@@ -278,9 +252,7 @@ TEST_P(FillTest, APrimaryMovedAtTwoCopiesKeepsItsFollowerExact) {
 }
 
 INSTANTIATE_TEST_SUITE_P(DurableAndInMemory, FillTest, testing::Bool(),
-                         [](const testing::TestParamInfo<bool>& p) {
-                           return p.param ? "Durable" : "InMemory";
-                         });
+                         replica_test::DurableOrInMemory);
 
 }  // namespace
 }  // namespace ps

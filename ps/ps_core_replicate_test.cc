@@ -4,183 +4,61 @@
 // the de-duplication state travels with the records, a follower refuses a deposed
 // primary, a follower dropped from the ack set no longer holds pushes back, and a
 // primary whose write lease ran out takes no writes.
-#include <stdlib.h>
-
-#include <cstring>
-#include <filesystem>
 #include <map>
 #include <thread>
 
-#include "absl/synchronization/notification.h"
 #include "common/routing/hash.h"
 #include "gtest/gtest.h"
 #include "proto/packed.h"
 #include "ps/ps_core.h"
+#include "ps/replica_test_pods.h"
 
 namespace ps {
 namespace {
 
-constexpr uint32_t kVShards = 16;
-constexpr uint32_t kDim = 4;
+using replica_test::CreateTable;
+using replica_test::kDim;
+using replica_test::kVShards;
+using replica_test::MakePush;
+using replica_test::PendingPush;
+using replica_test::Range;
+using replica_test::Replicate;
+using replica_test::Role;
+using replica_test::Rows;
+using replica_test::SpecOf;
 
-// Delivers batches to cores by address; a closed gate holds every batch back until opened.
-class InProcessSender : public ReplicaSender {
- public:
-  void Add(const std::string& address, PsCore* core) {
-    absl::MutexLock lock(&mu_);
-    cores_[address] = core;
-  }
-  void Close() {
-    absl::MutexLock lock(&mu_);
-    open_ = false;
-  }
-  void Open() {
-    absl::MutexLock lock(&mu_);
-    open_ = true;
-  }
-  int calls() {
-    absl::MutexLock lock(&mu_);
-    return calls_;
-  }
-  absl::Status Send(const ReplicaPeer& follower, const ReplicateRecordsRequest& req,
-                    ReplicateRecordsResponse* resp) override {
-    PsCore* core;
-    {
-      absl::MutexLock lock(&mu_);
-      ++calls_;
-      if (!open_) return absl::UnavailableError("gate closed");
-      core = cores_[follower.address()];
-    }
-    absl::Notification done;
-    absl::Status result;
-    core->ReplicateRecords(req, resp, [&](absl::Status s) {
-      result = s;
-      done.Notify();
-    });
-    done.WaitForNotification();
-    return result;
-  }
-
- private:
-  absl::Mutex mu_;
-  std::map<std::string, PsCore*> cores_ ABSL_GUARDED_BY(mu_);
-  bool open_ ABSL_GUARDED_BY(mu_) = true;
-  int calls_ ABSL_GUARDED_BY(mu_) = 0;
-};
-
-std::vector<uint32_t> All() {
-  std::vector<uint32_t> v;
-  for (uint32_t i = 0; i < kVShards; ++i) v.push_back(i);
-  return v;
-}
-
+// `a` leads every vshard, followed by `followers`.
 Assignment Primary(uint64_t epoch, const std::vector<std::string>& followers,
                    bool ack_leader = false) {
-  Assignment a;
-  a.set_epoch(epoch);
-  a.set_num_vshards(kVShards);
-  for (uint32_t v : All()) a.add_owned(v);
-  ReplicationRole* r = a.mutable_replication();
-  r->set_pod_id("a");
-  r->set_factor(2);
-  r->set_ack_leader(ack_leader);
-  for (const std::string& f : followers) {
-    ReplicaPeer* p = r->add_followers();
-    p->set_pod_id(f);
-    p->set_address(f + ":1");
-  }
+  Assignment a = Role(epoch, "a", Range(0, kVShards), followers, {});
+  a.mutable_replication()->set_ack_leader(ack_leader);
   return a;
 }
 
+// `pod` follows every vshard of `primary`.
 Assignment Follower(uint64_t epoch, const std::string& pod, const std::string& primary) {
-  Assignment a;
-  a.set_epoch(epoch);
-  a.set_num_vshards(kVShards);
-  ReplicationRole* r = a.mutable_replication();
-  r->set_pod_id(pod);
-  r->set_factor(2);
-  FollowedVShards* f = r->add_following();
-  f->set_primary(primary);
-  for (uint32_t v : All()) f->add_vshards(v);
-  return a;
+  return Role(epoch, pod, {}, {}, {{primary, Range(0, kVShards)}});
 }
 
-PushRequest MakePush(const std::vector<int64_t>& ids, float g, uint64_t worker, uint64_t seq) {
-  PushRequest req;
-  TableGrads* t = req.add_tables();
-  t->set_table("emb");
-  t->set_ids(Pack<int64_t>(ids));
-  std::vector<float> grads(ids.size() * kDim);
-  for (size_t i = 0; i < grads.size(); ++i) grads[i] = g * static_cast<float>(i % 7 + 1) / 3.0f;
-  t->set_grads(Pack<float>(grads));
-  req.mutable_key()->set_worker_id(worker);
-  req.mutable_key()->set_incarnation(1);
-  req.mutable_key()->set_sequence(seq);
-  return req;
+// A record for ReplicateRecords: rows `ids` of "emb", `dim` floats each, at step 1.
+std::string Record(const std::vector<int64_t>& ids, uint32_t dim) {
+  LogRecordBuilder builder(PushKey(), 64 + ids.size() * dim * sizeof(float));
+  const std::vector<uint64_t> steps(ids.size(), 1);
+  const std::vector<float> grads(ids.size() * dim, 1.0f);
+  builder.AddTable("emb", 0.1f, dim, ids, steps, grads.data());
+  return builder.Finish();
 }
 
-// id -> the row's bytes: weights, slots and step.
-std::map<int64_t, std::string> Rows(PsCore& core) {
-  std::map<int64_t, std::string> rows;
-  auto t = core.store().FindTable("emb");
-  if (t == nullptr) return rows;
-  t->ForEachRow([&](const RowView& r) {
-    std::string& out = rows[r.id];
-    out.append(reinterpret_cast<const char*>(r.weights), kDim * sizeof(float));
-    out.append(reinterpret_cast<const char*>(r.slots), t->slot_floats() * sizeof(float));
-    out.append(reinterpret_cast<const char*>(&r.step), sizeof(r.step));
-  });
-  return rows;
-}
-
-class ReplicateTest : public testing::TestWithParam<bool> {
+// The pair with `a` leading every vshard and `b` following them all, at epoch 2.
+class ReplicateTest : public replica_test::ReplicaPairTest {
  protected:
   void SetUp() override {
-    std::string templ = std::filesystem::temp_directory_path() / "ps_core_replicate_test.XXXXXX";
-    ASSERT_NE(mkdtemp(templ.data()), nullptr);
-    root_ = templ;
-    sender_ = std::make_shared<InProcessSender>();
-    a_ = Open("a");
-    b_ = Open("b");
-    ASSERT_NE(a_, nullptr);
-    ASSERT_NE(b_, nullptr);
-    sender_->Add("b:1", b_.get());
-    sender_->Add("a:1", a_.get());
-    for (PsCore* core : {a_.get(), b_.get()}) {
-      CreateTableRequest req;
-      req.mutable_spec()->set_name("emb");
-      req.mutable_spec()->set_dim(kDim);
-      req.mutable_spec()->mutable_optimizer()->set_kind(OptimizerSpec::ADAM);
-      req.mutable_spec()->mutable_initializer()->set_kind(InitializerSpec::NORMAL);
-      req.mutable_spec()->mutable_initializer()->set_stddev(0.1f);
-      CreateTableResponse resp;
-      ASSERT_TRUE(core->CreateTable(req, &resp).ok());
-      core->RenewWriteLease(absl::Now() + absl::Hours(1));
-    }
+    ReplicaPairTest::SetUp();
+    if (HasFatalFailure()) return;
     ApplyAssignmentResponse resp;
     ASSERT_TRUE(b_->ApplyAssignment(Follower(2, "b", "a"), &resp).ok());
     ASSERT_TRUE(a_->ApplyAssignment(Primary(2, {"b"}), &resp).ok());
   }
-  void TearDown() override {
-    a_.reset();
-    b_.reset();
-    std::filesystem::remove_all(root_);
-  }
-
-  std::unique_ptr<PsCore> Open(const std::string& name) {
-    PsCoreOptions options;
-    if (GetParam()) options.storage.db.dir = root_ + "/" + name;
-    options.replica_sender = sender_;
-    options.replicator.min_backoff = absl::Milliseconds(1);
-    options.replicator.max_backoff = absl::Milliseconds(5);
-    auto core = PsCore::Open(options, *ShardOwnership::Create(kVShards, 0, {}));
-    EXPECT_TRUE(core.ok()) << core.status();
-    return core.ok() ? *std::move(core) : nullptr;
-  }
-
-  std::string root_;
-  std::shared_ptr<InProcessSender> sender_;
-  std::unique_ptr<PsCore> a_, b_;
 };
 
 TEST_P(ReplicateTest, FollowerRowsAreBitIdenticalAfterConcurrentPushes) {
@@ -210,24 +88,8 @@ TEST_P(ReplicateTest, FollowerRowsAreBitIdenticalAfterConcurrentPushes) {
 // changes can reach the follower in another order than their steps on the primary.
 TEST_P(ReplicateTest, SameRowsPushedConcurrentlyStayBitIdenticalRoundAfterRound) {
   for (PsCore* core : {a_.get(), b_.get()}) {
-    CreateTableRequest req;
-    req.mutable_spec()->set_name("ada");
-    req.mutable_spec()->set_dim(kDim);
-    req.mutable_spec()->mutable_optimizer()->set_kind(OptimizerSpec::ADAGRAD);
-    CreateTableResponse resp;
-    ASSERT_TRUE(core->CreateTable(req, &resp).ok());
+    ASSERT_TRUE(CreateTable(*core, SpecOf("ada", OptimizerSpec::ADAGRAD)).ok());
   }
-  auto rows_of = [](PsCore& core, const std::string& table) {
-    std::map<int64_t, std::string> rows;
-    auto t = core.store().FindTable(table);
-    t->ForEachRow([&](const RowView& r) {
-      std::string& out = rows[r.id];
-      out.append(reinterpret_cast<const char*>(r.weights), kDim * sizeof(float));
-      out.append(reinterpret_cast<const char*>(r.slots), t->slot_floats() * sizeof(float));
-      out.append(reinterpret_cast<const char*>(&r.step), sizeof(r.step));
-    });
-    return rows;
-  };
   constexpr int kRounds = 8, kWriters = 4, kPushes = 25, kRows = 16;
   uint64_t seq = 1;
   for (int round = 0; round < kRounds; ++round) {
@@ -249,9 +111,9 @@ TEST_P(ReplicateTest, SameRowsPushedConcurrentlyStayBitIdenticalRoundAfterRound)
     for (auto& t : writers) t.join();
     seq += kPushes;
     for (const std::string table : {"emb", "ada"}) {
-      const auto primary = rows_of(*a_, table);
+      const auto primary = Rows(*a_, table);
       ASSERT_EQ(primary.size(), static_cast<size_t>(kRows));
-      ASSERT_EQ(rows_of(*b_, table), primary) << table << " after round " << round;
+      ASSERT_EQ(Rows(*b_, table), primary) << table << " after round " << round;
     }
   }
   EXPECT_EQ(b_->replication_stats().records_applied,
@@ -261,18 +123,7 @@ TEST_P(ReplicateTest, SameRowsPushedConcurrentlyStayBitIdenticalRoundAfterRound)
 // A follower refuses (and applies nothing of) a record whose rows have another shape than
 // its table's: it would read them at the table's stride, past the record's end.
 TEST_P(ReplicateTest, FollowerRefusesARecordOfTheWrongShape) {
-  LogRecordBuilder builder(PushKey(), 256);
-  const std::vector<int64_t> ids = {1, 2};
-  const std::vector<uint64_t> steps = {1, 1};
-  const std::vector<float> grads(2 * (kDim - 1), 1.0f);
-  builder.AddTable("emb", 0.1f, kDim - 1, ids, steps, grads.data());
-  ReplicateRecordsRequest req;
-  req.set_epoch(2);
-  req.set_primary("a");
-  req.add_records(builder.Finish());
-  ReplicateRecordsResponse resp;
-  absl::Status s = absl::UnknownError("not called");
-  b_->ReplicateRecords(req, &resp, [&](absl::Status st) { s = st; });
+  const absl::Status s = Replicate(*b_, 2, "a", {Record({1, 2}, kDim - 1)});
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
   EXPECT_TRUE(Rows(*b_).empty());
 }
@@ -281,15 +132,9 @@ TEST_P(ReplicateTest, FollowerRefusesARecordOfTheWrongShape) {
 // follower through the same records: rows, including a deleted row that came back from
 // its initial value, stay bit-identical, and so do the admission counters.
 TEST_P(ReplicateTest, FollowerFollowsDeletionsAndAdmission) {
-  for (PsCore* core : {a_.get(), b_.get()}) {
-    CreateTableRequest req;
-    req.mutable_spec()->set_name("adm");
-    req.mutable_spec()->set_dim(kDim);
-    req.mutable_spec()->mutable_optimizer()->set_kind(OptimizerSpec::ADAGRAD);
-    req.mutable_spec()->mutable_admission()->set_min_count(2);
-    CreateTableResponse resp;
-    ASSERT_TRUE(core->CreateTable(req, &resp).ok());
-  }
+  TableSpec adm = SpecOf("adm", OptimizerSpec::ADAGRAD);
+  adm.mutable_admission()->set_min_count(2);
+  for (PsCore* core : {a_.get(), b_.get()}) ASSERT_TRUE(CreateTable(*core, adm).ok());
   uint64_t seq = 1;
   PushResponse resp;
   for (int k = 0; k < 3; ++k) {
@@ -323,20 +168,14 @@ TEST_P(ReplicateTest, FollowerFollowsDeletionsAndAdmission) {
 TEST_P(ReplicateTest, PushIsAcknowledgedOnlyOnceTheFollowerHoldsIt) {
   sender_->Close();
   const PushRequest push = MakePush({1, 2, 3}, 1.0f, 9, 1);
-  PushResponse resp;
-  absl::Notification acked;
-  absl::Status result;
-  a_->PushAsync(push, &resp, [&](absl::Status s) {
-    result = s;
-    acked.Notify();
-  });
+  PendingPush pending(*a_, push);
   // The sender keeps failing: the push waits, and a retry of its key is told to wait too.
   while (sender_->calls() < 3) absl::SleepFor(absl::Milliseconds(1));
-  EXPECT_FALSE(acked.HasBeenNotified());
+  EXPECT_FALSE(pending.done());
   PushResponse retry_resp;
   EXPECT_EQ(a_->Push(push, &retry_resp).code(), absl::StatusCode::kAborted);
   sender_->Open();
-  acked.WaitForNotification();
+  const absl::Status result = pending.Wait();
   ASSERT_TRUE(result.ok()) << result;
   EXPECT_EQ(Rows(*b_), Rows(*a_));
   ASSERT_TRUE(a_->Push(push, &retry_resp).ok());
@@ -359,9 +198,7 @@ TEST_P(ReplicateTest, DeDuplicationTravelsToTheFollower) {
   const auto before = Rows(*b_);
   // The follower becomes the primary (a failover); the client retries the same key there.
   ApplyAssignmentResponse ar;
-  Assignment promoted = Primary(5, {});
-  promoted.mutable_replication()->set_pod_id("b");
-  ASSERT_TRUE(b_->ApplyAssignment(promoted, &ar).ok());
+  ASSERT_TRUE(b_->ApplyAssignment(Role(5, "b", Range(0, kVShards), {}, {}), &ar).ok());
   b_->RenewWriteLease(absl::Now() + absl::Hours(1));
   PushResponse retry;
   ASSERT_TRUE(b_->Push(push, &retry).ok());
@@ -373,73 +210,36 @@ TEST_P(ReplicateTest, FollowerRefusesADeposedPrimary) {
   // b now follows c at epoch 5: a's records are refused, whatever epoch a names.
   ApplyAssignmentResponse ar;
   ASSERT_TRUE(b_->ApplyAssignment(Follower(5, "b", "c"), &ar).ok());
-  std::string record;
-  {
-    LogRecordBuilder builder(PushKey(), 64);
-    const std::vector<int64_t> ids = {1};
-    const std::vector<uint64_t> steps = {1};
-    const std::vector<float> grads(kDim, 1.0f);
-    builder.AddTable("emb", 0.1f, kDim, ids, steps, grads.data());
-    record = builder.Finish();
-  }
+  const std::string record = Record({1}, kDim);
   for (uint64_t epoch : {4, 6}) {
-    ReplicateRecordsRequest req;
-    req.set_epoch(epoch);
-    req.set_primary("a");
-    req.add_records(record);
-    ReplicateRecordsResponse resp;
-    absl::Status s = absl::UnknownError("not called");
-    b_->ReplicateRecords(req, &resp, [&](absl::Status st) { s = st; });
+    const absl::Status s = Replicate(*b_, epoch, "a", {record});
     EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << epoch << ": " << s;
   }
   EXPECT_TRUE(Rows(*b_).empty());
   // From c at the new epoch, the same record applies.
-  ReplicateRecordsRequest req;
-  req.set_epoch(5);
-  req.set_primary("c");
-  req.add_records(record);
-  ReplicateRecordsResponse resp;
-  absl::Notification done;
-  absl::Status s;
-  b_->ReplicateRecords(req, &resp, [&](absl::Status st) {
-    s = st;
-    done.Notify();
-  });
-  done.WaitForNotification();
+  const absl::Status s = Replicate(*b_, 5, "c", {record});
   EXPECT_TRUE(s.ok()) << s;
   EXPECT_EQ(Rows(*b_).size(), 1u);
 }
 
 TEST_P(ReplicateTest, FollowerDroppedFromTheAckSetReleasesWaitingPushes) {
   sender_->Close();
-  PushResponse resp;
-  absl::Notification acked;
-  absl::Status result;
-  a_->PushAsync(MakePush({1}, 1.0f, 9, 1), &resp, [&](absl::Status s) {
-    result = s;
-    acked.Notify();
-  });
+  PendingPush pending(*a_, MakePush({1}, 1.0f, 9, 1));
   while (sender_->calls() < 2) absl::SleepFor(absl::Milliseconds(1));
-  EXPECT_FALSE(acked.HasBeenNotified());
+  EXPECT_FALSE(pending.done());
   ApplyAssignmentResponse ar;
   ASSERT_TRUE(a_->ApplyAssignment(Primary(3, {}), &ar).ok());  // the master dropped b
-  acked.WaitForNotification();
+  const absl::Status result = pending.Wait();
   EXPECT_TRUE(result.ok()) << result;
 }
 
 TEST_P(ReplicateTest, DeposedPrimaryFailsWaitingPushes) {
   sender_->Close();
-  PushResponse resp;
-  absl::Notification acked;
-  absl::Status result;
-  a_->PushAsync(MakePush({1}, 1.0f, 9, 1), &resp, [&](absl::Status s) {
-    result = s;
-    acked.Notify();
-  });
+  PendingPush pending(*a_, MakePush({1}, 1.0f, 9, 1));
   while (sender_->calls() < 2) absl::SleepFor(absl::Milliseconds(1));
   ApplyAssignmentResponse ar;
   ASSERT_TRUE(a_->ApplyAssignment(Follower(4, "a", "b"), &ar).ok());  // b was promoted
-  acked.WaitForNotification();
+  const absl::Status result = pending.Wait();
   EXPECT_EQ(result.code(), absl::StatusCode::kUnavailable) << result;
 }
 
@@ -501,9 +301,7 @@ TEST_P(ReplicateTest, FollowerServesReadOnlyPullsOfWhatItFollows) {
 }
 
 INSTANTIATE_TEST_SUITE_P(DurableAndInMemory, ReplicateTest, testing::Bool(),
-                         [](const testing::TestParamInfo<bool>& p) {
-                           return p.param ? "Durable" : "InMemory";
-                         });
+                         replica_test::DurableOrInMemory);
 
 }  // namespace
 }  // namespace ps

@@ -65,6 +65,18 @@ absl::StatusOr<int> ClusterProcessTest::StartPod(int i, const std::vector<std::s
   return StartServer(absl::StrCat("ps-", i), std::move(argv), port);
 }
 
+std::vector<std::string> ClusterProcessTest::MetricsFlags(const std::string& name) const {
+  return {"--metrics_port=0", "--metrics_port_file=" + Path(name + ".mport")};
+}
+
+absl::StatusOr<int> ClusterProcessTest::MetricsPort(const std::string& name) {
+  auto it = children_.find(name);
+  if (it == children_.end() || it->second == nullptr) {
+    return absl::NotFoundError(absl::StrCat("no process ", name));
+  }
+  return WaitForPortFile(Path(name + ".mport"), *it->second, absl::Seconds(60));
+}
+
 void ClusterProcessTest::Kill(const std::string& name) {
   auto it = children_.find(name);
   if (it != children_.end() && it->second != nullptr) it->second->Kill();

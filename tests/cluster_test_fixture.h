@@ -1,7 +1,7 @@
 // The fixture of the multi-process tests that run ps-master and ps-server pods as child
-// processes on loopback (migration_test, rereplication_test): a run directory, the
-// processes by name (each started again under its name replaces the old one, kept until
-// then so that a failed test shows its log), the master's address and stub, and its shard
+// processes on loopback (migration_test, rereplication_test, observability_test): a run
+// directory, the processes by name (each started again under its name replaces the old one, kept
+// until then so that a failed test shows its log), the master's address and stub, and its shard
 // map. TearDown stops every process it started (by pid) and, after a failure, prints the
 // end of each one's log.
 //
@@ -50,6 +50,11 @@ class ClusterProcessTest : public testing::Test {
   // Pod ps-<i> of that master: data dir "ps-<i>-data", process durability, then `flags`
   // (later flags win). Returns its port.
   absl::StatusOr<int> StartPod(int i, const std::vector<std::string>& flags, int port = 0);
+  // The flags that make process `name` serve metrics on a free port and write it to
+  // <run dir>/<name>.mport (ps-master and ps-server); MetricsPort waits up to a minute for
+  // that file and returns the port.
+  std::vector<std::string> MetricsFlags(const std::string& name) const;
+  absl::StatusOr<int> MetricsPort(const std::string& name);
   // SIGKILLs process `name` (kept, so that its log is shown if the test fails).
   void Kill(const std::string& name);
 

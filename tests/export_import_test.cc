@@ -23,12 +23,14 @@
 #include <set>
 #include <sstream>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "client/ps_client.h"
+#include "client/test_fakes.h"
 #include "gtest/gtest.h"
 #include "proto/export.pb.h"
 #include "proto/export_file.h"
@@ -45,41 +47,23 @@ namespace ps {
 namespace {
 
 using integration::ChildProcess;
+using testing_fakes::BitEqual;
+using testing_fakes::CreateTransferTables;
+using testing_fakes::FtrlSpec;
 
 constexpr int kRows = 3000;
 
-TableSpec AdamSpec() {
-  TableSpec t;
-  t.set_name("emb/adam");
-  t.set_dim(8);
-  t.mutable_initializer()->set_kind(InitializerSpec::NORMAL);
-  t.mutable_initializer()->set_stddev(0.1f);
-  t.mutable_initializer()->set_seed(3);
-  t.mutable_optimizer()->set_kind(OptimizerSpec::ADAM);
-  t.mutable_optimizer()->set_learning_rate(0.01f);
-  return t;
-}
-
-TableSpec FtrlSpec() {
-  TableSpec t;
-  t.set_name("ftrl");
-  t.set_dim(4);
-  t.mutable_optimizer()->set_kind(OptimizerSpec::FTRL);
-  t.mutable_optimizer()->set_learning_rate(0.05f);
-  t.mutable_optimizer()->set_ftrl_l1(0.001f);
-  return t;
-}
-
-DenseSpec DenseW() {
-  DenseSpec d;
-  d.set_name("mlp/w");
-  d.add_shape(3);
-  d.add_shape(5);
-  d.mutable_initializer()->set_kind(InitializerSpec::UNIFORM);
-  d.mutable_initializer()->set_low(-1);
-  d.mutable_initializer()->set_high(1);
-  d.mutable_optimizer()->set_kind(OptimizerSpec::ADAM);
-  return d;
+// Runs ps-transfer; returns its exit code and puts its output in *out.
+int RunTransfer(const std::vector<std::string>& args, const std::string& log, std::string* out) {
+  std::vector<std::string> argv = {PS_TRANSFER_BINARY};
+  argv.insert(argv.end(), args.begin(), args.end());
+  auto child = ChildProcess::Start(argv, log);
+  if (!child.ok()) return -1;
+  if (!(*child)->WaitExit(absl::Seconds(60))) return -2;
+  *out = integration::FileTail(log, 8000);
+  const std::string d = (*child)->Describe();
+  const size_t at = d.find("exited with code ");
+  return at == std::string::npos ? -3 : std::atoi(d.c_str() + at + 17);
 }
 
 // A cluster of n durable pods with a static map of `vshards`.
@@ -135,6 +119,12 @@ class Cluster {
 
   void Kill(size_t i) { pods_[i]->Kill(); }
 
+  // SIGKILLs pod i and starts it again on its disk.
+  absl::Status Restart(size_t i) {
+    Kill(i);
+    return Start(i);
+  }
+
   std::string Servers() const {
     std::vector<std::string> a;
     for (int p : ports_) a.push_back(absl::StrCat("127.0.0.1:", p));
@@ -147,6 +137,17 @@ class Cluster {
     o.num_vshards = vshards_;
     o.worker_id = worker_id;
     return PsClient::Connect(o);
+  }
+
+  // Runs `ps-transfer VERB` on this cluster with --dir=`dir` (and --since=`since` if
+  // given), its log in a file of its own; returns its exit code and puts its output in *out.
+  int Transfer(const std::string& verb, const std::string& dir, std::string* out,
+               const std::string& since = "") {
+    std::vector<std::string> args = {"--servers=" + Servers(), "--dir=" + dir};
+    if (!since.empty()) args.push_back("--since=" + since);
+    args.push_back(verb);
+    return RunTransfer(args, absl::StrCat(root_, "/", name_, "-transfer-", ++transfers_, ".log"),
+                       out);
   }
 
   std::string Logs() const {
@@ -164,20 +165,8 @@ class Cluster {
   std::vector<std::unique_ptr<ChildProcess>> pods_;
   std::vector<int> ports_;
   std::vector<std::string> extra_;
+  int transfers_ = 0;
 };
-
-// Runs ps-transfer; returns its exit code and puts its output in *out.
-int RunTransfer(const std::vector<std::string>& args, const std::string& log, std::string* out) {
-  std::vector<std::string> argv = {PS_TRANSFER_BINARY};
-  argv.insert(argv.end(), args.begin(), args.end());
-  auto child = ChildProcess::Start(argv, log);
-  if (!child.ok()) return -1;
-  if (!(*child)->WaitExit(absl::Seconds(60))) return -2;
-  *out = integration::FileTail(log, 8000);
-  const std::string d = (*child)->Describe();
-  const size_t at = d.find("exited with code ");
-  return at == std::string::npos ? -3 : std::atoi(d.c_str() + at + 17);
-}
 
 // The number after "key": in the last JSON line of a tool's output (0 if absent).
 uint64_t JsonNumber(const std::string& out, const std::string& key) {
@@ -200,138 +189,114 @@ std::vector<int64_t> Ids() {
   return ids;
 }
 
-// Pulls every id of both tables and the dense tensor, as raw floats.
-struct Snapshot {
-  std::vector<float> adam, ftrl, dense;
-};
-Snapshot Pull(PsClient& c) {
-  const std::vector<int64_t> ids = Ids();
-  Snapshot s;
-  s.adam.resize(ids.size() * 8);
-  s.ftrl.resize(ids.size() * 4);
-  s.dense.resize(15);
-  EXPECT_TRUE(c.Pull({{"emb/adam", ids, s.adam.data()}, {"ftrl", ids, s.ftrl.data()}}).ok());
-  EXPECT_TRUE(c.PullDense({"mlp/w"}, {s.dense.data()}).ok());
-  return s;
-}
+// Every row of Ids() and the dense tensor.
+using Snapshot = testing_fakes::TransferSnapshot;
+Snapshot Pull(PsClient& c) { return testing_fakes::PullTransferTables(c, Ids()); }
 
-bool BitEqual(const std::vector<float>& a, const std::vector<float>& b) {
-  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
-}
-
-// One round of pushes over a subset of the ids, the same for a given seed.
+// Rounds of pushes over Ids(), the same for a given seed.
 void Train(PsClient& c, uint32_t seed, int rounds) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> g;
-  const std::vector<int64_t> all = Ids();
-  for (int r = 0; r < rounds; ++r) {
-    std::vector<int64_t> ids;
-    for (int64_t id : all) {
-      if (rng() % 3 != 0) ids.push_back(id);  // rows get different step counts
-    }
-    std::vector<float> ga(ids.size() * 8), gf(ids.size() * 4), gd(15);
-    for (float& x : ga) x = g(rng);
-    for (float& x : gf) x = g(rng);
-    for (float& x : gd) x = g(rng);
-    ASSERT_TRUE(c.Push({{"emb/adam", ids, ga.data()}, {"ftrl", ids, gf.data()}}).ok());
-    ASSERT_TRUE(c.PushDense({"mlp/w"}, {gd.data()}).ok());
-  }
+  testing_fakes::TrainTransferTables(c, Ids(), seed, rounds);
 }
 
-TEST(ExportImportTest, TwoPodsToThreePodsBitExact) {
-  integration::TempDir tmp("export_import_test");
-  ASSERT_FALSE(tmp.path().empty());
-  Cluster src(tmp.path(), "src", 2, 64);
+// Starts `src`, connects worker 1 to it (*a), creates both tables and the dense tensor and
+// trains them `rounds` rounds from `seed`.
+void StartTrained(Cluster& src, uint32_t seed, int rounds, std::unique_ptr<PsClient>* a) {
   ASSERT_TRUE(src.StartAll().ok()) << src.Logs();
-  auto a = src.Connect(1);
-  ASSERT_TRUE(a.ok()) << a.status();
-  ASSERT_TRUE((*a)->CreateTable(AdamSpec()).ok());
-  ASSERT_TRUE((*a)->CreateTable(FtrlSpec()).ok());
-  ASSERT_TRUE((*a)->CreateDense(DenseW()).ok());
-  Train(**a, 1, 4);
-  if (HasFatalFailure()) return;
-  const Snapshot before = Pull(**a);
+  auto c = src.Connect(1);
+  ASSERT_TRUE(c.ok()) << c.status();
+  *a = *std::move(c);
+  CreateTransferTables(**a);
+  Train(**a, seed, rounds);
+}
 
-  const std::string dir = tmp.path() + "/export";
+// Imports the full export <tmp>/full, then the delta <tmp>/delta, into a fresh 1-pod
+// cluster `dst` (started here) and pulls everything from it into *imported.
+void ImportFullThenDelta(const std::string& tmp, Cluster& dst, Snapshot* imported) {
+  ASSERT_TRUE(dst.StartAll().ok()) << dst.Logs();
   std::string out;
-  ASSERT_EQ(RunTransfer({"--servers=" + src.Servers(), "--dir=" + dir, "export"},
-                        tmp.path() + "/export.log", &out),
-            0)
-      << out << src.Logs();
+  for (const char* dir : {"/full", "/delta"}) {
+    ASSERT_EQ(dst.Transfer("import", tmp + dir, &out), 0) << out << dst.Logs();
+  }
+  auto b = dst.Connect(3);
+  ASSERT_TRUE(b.ok()) << b.status();
+  *imported = Pull(**b);
+}
+
+// Each test in a run directory of its own.
+class ExportImportTest : public testing::Test {
+ protected:
+  void SetUp() override { ASSERT_FALSE(tmp_.path().empty()) << "mkdtemp failed"; }
+
+  // The delta tests' start: `src` started and trained (StartTrained, seed 1, 2 rounds;
+  // the client in *a), then exported whole into <run dir>/full: its output in *out, its
+  // cursor (which must be one) in *cursor.
+  void StartTrainedAndExportFull(Cluster& src, std::unique_ptr<PsClient>* a, std::string* out,
+                                 std::string* cursor) {
+    StartTrained(src, 1, 2, a);
+    if (HasFatalFailure()) return;
+    ASSERT_EQ(src.Transfer("export", tmp_.path() + "/full", out), 0) << *out << src.Logs();
+    *cursor = JsonString(*out, "cursor");
+    ASSERT_EQ(cursor->rfind("v1:", 0), 0u) << *out;
+  }
+
+  integration::TempDir tmp_{std::string("export_import.") +
+                            testing::UnitTest::GetInstance()->current_test_info()->name()};
+};
+
+TEST_F(ExportImportTest, TwoPodsToThreePodsBitExact) {
+  Cluster src(tmp_.path(), "src", 2, 64);
+  std::unique_ptr<PsClient> a;
+  StartTrained(src, 1, 4, &a);
+  if (HasFatalFailure()) return;
+  const Snapshot before = Pull(*a);
+
+  const std::string dir = tmp_.path() + "/export";
+  std::string out;
+  ASSERT_EQ(src.Transfer("export", dir, &out), 0) << out << src.Logs();
   // Rows that were only pulled (never pushed) hold their initial value and are not stored,
   // so a durable pod exports the pushed rows: nearly all of them here.
   const uint64_t exported = JsonNumber(out, "rows");
   EXPECT_GT(exported, uint64_t{2 * kRows * 9 / 10}) << out;
   // A second export into the same directory is refused.
-  EXPECT_EQ(RunTransfer({"--servers=" + src.Servers(), "--dir=" + dir, "export"},
-                        tmp.path() + "/export2.log", &out),
-            1)
-      << out;
+  EXPECT_EQ(src.Transfer("export", dir, &out), 1) << out;
 
-  Cluster dst(tmp.path(), "dst", 3, 128);
+  Cluster dst(tmp_.path(), "dst", 3, 128);
   ASSERT_TRUE(dst.StartAll().ok()) << dst.Logs();
-  ASSERT_EQ(RunTransfer({"--servers=" + dst.Servers(), "--dir=" + dir, "import"},
-                        tmp.path() + "/import.log", &out),
-            0)
-      << out << dst.Logs();
+  ASSERT_EQ(dst.Transfer("import", dir, &out), 0) << out << dst.Logs();
   EXPECT_EQ(JsonNumber(out, "installed"), exported + 1) << out;  // + the dense tensor
 
   auto b = dst.Connect(2);
   ASSERT_TRUE(b.ok()) << b.status();
-  const Snapshot imported = Pull(**b);
-  EXPECT_TRUE(BitEqual(imported.adam, before.adam));
-  EXPECT_TRUE(BitEqual(imported.ftrl, before.ftrl));
-  EXPECT_TRUE(BitEqual(imported.dense, before.dense));
+  EXPECT_TRUE(BitEqual(Pull(**b), before));
 
   // The same pushes on both clusters: equal results need the slots and steps too.
-  Train(**a, 2, 2);
+  Train(*a, 2, 2);
   Train(**b, 2, 2);
   if (HasFatalFailure()) return;
-  const Snapshot after_a = Pull(**a);
-  const Snapshot after_b = Pull(**b);
+  const Snapshot after_a = Pull(*a);
   EXPECT_FALSE(BitEqual(after_a.adam, before.adam));
-  EXPECT_TRUE(BitEqual(after_a.adam, after_b.adam));
-  EXPECT_TRUE(BitEqual(after_a.ftrl, after_b.ftrl));
-  EXPECT_TRUE(BitEqual(after_a.dense, after_b.dense));
+  EXPECT_TRUE(BitEqual(Pull(**b), after_a));
 
   // Importing again installs nothing: every row is already at a later step.
-  ASSERT_EQ(RunTransfer({"--servers=" + dst.Servers(), "--dir=" + dir, "import"},
-                        tmp.path() + "/import2.log", &out),
-            0)
-      << out;
+  ASSERT_EQ(dst.Transfer("import", dir, &out), 0) << out;
   EXPECT_NE(out.find("\"installed\":0,"), std::string::npos) << out;
 
   // The installs and later pushes are durable: SIGKILL every target pod and restart it.
   b->reset();
-  for (size_t i = 0; i < 3; ++i) {
-    dst.Kill(i);
-    ASSERT_TRUE(dst.Start(i).ok()) << dst.Logs();
-  }
+  for (size_t i = 0; i < 3; ++i) ASSERT_TRUE(dst.Restart(i).ok()) << dst.Logs();
   auto b2 = dst.Connect(3);
   ASSERT_TRUE(b2.ok()) << b2.status();
-  const Snapshot recovered = Pull(**b2);
-  EXPECT_TRUE(BitEqual(recovered.adam, after_a.adam));
-  EXPECT_TRUE(BitEqual(recovered.ftrl, after_a.ftrl));
-  EXPECT_TRUE(BitEqual(recovered.dense, after_a.dense));
+  EXPECT_TRUE(BitEqual(Pull(**b2), after_a));
 }
 
-TEST(ExportImportTest, DamagedExportInstallsNothing) {
-  integration::TempDir tmp("export_import_damaged");
-  ASSERT_FALSE(tmp.path().empty());
-  Cluster src(tmp.path(), "src", 1, 16);
-  ASSERT_TRUE(src.StartAll().ok()) << src.Logs();
-  auto a = src.Connect(1);
-  ASSERT_TRUE(a.ok()) << a.status();
-  ASSERT_TRUE((*a)->CreateTable(AdamSpec()).ok());
-  ASSERT_TRUE((*a)->CreateTable(FtrlSpec()).ok());
-  ASSERT_TRUE((*a)->CreateDense(DenseW()).ok());
-  Train(**a, 5, 1);
-  const std::string dir = tmp.path() + "/export";
+TEST_F(ExportImportTest, DamagedExportInstallsNothing) {
+  Cluster src(tmp_.path(), "src", 1, 16);
+  std::unique_ptr<PsClient> a;
+  StartTrained(src, 5, 1, &a);
+  if (HasFatalFailure()) return;
+  const std::string dir = tmp_.path() + "/export";
   std::string out;
-  ASSERT_EQ(RunTransfer({"--servers=" + src.Servers(), "--dir=" + dir, "export"},
-                        tmp.path() + "/export.log", &out),
-            0)
-      << out;
+  ASSERT_EQ(src.Transfer("export", dir, &out), 0) << out;
   // Flip one byte in the middle of the first table file.
   const std::string file = dir + "/part-0/table-0000-00000.psx";
   FILE* f = std::fopen(file.c_str(), "r+b");
@@ -344,11 +309,9 @@ TEST(ExportImportTest, DamagedExportInstallsNothing) {
   std::fputc(c ^ 0x01, f);
   std::fclose(f);
 
-  Cluster dst(tmp.path(), "dst", 2, 32);
+  Cluster dst(tmp_.path(), "dst", 2, 32);
   ASSERT_TRUE(dst.StartAll().ok()) << dst.Logs();
-  EXPECT_EQ(RunTransfer({"--servers=" + dst.Servers(), "--dir=" + dir, "import"},
-                        tmp.path() + "/import.log", &out),
-            1);
+  EXPECT_EQ(dst.Transfer("import", dir, &out), 1);
   EXPECT_NE(out.find("DATA_LOSS"), std::string::npos) << out;
   auto b = dst.Connect(2);
   ASSERT_TRUE(b.ok()) << b.status();
@@ -411,10 +374,8 @@ void Poison(const std::string& part, const std::string& file,
 // included. An export made before updates saturated may hold such rows (here written into
 // the export's files): ps-transfer import installs every other row, skips those, counts
 // them ("invalid") and names them.
-TEST(ExportImportTest, RowsNoUpdateCouldLeaveAreSkippedAndNamed) {
-  integration::TempDir tmp("export_import_invalid");
-  ASSERT_FALSE(tmp.path().empty());
-  Cluster src(tmp.path(), "src", 1, 16);
+TEST_F(ExportImportTest, RowsNoUpdateCouldLeaveAreSkippedAndNamed) {
+  Cluster src(tmp_.path(), "src", 1, 16);
   ASSERT_TRUE(src.StartAll().ok()) << src.Logs();
   auto a = src.Connect(1);
   ASSERT_TRUE(a.ok()) << a.status();
@@ -424,12 +385,9 @@ TEST(ExportImportTest, RowsNoUpdateCouldLeaveAreSkippedAndNamed) {
   ASSERT_TRUE((*a)->Push({{"ftrl", ids, grads.data()}}).ok());
   std::vector<float> before(ids.size() * 4);
   ASSERT_TRUE((*a)->Pull({{"ftrl", ids, before.data()}}).ok());
-  const std::string dir = tmp.path() + "/export";
+  const std::string dir = tmp_.path() + "/export";
   std::string out;
-  ASSERT_EQ(RunTransfer({"--servers=" + src.Servers(), "--dir=" + dir, "export"},
-                        tmp.path() + "/export.log", &out),
-            0)
-      << out << src.Logs();
+  ASSERT_EQ(src.Transfer("export", dir, &out), 0) << out << src.Logs();
   ASSERT_EQ(JsonNumber(out, "rows"), ids.size()) << out;
   // A dim-4 FTRL row is 4 weights, then z (4), then n (4): a NaN z, a negative n, a
   // weight beyond ±1e15.
@@ -438,12 +396,9 @@ TEST(ExportImportTest, RowsNoUpdateCouldLeaveAreSkippedAndNamed) {
   Poison(dir + "/part-0", "table-0000-00000.psx", bad);
   if (HasFatalFailure()) return;
 
-  Cluster dst(tmp.path(), "dst", 2, 32);
+  Cluster dst(tmp_.path(), "dst", 2, 32);
   ASSERT_TRUE(dst.StartAll().ok()) << dst.Logs();
-  ASSERT_EQ(RunTransfer({"--servers=" + dst.Servers(), "--dir=" + dir, "import"},
-                        tmp.path() + "/import.log", &out),
-            0)
-      << out << dst.Logs();
+  ASSERT_EQ(dst.Transfer("import", dir, &out), 0) << out << dst.Logs();
   EXPECT_EQ(JsonNumber(out, "invalid"), 3u) << out;
   EXPECT_EQ(JsonNumber(out, "installed"), ids.size() - 3) << out;
   for (const std::string& named :
@@ -466,95 +421,52 @@ TEST(ExportImportTest, RowsNoUpdateCouldLeaveAreSkippedAndNamed) {
   }
 }
 
-TEST(ExportImportTest, DeltaSinceACursorAfterAKillAppliesOnTheFullExport) {
-  integration::TempDir tmp("export_import_delta");
-  ASSERT_FALSE(tmp.path().empty());
-  Cluster src(tmp.path(), "src", 2, 32);
-  ASSERT_TRUE(src.StartAll().ok()) << src.Logs();
-  auto a = src.Connect(1);
-  ASSERT_TRUE(a.ok()) << a.status();
-  ASSERT_TRUE((*a)->CreateTable(AdamSpec()).ok());
-  ASSERT_TRUE((*a)->CreateTable(FtrlSpec()).ok());
-  ASSERT_TRUE((*a)->CreateDense(DenseW()).ok());
-  Train(**a, 1, 2);
+TEST_F(ExportImportTest, DeltaSinceACursorAfterAKillAppliesOnTheFullExport) {
+  Cluster src(tmp_.path(), "src", 2, 32);
+  std::unique_ptr<PsClient> a;
+  std::string out, cursor;
+  StartTrainedAndExportFull(src, &a, &out, &cursor);
   if (HasFatalFailure()) return;
-  std::string out;
-  ASSERT_EQ(RunTransfer({"--servers=" + src.Servers(), "--dir=" + tmp.path() + "/full", "export"},
-                        tmp.path() + "/full.log", &out),
-            0)
-      << out << src.Logs();
-  const std::string cursor = JsonString(out, "cursor");
-  ASSERT_EQ(cursor.rfind("v1:", 0), 0u) << out;
   const uint64_t full_rows = JsonNumber(out, "rows");
 
   // A few rows change; pod 0 is killed and restarts from its disk.
   const std::vector<int64_t> few = {Ids()[1], Ids()[500], Ids()[2999], 77777777};
   std::vector<float> ga(few.size() * 8, 0.5f), gf(few.size() * 4, 0.5f);
-  ASSERT_TRUE((*a)->Push({{"emb/adam", few, ga.data()}, {"ftrl", few, gf.data()}}).ok());
-  a->reset();
-  src.Kill(0);
-  ASSERT_TRUE(src.Start(0).ok()) << src.Logs();
-  a = src.Connect(2);
-  ASSERT_TRUE(a.ok()) << a.status();
-  const Snapshot expected = Pull(**a);
+  ASSERT_TRUE(a->Push({{"emb/adam", few, ga.data()}, {"ftrl", few, gf.data()}}).ok());
+  a.reset();
+  ASSERT_TRUE(src.Restart(0).ok()) << src.Logs();
+  auto a2 = src.Connect(2);
+  ASSERT_TRUE(a2.ok()) << a2.status();
+  const Snapshot expected = Pull(**a2);
 
-  ASSERT_EQ(RunTransfer({"--servers=" + src.Servers(), "--dir=" + tmp.path() + "/delta",
-                         "--since=" + cursor, "export"},
-                        tmp.path() + "/delta.log", &out),
-            0)
-      << out << src.Logs();
+  ASSERT_EQ(src.Transfer("export", tmp_.path() + "/delta", &out, cursor), 0) << out << src.Logs();
   EXPECT_EQ(JsonNumber(out, "rows"), 2 * few.size()) << out;  // both tables' changed rows
   EXPECT_EQ(JsonNumber(out, "whole_parts"), 0u) << out;
   EXPECT_LT(JsonNumber(out, "rows"), full_rows);
   EXPECT_NE(JsonString(out, "cursor"), cursor) << out;
 
-  Cluster dst(tmp.path(), "dst", 1, 16);
-  ASSERT_TRUE(dst.StartAll().ok()) << dst.Logs();
-  for (const char* dir : {"/full", "/delta"}) {
-    ASSERT_EQ(RunTransfer({"--servers=" + dst.Servers(), "--dir=" + tmp.path() + dir, "import"},
-                          tmp.path() + dir + "-import.log", &out),
-              0)
-        << out << dst.Logs();
-  }
-  auto b = dst.Connect(3);
-  ASSERT_TRUE(b.ok()) << b.status();
-  const Snapshot imported = Pull(**b);
-  EXPECT_TRUE(BitEqual(imported.adam, expected.adam));
-  EXPECT_TRUE(BitEqual(imported.ftrl, expected.ftrl));
-  EXPECT_TRUE(BitEqual(imported.dense, expected.dense));
+  Cluster dst(tmp_.path(), "dst", 1, 16);
+  Snapshot imported;
+  ImportFullThenDelta(tmp_.path(), dst, &imported);
+  if (HasFatalFailure()) return;
+  EXPECT_TRUE(BitEqual(imported, expected));
   // --since belongs to export.
-  EXPECT_EQ(RunTransfer({"--servers=" + dst.Servers(), "--dir=" + tmp.path() + "/delta",
-                         "--since=" + cursor, "import"},
-                        tmp.path() + "/bad-usage.log", &out),
-            2);
+  EXPECT_EQ(dst.Transfer("import", tmp_.path() + "/delta", &out, cursor), 2);
 }
 
 // The pod's journal keeps only its newest round as written and merges the others: the
 // full export's cursor then lies inside a merged range, and after a SIGKILL its delta
 // names more rows than changed (that range's), yet imported on the full export it gives
 // the source's rows bit for bit.
-TEST(ExportImportTest, DeltaFromACursorInsideAMergedJournalRangeAfterAKill) {
-  integration::TempDir tmp("export_import_merged");
-  ASSERT_FALSE(tmp.path().empty());
-  Cluster src(tmp.path(), "src", 1, 16);
+TEST_F(ExportImportTest, DeltaFromACursorInsideAMergedJournalRangeAfterAKill) {
+  Cluster src(tmp_.path(), "src", 1, 16);
   src.AddFlag("--change_journal_keep_rounds=1");
   src.AddFlag("--change_journal_merge_kb=0");
   src.AddFlag("--materialize_ms=600000");  // rounds only at exports: the journal's are known
-  ASSERT_TRUE(src.StartAll().ok()) << src.Logs();
-  auto a = src.Connect(1);
-  ASSERT_TRUE(a.ok()) << a.status();
-  ASSERT_TRUE((*a)->CreateTable(AdamSpec()).ok());
-  ASSERT_TRUE((*a)->CreateTable(FtrlSpec()).ok());
-  ASSERT_TRUE((*a)->CreateDense(DenseW()).ok());
-  Train(**a, 1, 2);
+  std::unique_ptr<PsClient> a;
+  std::string out, cursor;
+  StartTrainedAndExportFull(src, &a, &out, &cursor);
   if (HasFatalFailure()) return;
-  std::string out;
-  ASSERT_EQ(RunTransfer({"--servers=" + src.Servers(), "--dir=" + tmp.path() + "/full", "export"},
-                        tmp.path() + "/full.log", &out),
-            0)
-      << out << src.Logs();
-  const std::string cursor = JsonString(out, "cursor");
-  ASSERT_EQ(cursor.rfind("v1:", 0), 0u) << out;
 
   // The full export wrote the training as one round (the cursor's). Three rounds of a few
   // changed rows follow, one per export: the second merges the cursor's round and the
@@ -564,53 +476,34 @@ TEST(ExportImportTest, DeltaFromACursorInsideAMergedJournalRangeAfterAKill) {
     const std::vector<int64_t> few = {Ids()[r], Ids()[100 + r], 88888800 + r};
     changed.insert(few.begin(), few.end());
     std::vector<float> ga(few.size() * 8, 0.5f), gf(few.size() * 4, 0.5f);
-    ASSERT_TRUE((*a)->Push({{"emb/adam", few, ga.data()}, {"ftrl", few, gf.data()}}).ok());
-    const std::string dir = tmp.path() + "/mid-" + std::to_string(r);
-    ASSERT_EQ(
-        RunTransfer({"--servers=" + src.Servers(), "--dir=" + dir, "export"}, dir + ".log", &out),
-        0)
+    ASSERT_TRUE(a->Push({{"emb/adam", few, ga.data()}, {"ftrl", few, gf.data()}}).ok());
+    ASSERT_EQ(src.Transfer("export", tmp_.path() + "/mid-" + std::to_string(r), &out), 0)
         << out << src.Logs();
   }
-  a->reset();
-  src.Kill(0);
-  ASSERT_TRUE(src.Start(0).ok()) << src.Logs();
-  a = src.Connect(2);
-  ASSERT_TRUE(a.ok()) << a.status();
+  a.reset();
+  ASSERT_TRUE(src.Restart(0).ok()) << src.Logs();
+  auto a2 = src.Connect(2);
+  ASSERT_TRUE(a2.ok()) << a2.status();
   const std::vector<int64_t> last = {Ids()[7], 99999999};  // in the restarted pod's log only
   changed.insert(last.begin(), last.end());
   std::vector<float> ga(last.size() * 8, 0.25f), gf(last.size() * 4, 0.25f);
-  ASSERT_TRUE((*a)->Push({{"emb/adam", last, ga.data()}, {"ftrl", last, gf.data()}}).ok());
-  const Snapshot expected = Pull(**a);
+  ASSERT_TRUE((*a2)->Push({{"emb/adam", last, ga.data()}, {"ftrl", last, gf.data()}}).ok());
+  const Snapshot expected = Pull(**a2);
 
-  ASSERT_EQ(RunTransfer({"--servers=" + src.Servers(), "--dir=" + tmp.path() + "/delta",
-                         "--since=" + cursor, "export"},
-                        tmp.path() + "/delta.log", &out),
-            0)
-      << out << src.Logs();
+  ASSERT_EQ(src.Transfer("export", tmp_.path() + "/delta", &out, cursor), 0) << out << src.Logs();
   EXPECT_EQ(JsonNumber(out, "whole_parts"), 0u) << out;
   // More than the changed rows of both tables: the merged range's too.
   EXPECT_GT(JsonNumber(out, "rows"), 2 * changed.size()) << out;
 
-  Cluster dst(tmp.path(), "dst", 1, 16);
-  ASSERT_TRUE(dst.StartAll().ok()) << dst.Logs();
-  for (const char* dir : {"/full", "/delta"}) {
-    ASSERT_EQ(RunTransfer({"--servers=" + dst.Servers(), "--dir=" + tmp.path() + dir, "import"},
-                          tmp.path() + dir + "-import.log", &out),
-              0)
-        << out << dst.Logs();
-  }
-  auto b = dst.Connect(3);
-  ASSERT_TRUE(b.ok()) << b.status();
-  const Snapshot imported = Pull(**b);
-  EXPECT_TRUE(BitEqual(imported.adam, expected.adam));
-  EXPECT_TRUE(BitEqual(imported.ftrl, expected.ftrl));
-  EXPECT_TRUE(BitEqual(imported.dense, expected.dense));
+  Cluster dst(tmp_.path(), "dst", 1, 16);
+  Snapshot imported;
+  ImportFullThenDelta(tmp_.path(), dst, &imported);
+  if (HasFatalFailure()) return;
+  EXPECT_TRUE(BitEqual(imported, expected));
 }
 
-TEST(ExportImportTest, ACursorOlderThanTheChangeJournalIsRefused) {
-  integration::TempDir tmp("export_import_old_cursor");
-  ASSERT_FALSE(tmp.path().empty());
-  Cluster src(tmp.path(), "src", 1, 16);
+TEST_F(ExportImportTest, ACursorOlderThanTheChangeJournalIsRefused) {
+  Cluster src(tmp_.path(), "src", 1, 16);
   src.AddFlag("--change_journal_mb=0");  // keeps the newest round only
   ASSERT_TRUE(src.StartAll().ok()) << src.Logs();
   auto a = src.Connect(1);
@@ -620,20 +513,11 @@ TEST(ExportImportTest, ACursorOlderThanTheChangeJournalIsRefused) {
   std::vector<float> g(ids.size() * 4, 0.25f);
   ASSERT_TRUE((*a)->Push({{"ftrl", ids, g.data()}}).ok());
   std::string out;
-  ASSERT_EQ(RunTransfer({"--servers=" + src.Servers(), "--dir=" + tmp.path() + "/e0", "export"},
-                        tmp.path() + "/e0.log", &out),
-            0)
-      << out;
+  ASSERT_EQ(src.Transfer("export", tmp_.path() + "/e0", &out), 0) << out;
   const std::string old = JsonString(out, "cursor");
   ASSERT_TRUE((*a)->Push({{"ftrl", ids, g.data()}}).ok());
-  ASSERT_EQ(RunTransfer({"--servers=" + src.Servers(), "--dir=" + tmp.path() + "/e1", "export"},
-                        tmp.path() + "/e1.log", &out),
-            0)
-      << out;
-  EXPECT_EQ(RunTransfer({"--servers=" + src.Servers(), "--dir=" + tmp.path() + "/d",
-                         "--since=" + old, "export"},
-                        tmp.path() + "/d.log", &out),
-            1);
+  ASSERT_EQ(src.Transfer("export", tmp_.path() + "/e1", &out), 0) << out;
+  EXPECT_EQ(src.Transfer("export", tmp_.path() + "/d", &out, old), 1);
   EXPECT_NE(out.find("FAILED_PRECONDITION"), std::string::npos) << out;
   EXPECT_NE(out.find("take a full export"), std::string::npos) << out;
 }

@@ -28,6 +28,7 @@
 #include "gtest/gtest.h"
 #include "proto/master.grpc.pb.h"
 #include "proto/ps.grpc.pb.h"
+#include "tests/cluster_test_fixture.h"
 #include "tests/process.h"
 
 #if !defined(PS_MASTER_BINARY) || !defined(PS_SERVER_BINARY) || !defined(PS_ADMIN_BINARY) || \
@@ -40,50 +41,20 @@ namespace {
 
 using integration::ChildProcess;
 
+using integration::BinaryPath;
+
 constexpr uint32_t kVShards = 64;
-constexpr absl::Duration kStartTimeout = absl::Seconds(20);
 
-std::string Binary(const char* env, const char* built) {
-  const char* v = std::getenv(env);
-  return v != nullptr && *v != '\0' ? v : built;
-}
-
-class MasterProcessTest : public testing::Test {
+class MasterProcessTest : public integration::ClusterProcessTest {
  protected:
-  void SetUp() override { ASSERT_FALSE(tmp_.path().empty()) << "mkdtemp failed"; }
-
-  void TearDown() override {
-    for (auto& [name, child] : children_) {
-      if (child == nullptr) continue;
-      child->Stop(absl::Seconds(3));
-      if (HasFailure()) {
-        std::fprintf(stderr, "---- %s (%s):\n%s\n", name.c_str(), child->Describe().c_str(),
-                     integration::FileTail(child->log_path()).c_str());
-      }
-    }
-  }
-
-  std::string Path(const std::string& name) const { return absl::StrCat(tmp_.path(), "/", name); }
-
-  // Starts (or restarts, replacing the previous process of that name) a child that writes
-  // its port to a port file, and returns the port.
-  absl::StatusOr<int> StartServer(const std::string& name, std::vector<std::string> argv) {
-    children_[name].reset();
-    const std::string port_file = Path(name + ".port");
-    unlink(port_file.c_str());
-    argv.push_back("--host=127.0.0.1");
-    argv.push_back("--port=0");
-    argv.push_back("--port_file=" + port_file);
-    auto child = ChildProcess::Start(argv, Path(name + ".log"));
-    if (!child.ok()) return child.status();
-    children_[name] = *std::move(child);
-    return integration::WaitForPortFile(port_file, *children_[name], kStartTimeout);
-  }
+  MasterProcessTest()
+      : ClusterProcessTest("master_process_test.", BinaryPath("PS_MASTER_BINARY", PS_MASTER_BINARY),
+                           BinaryPath("PS_SERVER_BINARY", PS_SERVER_BINARY)) {}
 
   // Starts ps-master on data dir `db` (with `extra` flags) and connects the stub to it.
   void StartMaster(int lease_ms, uint32_t num_ps = 2, const std::string& db = "master-db",
                    const std::vector<std::string>& extra = {}) {
-    std::vector<std::string> argv = {Binary("PS_MASTER_BINARY", PS_MASTER_BINARY),
+    std::vector<std::string> argv = {BinaryPath("PS_MASTER_BINARY", PS_MASTER_BINARY),
                                      "--data_dir=" + Path(db),
                                      absl::StrCat("--num_vshards=", kVShards),
                                      absl::StrCat("--num_ps=", num_ps),
@@ -93,6 +64,7 @@ class MasterProcessTest : public testing::Test {
     argv.insert(argv.end(), extra.begin(), extra.end());
     auto port = StartServer("master", argv);
     ASSERT_TRUE(port.ok()) << port.status();
+    master_port_ = *port;
     master_address_ = absl::StrCat("127.0.0.1:", *port);
     master_ =
         Master::NewStub(grpc::CreateChannel(master_address_, grpc::InsecureChannelCredentials()));
@@ -170,7 +142,7 @@ class MasterProcessTest : public testing::Test {
   std::string RunAdmin(const std::vector<std::string>& args, std::string* out) {
     static int runs = 0;
     const std::string log = Path(absl::StrCat("admin-", runs++, ".out"));
-    std::vector<std::string> argv = {Binary("PS_ADMIN_BINARY", PS_ADMIN_BINARY)};
+    std::vector<std::string> argv = {BinaryPath("PS_ADMIN_BINARY", PS_ADMIN_BINARY)};
     argv.insert(argv.end(), args.begin(), args.end());
     auto child = ChildProcess::Start(argv, log);
     if (!child.ok()) return child.status().ToString();
@@ -179,11 +151,6 @@ class MasterProcessTest : public testing::Test {
     const std::string d = (*child)->Describe();
     return d.substr(d.find(' ', 4) + 1);  // drop "pid N "
   }
-
-  integration::TempDir tmp_{"master_process_test."};
-  std::map<std::string, std::unique_ptr<ChildProcess>> children_;
-  std::string master_address_;
-  std::unique_ptr<Master::Stub> master_;
 };
 
 TEST_F(MasterProcessTest, MasterKilledMidJobLosesAndDuplicatesNoTask) {
@@ -303,7 +270,7 @@ TEST_F(MasterProcessTest, SigkilledWorkerProcessesTaskIsRerunByAnother) {
   CreateJob("job", /*epochs=*/1, /*files=*/3, /*records=*/20, /*per_task=*/10, /*eval=*/false);
   const std::string log = Path("worker.log");
   auto worker = ChildProcess::Start(
-      {Binary("PS_TEST_WORKER_BINARY", PS_TEST_WORKER_BINARY), master_address_, "job"}, log);
+      {BinaryPath("PS_TEST_WORKER_BINARY", PS_TEST_WORKER_BINARY), master_address_, "job"}, log);
   ASSERT_TRUE(worker.ok()) << worker.status();
   // Wait until it holds a task, keep it heartbeating past a lease, then SIGKILL it.
   uint64_t killed_task = 0;
@@ -388,7 +355,7 @@ TEST_F(MasterProcessTest, BadInputGetsClearCodes) {
 
   // An impossible vshard count stops the master at start, with exit code 2 and the value.
   auto child =
-      ChildProcess::Start({Binary("PS_MASTER_BINARY", PS_MASTER_BINARY),
+      ChildProcess::Start({BinaryPath("PS_MASTER_BINARY", PS_MASTER_BINARY),
                            "--data_dir=" + Path("other-db"), "--num_vshards=100", "--port=0"},
                           Path("bad-master.log"));
   ASSERT_TRUE(child.ok());
@@ -540,8 +507,8 @@ TEST_F(MasterProcessTest, PsServerRegistersServesItsVShardsAndComesBackAtANewAdd
   table.mutable_spec()->set_dim(4);
   ASSERT_TRUE(Call(&Master::Stub::CreateTable, table).ok());
   const std::vector<std::string> pod_argv = {
-      Binary("PS_SERVER_BINARY", PS_SERVER_BINARY), "--master=" + master_address_, "--pod_id=ps-1",
-      absl::StrCat("--num_vshards=", kVShards), "--shutdown_grace_ms=200"};
+      BinaryPath("PS_SERVER_BINARY", PS_SERVER_BINARY), "--master=" + master_address_,
+      "--pod_id=ps-1", absl::StrCat("--num_vshards=", kVShards), "--shutdown_grace_ms=200"};
 
   // Waits until the master lists ps-1 LIVE at 127.0.0.1:port and the pod owns what the
   // master says, at the master's epoch; returns that epoch.
@@ -640,7 +607,7 @@ TEST_F(MasterProcessTest, ClientConnectsThroughTheMasterAndPodsRecover) {
   StartMaster(/*lease_ms=*/2000);
   std::vector<std::vector<std::string>> pods;
   for (int i = 0; i < 2; ++i) {
-    pods.push_back({Binary("PS_SERVER_BINARY", PS_SERVER_BINARY), "--master=" + master_address_,
+    pods.push_back({BinaryPath("PS_SERVER_BINARY", PS_SERVER_BINARY), "--master=" + master_address_,
                     absl::StrCat("--pod_id=ps-", i), absl::StrCat("--num_vshards=", kVShards),
                     "--data_dir=" + Path(absl::StrCat("ps-", i, "-data")),
                     "--shutdown_grace_ms=200"});

@@ -16,6 +16,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <limits>
 #include <map>
 #include <memory>
@@ -34,6 +35,7 @@
 #include "gtest/gtest.h"
 #include "proto/master.grpc.pb.h"
 #include "proto/ps.grpc.pb.h"
+#include "tests/cluster_test_fixture.h"
 #include "tests/http_get.h"
 #include "tests/process.h"
 
@@ -56,37 +58,10 @@ double Sample(const std::string& exposition, const std::string& series) {
   return -1;
 }
 
-class ObservabilityTest : public testing::Test {
+class ObservabilityTest : public integration::ClusterProcessTest {
  protected:
-  void SetUp() override { ASSERT_FALSE(tmp_.path().empty()) << "mkdtemp failed"; }
-  void TearDown() override {
-    for (auto& [name, child] : children_) {
-      if (child == nullptr) continue;
-      child->Stop(absl::Seconds(3));
-      if (HasFailure()) {
-        std::fprintf(stderr, "---- %s (%s):\n%s\n", name.c_str(), child->Describe().c_str(),
-                     integration::FileTail(child->log_path()).c_str());
-      }
-    }
-  }
-
-  std::string Path(const std::string& name) const { return absl::StrCat(tmp_.path(), "/", name); }
-
-  // Starts `argv` with --port=0 and --metrics_port=0; returns {grpc port, metrics port}.
-  std::pair<int, int> Start(const std::string& name, std::vector<std::string> argv) {
-    argv.insert(argv.end(), {"--host=127.0.0.1", "--port=0", "--port_file=" + Path(name + ".port"),
-                             "--metrics_port=0", "--metrics_port_file=" + Path(name + ".mport")});
-    auto child = ChildProcess::Start(argv, Path(name + ".log"));
-    EXPECT_TRUE(child.ok()) << child.status();
-    if (!child.ok()) return {0, 0};
-    children_[name] = *std::move(child);
-    auto port = integration::WaitForPortFile(Path(name + ".port"), *children_[name], kStartTimeout);
-    EXPECT_TRUE(port.ok()) << port.status();
-    auto mport =
-        integration::WaitForPortFile(Path(name + ".mport"), *children_[name], kStartTimeout);
-    EXPECT_TRUE(mport.ok()) << mport.status();
-    return {port.value_or(0), mport.value_or(0)};
-  }
+  ObservabilityTest()
+      : ClusterProcessTest("observability_test.", PS_MASTER_BINARY, PS_SERVER_BINARY) {}
 
   // Polls the pod's /healthz until it answers 200 (registered with the master).
   bool WaitReady(int metrics_port) {
@@ -98,27 +73,85 @@ class ObservabilityTest : public testing::Test {
     return false;
   }
 
+  // The fixture's ps-master with `flags`, serving metrics; returns {grpc port, metrics
+  // port}, or zeros (and a failure).
+  std::pair<int, int> StartMasterWithMetrics(const std::vector<std::string>& flags) {
+    std::vector<std::string> all = MetricsFlags("master");
+    all.insert(all.end(), flags.begin(), flags.end());
+    const absl::Status started = StartMaster(all);
+    EXPECT_TRUE(started.ok()) << started;
+    if (!started.ok()) return {0, 0};
+    auto metrics = MetricsPort("master");
+    EXPECT_TRUE(metrics.ok()) << metrics.status();
+    return {master_port_, metrics.value_or(0)};
+  }
+
+  // Pod `id` of the master at `master` with `flags`, once ready (registered); returns {grpc
+  // port, metrics port}, or {0, 0} (and a failure) if it did not become ready.
+  std::pair<int, int> StartReadyPod(const std::string& id, const std::string& master,
+                                    const std::vector<std::string>& flags) {
+    std::vector<std::string> argv = {PS_SERVER_BINARY, "--master=" + master, "--pod_id=" + id};
+    argv.insert(argv.end(), flags.begin(), flags.end());
+    const std::vector<std::string> metrics_flags = MetricsFlags(id);
+    argv.insert(argv.end(), metrics_flags.begin(), metrics_flags.end());
+    auto port = StartServer(id, argv);
+    EXPECT_TRUE(port.ok()) << port.status();
+    auto metrics = MetricsPort(id);
+    EXPECT_TRUE(metrics.ok()) << metrics.status();
+    if (port.ok() && metrics.ok() && WaitReady(*metrics)) return {*port, *metrics};
+    ADD_FAILURE() << id << " never became ready";
+    return {0, 0};
+  }
+
+  // A client with `options` creates table `table` (dim `dim`), pushes `grad` to every element
+  // of `ids` and, if `pulled`, pulls them back into it.
+  static void CreateAndPush(const ClientOptions& options, const std::string& table, int dim,
+                            const std::vector<int64_t>& ids, float grad,
+                            std::vector<float>* pulled = nullptr) {
+    auto client = PsClient::Connect(options);
+    ASSERT_TRUE(client.ok()) << client.status();
+    TableSpec spec;
+    spec.set_name(table);
+    spec.set_dim(dim);
+    ASSERT_TRUE((*client)->CreateTable(spec).ok());
+    std::vector<float> grads(ids.size() * dim, grad);
+    ASSERT_TRUE((*client)->Push({{table, ids, grads.data()}}).ok());
+    if (pulled == nullptr) return;
+    pulled->resize(ids.size() * dim);
+    ASSERT_TRUE((*client)->Pull({{table, ids, pulled->data()}}).ok());
+  }
+
+  // Runs `ps-admin --master=<master> <flags> <command>` (up to a minute); returns how it
+  // ended and what it printed: "exited with code N: <output>".
+  std::string Admin(const std::string& master, std::vector<std::string> flags,
+                    const std::string& command) {
+    std::vector<std::string> argv = {PS_ADMIN_BINARY, "--master=" + master};
+    argv.insert(argv.end(), flags.begin(), flags.end());
+    argv.push_back(command);
+    auto c = ChildProcess::Start(argv, Path(absl::StrCat("admin", admin_runs_++, ".out")));
+    if (!c.ok() || !(*c)->WaitExit(absl::Seconds(60))) return std::string("did not run");
+    const std::string d = (*c)->Describe();
+    return d.substr(d.find(' ', 4) + 1) + ": " + integration::FileTail((*c)->log_path());
+  }
+
   std::string Scrape(int port) {
     auto body = HttpGet(port, "/metrics");
     EXPECT_TRUE(body.ok()) << body.status();
     return body.value_or("");
   }
 
-  integration::TempDir tmp_{"observability_test."};
-  std::map<std::string, std::unique_ptr<ChildProcess>> children_;
+  int admin_runs_ = 0;
 };
 
 TEST_F(ObservabilityTest, MetricsFollowTrafficAndAPodDeregistersOnSigterm) {
-  auto [master_port, master_metrics] =
-      Start("master", {PS_MASTER_BINARY, "--data_dir=" + Path("master-db"), "--num_ps=1",
-                       "--num_vshards=64", "--lease_ms=2000", "--shutdown_grace_ms=200"});
+  auto [master_port, master_metrics] = StartMasterWithMetrics(
+      {"--num_ps=1", "--num_vshards=64", "--lease_ms=2000", "--shutdown_grace_ms=200"});
   ASSERT_GT(master_metrics, 0);
   const std::string master = absl::StrCat("127.0.0.1:", master_port);
   auto [pod_port, pod_metrics] =
-      Start("ps-0", {PS_SERVER_BINARY, "--master=" + master, "--pod_id=ps-0", "--num_vshards=64",
-                     "--data_dir=" + Path("ps-0"), "--shutdown_grace_ms=500"});
+      StartReadyPod("ps-0", master,
+                    {"--num_vshards=64", "--data_dir=" + Path("ps-0"), "--shutdown_grace_ms=500"});
   ASSERT_GT(pod_metrics, 0);
-  ASSERT_TRUE(WaitReady(pod_metrics)) << "the pod never became ready";
 
   std::string pod = Scrape(pod_metrics);
   EXPECT_TRUE(absl::StrContains(pod, "# TYPE ps_pushed_rows_total counter\n")) << pod;
@@ -134,16 +167,9 @@ TEST_F(ObservabilityTest, MetricsFollowTrafficAndAPodDeregistersOnSigterm) {
 
   ClientOptions options;
   options.master = master;
-  auto client = PsClient::Connect(options);
-  ASSERT_TRUE(client.ok()) << client.status();
-  TableSpec spec;
-  spec.set_name("user");
-  spec.set_dim(4);
-  ASSERT_TRUE((*client)->CreateTable(spec).ok());
-  std::vector<int64_t> ids = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10};
-  std::vector<float> grads(ids.size() * 4, 0.5f), rows(ids.size() * 4);
-  ASSERT_TRUE((*client)->Push({{"user", ids, grads.data()}}).ok());
-  ASSERT_TRUE((*client)->Pull({{"user", ids, rows.data()}}).ok());
+  std::vector<float> rows;
+  CreateAndPush(options, "user", 4, {1, 2, 3, 4, 5, 6, 7, 8, 9, 10}, 0.5f, &rows);
+  if (HasFatalFailure()) return;
 
   pod = Scrape(pod_metrics);
   EXPECT_EQ(Sample(pod, "ps_pushed_rows_total"), 10);
@@ -179,7 +205,6 @@ TEST_F(ObservabilityTest, MetricsFollowTrafficAndAPodDeregistersOnSigterm) {
 
   // SIGTERM: the pod stops, deregisters (the master shows it LOST at once, not after
   // its lease) and exits 0.
-  client->reset();
   children_["ps-0"]->Signal(SIGTERM);
   ASSERT_TRUE(children_["ps-0"]->WaitExit(absl::Seconds(10)));
   EXPECT_EQ(children_["ps-0"]->Describe().substr(children_["ps-0"]->Describe().find(' ', 4) + 1),
@@ -198,21 +223,19 @@ TEST_F(ObservabilityTest, MetricsFollowTrafficAndAPodDeregistersOnSigterm) {
 TEST_F(ObservabilityTest, ReplicationSeriesAndAdminViews) {
   // A long lag bound: a follower whose address reaches its primary a heartbeat late is not
   // what this test is about.
-  auto [master_port, master_metrics] =
-      Start("master", {PS_MASTER_BINARY, "--data_dir=" + Path("master-db"), "--num_ps=2",
-                       "--num_vshards=16", "--replication=2", "--lease_ms=3000",
-                       "--replication_max_lag_ms=60000", "--shutdown_grace_ms=200"});
+  auto [master_port, master_metrics] = StartMasterWithMetrics(
+      {"--num_ps=2", "--num_vshards=16", "--replication=2", "--lease_ms=3000",
+       "--replication_max_lag_ms=60000", "--shutdown_grace_ms=200"});
   ASSERT_GT(master_metrics, 0);
   const std::string master = absl::StrCat("127.0.0.1:", master_port);
   std::map<std::string, int> pod_metrics;
   for (const std::string id : {"ps-0", "ps-1"}) {
     pod_metrics[id] =
-        Start(id, {PS_SERVER_BINARY, "--master=" + master, "--pod_id=" + id, "--num_vshards=16",
-                   "--data_dir=" + Path(id), "--shutdown_grace_ms=500"})
+        StartReadyPod(id, master,
+                      {"--num_vshards=16", "--data_dir=" + Path(id), "--shutdown_grace_ms=500"})
             .second;
     ASSERT_GT(pod_metrics[id], 0);
   }
-  for (const auto& [id, port] : pod_metrics) ASSERT_TRUE(WaitReady(port)) << id;
   std::string m = Scrape(master_metrics);
   EXPECT_EQ(Sample(m, "ps_master_replication_factor"), 2) << m;
   EXPECT_EQ(Sample(m, "ps_master_under_replicated_vshards"), 0);
@@ -221,16 +244,10 @@ TEST_F(ObservabilityTest, ReplicationSeriesAndAdminViews) {
 
   ClientOptions options;
   options.master = master;
-  auto client = PsClient::Connect(options);
-  ASSERT_TRUE(client.ok()) << client.status();
-  TableSpec spec;
-  spec.set_name("user");
-  spec.set_dim(4);
-  ASSERT_TRUE((*client)->CreateTable(spec).ok());
   std::vector<int64_t> ids;
   for (int64_t i = 1; i <= 64; ++i) ids.push_back(i);  // on both pods
-  std::vector<float> grads(ids.size() * 4, 0.5f);
-  ASSERT_TRUE((*client)->Push({{"user", ids, grads.data()}}).ok());
+  CreateAndPush(options, "user", 4, ids, 0.5f);
+  if (HasFatalFailure()) return;
 
   // Acknowledged: each pod's follower holds its part, nothing is waiting.
   double acked = 0, applied = 0;
@@ -250,13 +267,7 @@ TEST_F(ObservabilityTest, ReplicationSeriesAndAdminViews) {
   EXPECT_GE(acked, 2);  // one record per pod's part of the push
   EXPECT_EQ(applied, acked);
 
-  auto admin = [&](const std::string& command) {
-    static int runs = 0;
-    auto c = ChildProcess::Start({PS_ADMIN_BINARY, "--master=" + master, command},
-                                 Path(absl::StrCat("repl-admin", runs++, ".out")));
-    if (!c.ok() || !(*c)->WaitExit(absl::Seconds(60))) return std::string("did not run");
-    return integration::FileTail((*c)->log_path());
-  };
+  auto admin = [&](const std::string& command) { return Admin(master, {}, command); };
   const std::string shards = admin("shards");
   EXPECT_TRUE(absl::StrContains(shards, "REPLICAS (R=2")) << shards;
   EXPECT_TRUE(absl::StrContains(shards, "ps-0     ps-1")) << shards;
@@ -282,23 +293,20 @@ TEST_F(ObservabilityTest, MutualTlsAndTokenAcrossTheCluster) {
       "--tls_cert=" + certs.file("server.crt"), "--tls_key=" + certs.file("server.key"),
       "--tls_ca=" + certs.file("ca.crt"), "--auth_token_file=" + Path("token"),
       "--admin_identities=ps-server,ps-admin"};
-  std::vector<std::string> margv = {PS_MASTER_BINARY, "--data_dir=" + Path("master-db"),
-                                    "--num_ps=1", "--num_vshards=64"};
+  std::vector<std::string> margv = {"--num_ps=1", "--num_vshards=64"};
   margv.insert(margv.end(), tls.begin(), tls.end());
-  auto [master_port, master_metrics] = Start("master", margv);
+  auto [master_port, master_metrics] = StartMasterWithMetrics(margv);
   ASSERT_GT(master_metrics, 0);
   // The certificate names 127.0.0.1 and localhost: the pod advertises 127.0.0.1:PORT.
   const std::string master = absl::StrCat("localhost:", master_port);
-  std::vector<std::string> pargv = {PS_SERVER_BINARY, "--master=" + master, "--pod_id=ps-0",
-                                    "--num_vshards=64"};
+  std::vector<std::string> pargv = {"--num_vshards=64"};
   pargv.insert(pargv.end(), tls.begin(), tls.end());
-  auto [pod_port, pod_metrics] = Start("ps-0", pargv);
-  ASSERT_GT(pod_metrics, 0);
-  ASSERT_TRUE(WaitReady(pod_metrics)) << "the pod never registered over mutual TLS";
+  // Ready: it registered over mutual TLS.
+  ASSERT_GT(StartReadyPod("ps-0", master, pargv).second, 0);
 
   std::vector<int64_t> many(64);
   for (int64_t i = 0; i < 64; ++i) many[i] = i;
-  std::vector<float> before(many.size() * 2), after(many.size() * 2);
+  std::vector<float> before, after(many.size() * 2);
   ClientOptions options;
   options.master = master;
   options.connect_timeout_ms = 3000;
@@ -307,17 +315,8 @@ TEST_F(ObservabilityTest, MutualTlsAndTokenAcrossTheCluster) {
   options.security.cert_file = certs.file("client.crt");
   options.security.key_file = certs.file("client.key");
   options.security.auth_token = "cluster-secret";
-  {
-    auto client = PsClient::Connect(options);
-    ASSERT_TRUE(client.ok()) << client.status();
-    TableSpec spec;
-    spec.set_name("t");
-    spec.set_dim(2);
-    ASSERT_TRUE((*client)->CreateTable(spec).ok());
-    std::vector<float> grads(many.size() * 2, 1.0f);
-    EXPECT_TRUE((*client)->Push({{"t", many, grads.data()}}).ok());
-    ASSERT_TRUE((*client)->Pull({{"t", many, before.data()}}).ok());
-  }
+  CreateAndPush(options, "t", 2, many, 1.0f, &before);
+  if (HasFatalFailure()) return;
   {
     ClientOptions wrong = options;
     wrong.security.auth_token = "not-the-secret";
@@ -334,16 +333,10 @@ TEST_F(ObservabilityTest, MutualTlsAndTokenAcrossTheCluster) {
   // ps-admin with the same credentials, then without the token.
   auto admin = [&](std::vector<std::string> extra, const std::string& command = "status",
                    const std::string& cert = "client") {
-    std::vector<std::string> argv = {
-        PS_ADMIN_BINARY, "--master=" + master, "--tls_ca=" + certs.file("ca.crt"),
-        "--tls_cert=" + certs.file(cert + ".crt"), "--tls_key=" + certs.file(cert + ".key")};
-    argv.insert(argv.end(), extra.begin(), extra.end());
-    argv.push_back(command);
-    static int runs = 0;
-    auto c = ChildProcess::Start(argv, Path(absl::StrCat("admin", runs++, ".out")));
-    if (!c.ok() || !(*c)->WaitExit(absl::Seconds(20))) return std::string("did not run");
-    const std::string d = (*c)->Describe();
-    return d.substr(d.find(' ', 4) + 1) + ": " + integration::FileTail((*c)->log_path());
+    extra.insert(extra.begin(),
+                 {"--tls_ca=" + certs.file("ca.crt"), "--tls_cert=" + certs.file(cert + ".crt"),
+                  "--tls_key=" + certs.file(cert + ".key")});
+    return Admin(master, extra, command);
   };
   std::string ok = admin({"--auth_token_file=" + Path("token")});
   EXPECT_TRUE(absl::StartsWith(ok, "exited with code 0")) << ok;
@@ -355,11 +348,8 @@ TEST_F(ObservabilityTest, MutualTlsAndTokenAcrossTheCluster) {
   // A second pod and a rebalance: the master's calls to the pods and the pods' copy between
   // them go over mutual TLS, admin by their certificate; the pushed rows move with their
   // vshards. A worker's certificate with the token may not rebalance; ps-admin's may.
-  std::vector<std::string> p1argv = {PS_SERVER_BINARY, "--master=" + master, "--pod_id=ps-1",
-                                     "--num_vshards=64"};
-  p1argv.insert(p1argv.end(), tls.begin(), tls.end());
-  auto [pod1_port, pod1_metrics] = Start("ps-1", p1argv);
-  ASSERT_TRUE(WaitReady(pod1_metrics));
+  const int pod1_metrics = StartReadyPod("ps-1", master, pargv).second;
+  ASSERT_GT(pod1_metrics, 0);
   std::string denied = admin({"--auth_token_file=" + Path("token")}, "rebalance");
   EXPECT_TRUE(absl::StartsWith(denied, "exited with code 1")) << denied;
   EXPECT_TRUE(absl::StrContains(denied, "PERMISSION_DENIED")) << denied;
@@ -407,28 +397,24 @@ TEST_F(ObservabilityTest, WorkersCannotControlPodsAndTheAdminCanWithinLimits) {
   std::ofstream(Path("admin.token")) << "admin-secret\n";
   const std::vector<std::string> tokens = {"--auth_token_file=" + Path("worker.token"),
                                            "--admin_token_file=" + Path("admin.token")};
-  std::vector<std::string> margv = {
-      PS_MASTER_BINARY,   "--data_dir=" + Path("master-db"), "--num_ps=1",
-      "--num_vshards=64", "--shutdown_grace_ms=200",         "--checkpoint_dir=" + Path("ckpts")};
+  std::vector<std::string> margv = {"--num_ps=1", "--num_vshards=64", "--shutdown_grace_ms=200",
+                                    "--checkpoint_dir=" + Path("ckpts")};
   margv.insert(margv.end(), tokens.begin(), tokens.end());
-  auto [master_port, master_metrics] = Start("master", margv);
+  auto [master_port, master_metrics] = StartMasterWithMetrics(margv);
   ASSERT_GT(master_port, 0);
   const std::string master = absl::StrCat("127.0.0.1:", master_port);
   std::map<std::string, int> pod_ports, pod_metrics;
   for (const std::string id : {"ps-0", "ps-1"}) {
-    std::vector<std::string> pargv = {PS_SERVER_BINARY,
-                                      "--master=" + master,
-                                      "--pod_id=" + id,
-                                      "--num_vshards=64",
+    std::vector<std::string> pargv = {"--num_vshards=64",
                                       "--data_dir=" + Path(id),
                                       "--materialize_ms=100",
                                       "--shutdown_grace_ms=200",
                                       "--checkpoint_root=" + Path("ckpts"),
                                       "--export_root=" + Path("exports")};
     pargv.insert(pargv.end(), tokens.begin(), tokens.end());
-    std::tie(pod_ports[id], pod_metrics[id]) = Start(id, pargv);
     // Ready = registered: the pod presents the admin token to the master.
-    ASSERT_TRUE(WaitReady(pod_metrics[id])) << id << " never registered";
+    std::tie(pod_ports[id], pod_metrics[id]) = StartReadyPod(id, master, pargv);
+    ASSERT_GT(pod_metrics[id], 0) << id << " never registered";
   }
 
   // A worker trains with the worker token.
@@ -437,18 +423,9 @@ TEST_F(ObservabilityTest, WorkersCannotControlPodsAndTheAdminCanWithinLimits) {
   options.security.auth_token = "worker-secret";
   std::vector<int64_t> ids(64);
   for (int64_t i = 0; i < 64; ++i) ids[i] = i;
-  std::vector<float> before(ids.size() * 2), after(ids.size() * 2);
-  {
-    auto client = PsClient::Connect(options);
-    ASSERT_TRUE(client.ok()) << client.status();
-    TableSpec spec;
-    spec.set_name("t");
-    spec.set_dim(2);
-    ASSERT_TRUE((*client)->CreateTable(spec).ok());
-    std::vector<float> grads(ids.size() * 2, 1.0f);
-    ASSERT_TRUE((*client)->Push({{"t", ids, grads.data()}}).ok());
-    ASSERT_TRUE((*client)->Pull({{"t", ids, before.data()}}).ok());
-  }
+  std::vector<float> before, after(ids.size() * 2);
+  CreateAndPush(options, "t", 2, ids, 1.0f, &before);
+  if (HasFatalFailure()) return;
 
   auto channel = [](const std::string& address, const std::string& token) {
     ChannelSecurity security;
@@ -468,48 +445,53 @@ TEST_F(ObservabilityTest, WorkersCannotControlPodsAndTheAdminCanWithinLimits) {
   detach.set_epoch(std::numeric_limits<uint64_t>::max());
   detach.set_num_vshards(64);
   ApplyAssignmentResponse assigned;
-  EXPECT_EQ(
-      Call(*worker_pod, &ParameterServer::Stub::ApplyAssignment, detach, &assigned).error_code(),
-      denied);
   PodCheckpointRequest checkpoint;
   checkpoint.set_dir(Path("ckpts/by-worker"));
   PodCheckpointResponse checkpointed;
-  EXPECT_EQ(
-      Call(*worker_pod, &ParameterServer::Stub::Checkpoint, checkpoint, &checkpointed).error_code(),
-      denied);
   ExportRequest exp;
   exp.set_dir(Path("exports/by-worker"));
   ExportResponse exported;
-  EXPECT_EQ(Call(*worker_transfer, &PodTransfer::Stub::Export, exp, &exported).error_code(),
-            denied);
   ImportRowsResponse imported;
-  EXPECT_EQ(Call(*worker_transfer, &PodTransfer::Stub::ImportRows, ImportRowsRequest(), &imported)
-                .error_code(),
-            denied);
   DrainRequest drain;
   drain.set_pod_id("ps-0");
   DrainResponse drained;
-  EXPECT_EQ(Call(*worker_master, &Master::Stub::Drain, drain, &drained).error_code(), denied);
   CheckpointResponse cluster_checkpoint;
-  EXPECT_EQ(
-      Call(*worker_master, &Master::Stub::Checkpoint, CheckpointRequest(), &cluster_checkpoint)
-          .error_code(),
-      denied);
   RegisterPodRequest impostor;  // a worker posing as a pod
   impostor.set_pod_id("ps-9");
   impostor.set_address("127.0.0.1:1");
   impostor.set_num_vshards(64);
   RegisterPodResponse registered;
-  EXPECT_EQ(Call(*worker_master, &Master::Stub::RegisterPod, impostor, &registered).error_code(),
-            denied);
+  const std::vector<std::pair<std::string, std::function<grpc::Status()>>> control_calls = {
+      {"pod ApplyAssignment",
+       [&] {
+         return Call(*worker_pod, &ParameterServer::Stub::ApplyAssignment, detach, &assigned);
+       }},
+      {"pod Checkpoint",
+       [&] {
+         return Call(*worker_pod, &ParameterServer::Stub::Checkpoint, checkpoint, &checkpointed);
+       }},
+      {"pod Export",
+       [&] { return Call(*worker_transfer, &PodTransfer::Stub::Export, exp, &exported); }},
+      {"pod ImportRows",
+       [&] {
+         return Call(*worker_transfer, &PodTransfer::Stub::ImportRows, ImportRowsRequest(),
+                     &imported);
+       }},
+      {"master Drain", [&] { return Call(*worker_master, &Master::Stub::Drain, drain, &drained); }},
+      {"master Checkpoint",
+       [&] {
+         return Call(*worker_master, &Master::Stub::Checkpoint, CheckpointRequest(),
+                     &cluster_checkpoint);
+       }},
+      {"master RegisterPod",
+       [&] { return Call(*worker_master, &Master::Stub::RegisterPod, impostor, &registered); }},
+  };
+  for (const auto& [what, call] : control_calls) {
+    EXPECT_EQ(call().error_code(), denied) << what;
+  }
   // ps-admin with the worker token only.
   auto admin_cli = [&](const std::string& token_flag, const std::string& command) {
-    static int runs = 0;
-    auto c = ChildProcess::Start({PS_ADMIN_BINARY, "--master=" + master, token_flag, command},
-                                 Path(absl::StrCat("admin", runs++, ".out")));
-    if (!c.ok() || !(*c)->WaitExit(absl::Seconds(60))) return std::string("did not run");
-    const std::string d = (*c)->Describe();
-    return d.substr(d.find(' ', 4) + 1) + ": " + integration::FileTail((*c)->log_path());
+    return Admin(master, {token_flag}, command);
   };
   std::string refused = admin_cli("--auth_token_file=" + Path("worker.token"), "rebalance");
   EXPECT_TRUE(absl::StartsWith(refused, "exited with code 1")) << refused;
@@ -577,23 +559,14 @@ TEST_F(ObservabilityTest, PrometheusScrapesTheCluster) {
   if (access(prometheus.c_str(), X_OK) != 0) {
     GTEST_SKIP() << "Debian's prometheus is not installed (scripts/install_deps.sh installs it)";
   }
-  auto [master_port, master_metrics] =
-      Start("master", {PS_MASTER_BINARY, "--data_dir=" + Path("master-db"), "--num_ps=1"});
+  auto [master_port, master_metrics] = StartMasterWithMetrics({"--num_ps=1"});
   const std::string master = absl::StrCat("127.0.0.1:", master_port);
-  auto [pod_port, pod_metrics] =
-      Start("ps-0", {PS_SERVER_BINARY, "--master=" + master, "--pod_id=ps-0"});
-  ASSERT_TRUE(WaitReady(pod_metrics));
+  auto [pod_port, pod_metrics] = StartReadyPod("ps-0", master, {});
+  ASSERT_GT(pod_metrics, 0);
   ClientOptions options;
   options.master = master;
-  auto client = PsClient::Connect(options);
-  ASSERT_TRUE(client.ok()) << client.status();
-  TableSpec spec;
-  spec.set_name("user");
-  spec.set_dim(4);
-  ASSERT_TRUE((*client)->CreateTable(spec).ok());
-  std::vector<int64_t> ids = {1, 2, 3};
-  std::vector<float> grads(12, 0.5f);
-  ASSERT_TRUE((*client)->Push({{"user", ids, grads.data()}}).ok());
+  CreateAndPush(options, "user", 4, {1, 2, 3}, 0.5f);
+  if (HasFatalFailure()) return;
 
   const int web_port = FreePort();
   std::ofstream(Path("prometheus.yml"))
