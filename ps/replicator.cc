@@ -106,6 +106,7 @@ struct Replicator::Stream {
   // The window: the next record to send, the calls in flight and their record bytes.
   uint64_t next_send = 0;
   int inflight = 0;
+  int current_inflight = 0;  // of them, of the current generation
   uint64_t inflight_bytes = 0;
   // Bumped by a failed call of the current generation, which resends from `held`; the
   // generation's first batch carries `restart`, and the others wait until it is answered
@@ -287,11 +288,13 @@ void Replicator::Run(Stream* stream) {
           --threads_;
           return;
         }
+        // The restart batch does not wait for calls of older generations: the follower
+        // may hold those back until the records before them come again.
         const bool ready =
             stream->next_send < stream->held + stream->queue.size() &&
-            stream->inflight < options_.window &&
-            (stream->inflight == 0 ||
-             (stream->opened && stream->inflight_bytes < options_.max_inflight_bytes));
+            (stream->opened ? stream->inflight < options_.window &&
+                                  stream->inflight_bytes < options_.max_inflight_bytes
+                            : stream->current_inflight == 0);
         if (ready && absl::Now() >= stream->resume_at) break;
         if (ready) {
           stream->cv.WaitWithDeadline(&mu_, stream->resume_at);
@@ -317,6 +320,7 @@ void Replicator::Run(Stream* stream) {
       // Another sender may take what is left.
       if (end < stream->held + stream->queue.size() && stream->opened) stream->cv.Signal();
       ++stream->inflight;
+      ++stream->current_inflight;
       stream->inflight_bytes += bytes;
       peer = stream->peer;  // SetFollowers may change its address
     }
@@ -330,6 +334,7 @@ void Replicator::Run(Stream* stream) {
         return;
       }
       --stream->inflight;
+      if (generation == stream->generation) --stream->current_inflight;
       stream->inflight_bytes -= bytes;
       stream->cv.SignalAll();  // the window has room again
       if (!s.ok()) {
@@ -343,6 +348,7 @@ void Replicator::Run(Stream* stream) {
                          << stream->held << "): " << s;
           }
           ++stream->generation;
+          stream->current_inflight = 0;
           stream->opened = false;
           stream->next_send = stream->held;
           stream->resume_at = absl::Now() + stream->backoff;
