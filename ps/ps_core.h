@@ -24,6 +24,7 @@
 #include "common/routing/shard_ownership.h"
 #include "embedding/model_store.h"
 #include "proto/ps.pb.h"
+#include "ps/replica_order.h"
 #include "ps/replicator.h"
 #include "ps/storage/log_record.h"
 #include "ps/storage/pod_storage.h"
@@ -198,7 +199,8 @@ class PsCore {
   // stopping at the first that fails (ABORTED: retry the batch). Rows of vshards this pod
   // does not follow from the sender are left out (counted) when the batch's epoch is no
   // newer than this pod's, and refused (UNAVAILABLE, retried) in a newer one. `done` runs
-  // once every applied record is durable. Thread-safe; batches are applied one at a time.
+  // once every applied record is durable. Thread-safe; batches are applied one at a time,
+  // each primary's numbered batches in number order (ps/replica_order.h).
   void ReplicateRecords(const ReplicateRecordsRequest& req, ReplicateRecordsResponse* resp,
                         Done done);
   // A primary with followers accepts changes only until `deadline` (its master lease, set
@@ -443,7 +445,11 @@ class PsCore {
   std::unique_ptr<Replicator> replicator_;  // null without options_.replica_sender
   // Held from apply to ship by a primary with followers (see ApplyShipped).
   absl::Mutex ship_mu_ ABSL_ACQUIRED_AFTER(migrate_mu_);
-  absl::Mutex follow_mu_;                   // one replicated batch at a time
+  absl::Mutex follow_mu_;  // one replicated batch at a time
+  // ReplicateRecords in its turn: applies the batch, answers `done`, returns how many of
+  // its records applied (0 when refused).
+  uint64_t ApplyReplicated(const ReplicateRecordsRequest& req, ReplicateRecordsResponse* resp,
+                           Done done);
   std::atomic<int64_t> write_lease_ns_{0};  // absl::ToUnixNanos of the lease's end
   // The log this pod recovered at start (ps_core_replicate.cc; PodStorage::
   // ForEachRecoveredRecord): its keys are held (a retry gets ABORTED) until the first
@@ -469,6 +475,9 @@ class PsCore {
         replicated_received{0}, replicated_applied{0}, replicated_refused{0},
         replicated_left_out{0}, lease_refusals{0};
   } counters_;
+  // Each primary's replicated batches in number order. Last: destroyed first, it answers
+  // the batches still waiting in it while everything they touch is alive.
+  ReplicaOrder replica_order_;
 };
 
 }  // namespace ps

@@ -159,6 +159,20 @@ bool PsCore::Follows(uint32_t v, absl::string_view pod) const {
 
 void PsCore::ReplicateRecords(const ReplicateRecordsRequest& req, ReplicateRecordsResponse* resp,
                               Done done) {
+  // The request and response outlive `done` (the gRPC call, or the in-process sender).
+  replica_order_.Submit(req.primary(), req.stream(), req.first(), req.records_size(), req.restart(),
+                        [this, &req, resp, done = std::move(done)](absl::Status turn) {
+                          if (!turn.ok()) {
+                            counters_.replicated_refused.fetch_add(1, std::memory_order_relaxed);
+                            done(turn);
+                            return uint64_t{0};
+                          }
+                          return ApplyReplicated(req, resp, done);
+                        });
+}
+
+uint64_t PsCore::ApplyReplicated(const ReplicateRecordsRequest& req, ReplicateRecordsResponse* resp,
+                                 Done done) {
   absl::MutexLock batch(&follow_mu_);
   absl::ReaderMutexLock fence(&migrate_mu_);
   auto own = ownership();
@@ -167,6 +181,7 @@ void PsCore::ReplicateRecords(const ReplicateRecordsRequest& req, ReplicateRecor
   auto refuse = [&](absl::Status s) {
     counters_.replicated_refused.fetch_add(1, std::memory_order_relaxed);
     done(s);
+    return uint64_t{0};
   };
   if (req.epoch() < role_.role_epoch) {
     return refuse(absl::FailedPreconditionError(
@@ -408,6 +423,7 @@ void PsCore::ReplicateRecords(const ReplicateRecordsRequest& req, ReplicateRecor
   counters_.replicated_applied.fetch_add(applied, std::memory_order_relaxed);
   resp->set_applied(applied);
   wait->Arrive(absl::OkStatus());
+  return applied;
 }
 
 void PsCore::StartReplicatedStorage() {

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <atomic>
 #include <deque>
+#include <random>
 #include <thread>
 #include <utility>
 
@@ -49,6 +50,16 @@ class GrpcReplicaSender final : public ReplicaSender {
       ABSL_GUARDED_BY(mu_);
 };
 
+// A random non-zero stream id: a follower tells this pod's streams (and its restarts) apart.
+uint64_t NewStreamId() {
+  static absl::Mutex mu(absl::kConstInit);
+  static std::mt19937_64 rng ABSL_GUARDED_BY(mu){std::random_device{}()};
+  absl::MutexLock lock(&mu);
+  uint64_t id = 0;
+  while (id == 0) id = rng();
+  return id;
+}
+
 }  // namespace
 
 std::shared_ptr<ReplicaSender> NewGrpcReplicaSender(ChannelMaker channels, absl::Duration timeout) {
@@ -85,11 +96,29 @@ struct Replicator::Entry {
 
 struct Replicator::Stream {
   ReplicaPeer peer;
-  // Guarded by Replicator::mu_.
+  uint64_t id = 0;  // names this stream to the follower (ReplicateRecordsRequest.stream)
+  // Guarded by Replicator::mu_. Records are numbered from 0 in the stream; the follower
+  // holds every record below `held`, and queue[i] is record held + i.
   std::deque<Entry> queue;
   uint64_t queued_bytes = 0;
   uint64_t shipped = 0;  // records ever queued (held + queue.size() while running)
   uint64_t held = 0, failed_calls = 0, sent_calls = 0, sent_bytes = 0;
+  // The window: the next record to send, the calls in flight and their record bytes.
+  uint64_t next_send = 0;
+  int inflight = 0;
+  int current_inflight = 0;  // of them, of the current generation
+  uint64_t inflight_bytes = 0;
+  // Bumped by a failed call of the current generation, which resends from `held`; the
+  // generation's first batch carries `restart`, and the others wait until it is answered
+  // (`opened`), so a follower that does not know the stream learns it first.
+  uint64_t generation = 0;
+  bool opened = false;
+  absl::Time resume_at = absl::InfinitePast();  // backoff after a failed call
+  absl::Duration backoff;
+  uint64_t failures = 0;  // consecutive failed calls
+  // Answered batches [first, end) that do not start at `held` yet (an earlier one is
+  // still in flight), by first.
+  std::map<uint64_t, uint64_t> answered;
   bool stop = false;
   absl::CondVar cv;
 };
@@ -152,15 +181,21 @@ void Replicator::AddStreamsLocked(uint64_t epoch, const std::vector<ReplicaPeer>
     if (streams_.count(p.pod_id()) > 0) continue;
     auto stream = std::make_shared<Stream>();
     stream->peer = p;
+    stream->id = NewStreamId();
+    stream->backoff = options_.min_backoff;
     auto q = queues != nullptr ? queues->find(p.pod_id())
                                : std::map<std::string, std::deque<Entry>>::iterator();
     if (queues != nullptr && q != queues->end()) {  // readdressed: its records still wait
       stream->queue = std::move(q->second);
       for (const Entry& e : stream->queue) stream->queued_bytes += e.record->size();
+      stream->shipped = stream->queue.size();
     }
     streams_[p.pod_id()] = stream;
-    ++threads_;
-    std::thread([this, stream] { Run(stream.get()); }).detach();
+    const int senders = std::max(1, options_.window);
+    threads_ += senders;
+    for (int i = 0; i < senders; ++i) {
+      std::thread([this, stream] { Run(stream.get()); }).detach();
+    }
     LOG(INFO) << "replicating to follower " << p.pod_id() << " at " << p.address() << " (epoch "
               << epoch << ")";
   }
@@ -240,28 +275,53 @@ void Replicator::Abandon(const absl::Status& why) {
 }
 
 void Replicator::Run(Stream* stream) {
-  absl::Duration backoff = options_.min_backoff;
-  uint64_t failures = 0;
   for (;;) {
     ReplicateRecordsRequest req;
     ReplicaPeer peer;
-    size_t batch = 0;
+    uint64_t first = 0, end = 0, bytes = 0, generation = 0;
     {
       absl::MutexLock lock(&mu_);
-      while (!stream->stop && stream->queue.empty()) stream->cv.Wait(&mu_);
-      if (stream->stop) {
-        --threads_;
-        return;
+      // A batch may go when records wait unsent, the window has room and no backoff runs;
+      // while a generation's first batch (restart) is unanswered it goes alone.
+      for (;;) {
+        if (stream->stop) {
+          --threads_;
+          return;
+        }
+        // The restart batch does not wait for calls of older generations: the follower
+        // may hold those back until the records before them come again.
+        const bool ready =
+            stream->next_send < stream->held + stream->queue.size() &&
+            (stream->opened ? stream->inflight < options_.window &&
+                                  stream->inflight_bytes < options_.max_inflight_bytes
+                            : stream->current_inflight == 0);
+        if (ready && absl::Now() >= stream->resume_at) break;
+        if (ready) {
+          stream->cv.WaitWithDeadline(&mu_, stream->resume_at);
+        } else {
+          stream->cv.Wait(&mu_);
+        }
       }
-      size_t bytes = 0;
-      for (const Entry& e : stream->queue) {
-        if (batch > 0 && bytes + e.record->size() > options_.max_batch_bytes) break;
-        req.add_records(*e.record);
-        bytes += e.record->size();
-        ++batch;
+      first = stream->next_send;
+      for (size_t i = first - stream->held; i < stream->queue.size(); ++i) {
+        const std::string& record = *stream->queue[i].record;
+        if (end > first && bytes + record.size() > options_.max_batch_bytes) break;
+        req.add_records(record);
+        bytes += record.size();
+        end = first + req.records_size();
       }
       req.set_epoch(epoch_);
       req.set_primary(pod_id_);
+      req.set_stream(stream->id);
+      req.set_first(first);
+      req.set_restart(!stream->opened);
+      generation = stream->generation;
+      stream->next_send = end;
+      // Another sender may take what is left.
+      if (end < stream->held + stream->queue.size() && stream->opened) stream->cv.Signal();
+      ++stream->inflight;
+      ++stream->current_inflight;
+      stream->inflight_bytes += bytes;
       peer = stream->peer;  // SetFollowers may change its address
     }
     ReplicateRecordsResponse resp;
@@ -273,31 +333,54 @@ void Replicator::Run(Stream* stream) {
         --threads_;
         return;
       }
+      --stream->inflight;
+      if (generation == stream->generation) --stream->current_inflight;
+      stream->inflight_bytes -= bytes;
+      stream->cv.SignalAll();  // the window has room again
       if (!s.ok()) {
         ++stream->failed_calls;
-        if (failures++ % 50 == 0) {
-          LOG(WARNING) << "replicating " << batch << " records to follower "
-                       << stream->peer.pod_id() << " at " << stream->peer.address()
-                       << " failed (attempt " << failures << ", retrying): " << s;
+        // A failure of an older generation was resent already.
+        if (generation == stream->generation) {
+          if (stream->failures++ % 50 == 0) {
+            LOG(WARNING) << "replicating records " << first << ".." << end - 1 << " to follower "
+                         << stream->peer.pod_id() << " at " << stream->peer.address()
+                         << " failed (attempt " << stream->failures << ", resending from record "
+                         << stream->held << "): " << s;
+          }
+          ++stream->generation;
+          stream->current_inflight = 0;
+          stream->opened = false;
+          stream->next_send = stream->held;
+          stream->resume_at = absl::Now() + stream->backoff;
+          stream->backoff = std::min(options_.max_backoff, stream->backoff * 2);
         }
-        stream->cv.WaitWithTimeout(&mu_, backoff);
-        backoff = std::min(options_.max_backoff, backoff * 2);
         continue;
       }
-      if (failures > 0) {
-        LOG(INFO) << "follower " << stream->peer.pod_id() << " reachable again after " << failures
-                  << " failed calls";
+      if (generation == stream->generation) {
+        if (stream->failures > 0) {
+          LOG(INFO) << "follower " << stream->peer.pod_id() << " reachable again after "
+                    << stream->failures << " failed calls";
+        }
+        stream->failures = 0;
+        stream->backoff = options_.min_backoff;
+        stream->opened = true;
       }
-      failures = 0;
-      backoff = options_.min_backoff;
       ++stream->sent_calls;
-      for (size_t i = 0; i < batch; ++i) {
-        stream->sent_bytes += stream->queue.front().record->size();
-        stream->queued_bytes -= stream->queue.front().record->size();
-        held.push_back(std::move(stream->queue.front().join));
-        stream->queue.pop_front();
+      stream->sent_bytes += bytes;
+      // The follower applies a stream's records in number order, so it holds [first, end);
+      // they count once every record before them is answered too.
+      uint64_t& answered_end = stream->answered[first];
+      answered_end = std::max(answered_end, end);
+      while (!stream->answered.empty() && stream->answered.begin()->first <= stream->held) {
+        const uint64_t to = stream->answered.begin()->second;
+        stream->answered.erase(stream->answered.begin());
+        for (; stream->held < to; ++stream->held) {
+          stream->queued_bytes -= stream->queue.front().record->size();
+          held.push_back(std::move(stream->queue.front().join));
+          stream->queue.pop_front();
+        }
       }
-      stream->held += batch;
+      stream->next_send = std::max(stream->next_send, stream->held);
     }
     for (auto& join : held) join->Finish(absl::OkStatus());
   }

@@ -3,13 +3,20 @@
 //
 // Ship() queues one encoded log record (ps/storage/log_record.h) for every follower of the
 // current ack set and calls its `done` once each of them has answered that it holds the
-// record durably. Each follower has its own sender thread, which sends everything queued
-// (up to max_batch_bytes) as one ReplicateRecords call, one call in flight at a time, in
-// the order Ship was called: batching is what makes replication cheap per record. A
-// failed call is retried (the same batch, with backoff) until the follower answers or the
-// master takes it out of the ack set (SetFollowers without it): its queued records then
-// count as held, since the master durably stopped waiting for it. Abandon fails every
-// queued record instead (this pod is no longer the primary).
+// record durably. Each follower's stream is pipelined: records are numbered in the order
+// Ship was called, and up to `window` ReplicateRecords calls (each of what is queued and
+// not yet sent, up to max_batch_bytes) are in flight at once, from as many sender threads.
+// The follower applies them strictly in number order whatever order they arrive in
+// (ps/replica_order.h), so an answered batch means it holds every record up to the
+// batch's end; a record counts as held once every batch up to it is answered. A failed
+// call makes the stream resend from the first record not held (a new generation, whose
+// first batch carries `restart` and goes alone until answered), with backoff, until the
+// follower answers or the master takes it out of the ack set (SetFollowers without it):
+// its queued records then count as held, since the master durably stopped waiting for
+// it. Abandon fails every queued record instead (this pod is no longer the primary).
+// Memory: the records queued for a follower that does not answer grow until its lag
+// (Stats) gets it out of the ack set (the master's --replication_max_lag_ms); what is in
+// flight is bounded by the window and max_inflight_bytes.
 //
 // Thread-safety: every method is thread-safe. `done` runs on a sender thread or on the
 // caller's (SetFollowers, Abandon, Ship with no followers), never under this class's lock.
@@ -49,6 +56,12 @@ struct ReplicatorOptions {
   // A batch's records, at most (one record may exceed it alone). 4 MiB is a few thousand
   // 1024-row pushes of dim 8: enough to amortize a round trip, small for the message limit.
   size_t max_batch_bytes = size_t{4} << 20;
+  // ReplicateRecords calls in flight per follower, at most (one sender thread each). An
+  // acknowledged push waits about one follower round trip plus its apply, instead of up to
+  // two when calls go one at a time (docs/benchmarks.md, "Replication").
+  int window = 4;
+  // Record bytes in flight per follower beyond which no further call starts.
+  size_t max_inflight_bytes = size_t{16} << 20;
   // Backoff between attempts of a failed batch, doubling from min to max.
   absl::Duration min_backoff = absl::Milliseconds(10);
   absl::Duration max_backoff = absl::Milliseconds(500);
@@ -107,7 +120,8 @@ class Replicator {
   struct Join;
   struct Entry;
   struct Stream;
-  // A stream's sender thread (detached; it holds the stream alive until it sees stop).
+  // One of a stream's `window` sender threads (detached; the stream outlives them: each
+  // sees stop before it returns).
   void Run(Stream* stream);
   // Starts a stream for each of `followers` that has none, with the queue `queues` holds
   // for it (a follower at a new address), if any (`queues` may be null).
