@@ -16,6 +16,7 @@
 #include "proto/packed.h"
 #include "ps/pod_transfer.h"
 #include "ps/ps_core.h"
+#include "ps/replica_test_pods.h"
 
 namespace ps {
 namespace {
@@ -128,17 +129,6 @@ class MigrateTest : public testing::Test {
     t->set_steps(Pack<uint64_t>(std::vector<uint64_t>(ids.size(), step)));
     t->set_values(Pack<float>(std::vector<float>(ids.size() * 4, value)));
     return req;
-  }
-
-  static absl::Status Import(PsCore& core, const ImportRowsRequest& req, ImportRowsResponse* resp) {
-    absl::Notification done;
-    absl::Status result;
-    core.ImportRows(req, resp, [&](absl::Status s) {
-      result = s;
-      done.Notify();
-    });
-    done.WaitForNotification();
-    return result;
   }
 
   // A, owning every vshard, with rows 0..99 pushed once; B, owning none; and a move of
@@ -383,7 +373,7 @@ TEST_F(MigrateTest, ImportDuringAMoveIsCopiedByTheCatchUp) {
   const int64_t moved = IdIn(moving, true);
   ASSERT_GE(moved, 0);
   ImportRowsResponse imported;
-  ASSERT_TRUE(Import(*a_, MakeImport({moved}, 1000, 0.25f), &imported).ok());
+  ASSERT_TRUE(replica_test::ImportRows(*a_, MakeImport({moved}, 1000, 0.25f), &imported).ok());
   ASSERT_EQ(imported.installed(), 1u);
   Copy(*a_, *b_, 5, MigrateExportRequest::DELTA);
   Copy(*a_, *b_, 5, MigrateExportRequest::FINAL);
@@ -405,11 +395,11 @@ TEST_F(MigrateTest, ImportIntoFencedVShardsIsRefusedAsAPushIs) {
   ASSERT_TRUE(moved >= 0 && staying >= 0);
   const auto before = Rows(*a_, moving);
   ImportRowsResponse resp;
-  absl::Status s = Import(*a_, MakeImport({staying, moved}, 1000, 0.25f), &resp);
+  absl::Status s = replica_test::ImportRows(*a_, MakeImport({staying, moved}, 1000, 0.25f), &resp);
   EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable) << s;
   EXPECT_EQ(Rows(*a_, moving), before);
   EXPECT_EQ(Rows(*a_, {VShardOfId(staying)}).at(staying).back(), 1.0f);  // nothing applied
-  ASSERT_TRUE(Import(*a_, MakeImport({staying}, 1000, 0.25f), &resp).ok());
+  ASSERT_TRUE(replica_test::ImportRows(*a_, MakeImport({staying}, 1000, 0.25f), &resp).ok());
   EXPECT_EQ(resp.installed(), 1u);
 }
 
