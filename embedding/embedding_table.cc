@@ -670,7 +670,10 @@ class EmbeddingTableImpl final : public EmbeddingTable {
 
   // Calls fn(i, stripe, hash) for every i with the stripe of ids[i] locked. Per group of
   // kGroup ids: pass 0 prefetches each id's index bucket without any lock; pass 1 locks,
-  // finds the row (now a cache hit) and prefetches it; pass 2 locks again and runs fn.
+  // finds the row (now a cache hit) and prefetches it (a push: the whole row and its
+  // stamp; for an id not found, the slot a new row would take: creating a row misses
+  // there otherwise, and measured in lifecycle-bench that was most of NewSlot's time);
+  // pass 2 locks again and runs fn.
   // A lock is a full fence on x86, which would serialize demand misses taken under it;
   // prefetches are not ordered by it, so the misses of a whole group overlap.
   template <typename Fn>
@@ -686,7 +689,13 @@ class EmbeddingTableImpl final : public EmbeddingTable {
         Stripe& s = *stripes[k];
         SpinLockHolder lock(&s.mu);
         const uint32_t* slot = s.index.Find(ids[begin + k], hashes[k]);
-        if (slot != nullptr) PrefetchRow(RowAt(s, *slot), row_bytes, for_write);
+        // A push of a new id (unless admission drops it) fills the slot NewSlot will
+        // take next, the same one for all but the second new id of a stripe in a group.
+        const uint32_t target = slot != nullptr ? *slot : for_write ? NextSlot(s) : kNoSlot;
+        if (target == kNoSlot) continue;
+        PrefetchRow(RowAt(s, target), row_bytes, for_write);
+        // A push also writes the row's stamp, in another line of its block.
+        if (for_write && stamped_) __builtin_prefetch(&StampAt(s, target), 1, 3);
       }
       for (size_t k = 0; k < n; ++k) {
         Stripe& s = *stripes[k];
@@ -748,6 +757,13 @@ class EmbeddingTableImpl final : public EmbeddingTable {
     return reinterpret_cast<uint32_t*>(block + stamps_offset_)[slot % rows_per_block_];
   }
 
+  static constexpr uint32_t kNoSlot = UINT32_MAX;
+  // The slot NewSlot(s, ...) would take now if its block exists already, else kNoSlot.
+  uint32_t NextSlot(Stripe& s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mu) {
+    if (!s.free_slots.empty()) return s.free_slots.back();
+    return s.used_slots / rows_per_block_ < s.blocks.size() ? s.used_slots : kNoSlot;
+  }
+
   float* CreateRow(Stripe& s, int64_t id, uint64_t h) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mu) {
     float* row = RowAt(s, NewSlot(s, id, h));
     InitRow(row, id);
@@ -786,7 +802,10 @@ class EmbeddingTableImpl final : public EmbeddingTable {
     if (stamped_) StampAt(s, slot) = now_stamp();
     const size_t index_bytes = s.index.memory_bytes();
     s.index.Insert(id, h, slot);
-    index_bytes_.fetch_add(s.index.memory_bytes() - index_bytes, std::memory_order_relaxed);
+    // Only when the index grew: an atomic add (a locked instruction) per new row is waste.
+    if (s.index.memory_bytes() != index_bytes) {
+      index_bytes_.fetch_add(s.index.memory_bytes() - index_bytes, std::memory_order_relaxed);
+    }
     rows_.fetch_add(1, std::memory_order_relaxed);
     return slot;
   }
