@@ -4,7 +4,6 @@
 #include <glog/logging.h>
 
 #include <set>
-#include <thread>
 
 #include "absl/memory/memory.h"
 #include "common/base/status_macros.h"
@@ -69,7 +68,7 @@ absl::Status MasterCore::RegisterPod(const RegisterPodRequest& req, RegisterPodR
   bool joined_empty = false;
   std::vector<std::string> tell;  // roles changed by a lost volume: told at once
   RETURN_IF_ERROR(membership_.RegisterPod(req, resp, &joined_empty, &tell));
-  NotifyPods(tell);
+  moves_.NotifyPods(tell);
   // A pod that owns nothing joined (new, or undrained): spread the vshards onto it.
   if (joined_empty) balancer_.RequestRebalance();
   rereplicator_.Wake();  // a pod that may take (or, back, needs) copies
@@ -134,15 +133,9 @@ absl::Status MasterCore::ExpireLeases() {
   const absl::Time now = CurrentTime(options_);
   // After a failover the pods whose role changed learn it now, not at their next heartbeat.
   std::vector<std::string> tell = membership_.ExpireLeases(now);
-  NotifyPods(tell);
+  moves_.NotifyPods(tell);
   if (!tell.empty()) rereplicator_.Wake();  // ack sets shrank: copies to make
   return jobs_.ExpireLeases(now);
-}
-
-void MasterCore::NotifyPods(const std::vector<std::string>& pods) {
-  std::vector<std::thread> threads;
-  for (const std::string& pod : pods) threads.emplace_back([this, pod] { moves_.NotifyPod(pod); });
-  for (std::thread& t : threads) t.join();
 }
 
 absl::Status MasterCore::EnforceRetention() {

@@ -112,8 +112,6 @@ class MasterCore {
   uint64_t worker_lease_losses() const { return jobs_.lease_losses(); }
 
  private:
-  // Sends each of `pods` its assignment now (one thread each), after a change of roles.
-  void NotifyPods(const std::vector<std::string>& pods);
   MasterCore(const MasterOptions& options, std::unique_ptr<MasterStore> store,
              const ClusterConfig& config);
   // Each part loads its own state, in this order: counters, membership (aborting a move

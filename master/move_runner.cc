@@ -65,15 +65,17 @@ void MoveRunner::NotifyPod(const std::string& pod_id) {
   }
 }
 
+void MoveRunner::NotifyPods(const std::vector<std::string>& pods) {
+  std::vector<std::thread> threads;
+  for (const std::string& pod : pods) threads.emplace_back([this, &pod] { NotifyPod(pod); });
+  for (std::thread& t : threads) t.join();
+}
+
 void MoveRunner::NotifyPods(const std::string& source, const std::string& destination,
                             const std::vector<std::string>& others) {
-  std::vector<std::thread> threads;
-  threads.emplace_back([&] { NotifyPod(source); });
-  for (const std::string& pod : others) {
-    threads.emplace_back([this, &pod] { NotifyPod(pod); });
-  }
-  NotifyPod(destination);
-  for (std::thread& t : threads) t.join();
+  std::vector<std::string> pods = {source, destination};
+  pods.insert(pods.end(), others.begin(), others.end());
+  NotifyPods(pods);
 }
 
 void MoveRunner::AbortMove(uint64_t id, const std::vector<std::string>& also_told,

@@ -63,6 +63,9 @@ class MoveRunner {
   // Sends pod `pod_id` its assignment now (best effort: a failure is logged, and the pod's
   // next heartbeat brings it). Also used after a failover.
   void NotifyPod(const std::string& pod_id) ABSL_LOCKS_EXCLUDED(mu_);
+  // Tells each of `pods` its assignment, all at once (NotifyPod each, one thread each);
+  // returns when all answered or failed.
+  void NotifyPods(const std::vector<std::string>& pods) ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
   // MoveVShards (follower false) or FillFollower (true).
@@ -73,8 +76,7 @@ class MoveRunner {
   // (Membership::StartedMove).
   void AbortMove(uint64_t id, const std::vector<std::string>& also_told, const std::string& why)
       ABSL_LOCKS_EXCLUDED(mu_);
-  // Tells `source`, `destination` and `others` their assignments, all at once (NotifyPod
-  // each); returns when all answered or failed.
+  // NotifyPods of `source`, `destination` and `others`.
   void NotifyPods(const std::string& source, const std::string& destination,
                   const std::vector<std::string>& others) ABSL_LOCKS_EXCLUDED(mu_);
   void Remember(MoveInfo info) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
