@@ -39,6 +39,7 @@ absl::Status Cluster::StartMaster() {
   if (options_.replication > 1) {
     argv.push_back(absl::StrCat("--replication=", options_.replication));
   }
+  argv.insert(argv.end(), options_.master_flags.begin(), options_.master_flags.end());
   absl::Status last;
   // The first start takes any port; a restart needs the same one, which the killed
   // process's socket may hold for a moment.

@@ -39,6 +39,8 @@ struct ClusterOptions {
   uint32_t replication = 1;
   // More ps-server flags (e.g. --flush_ms for periodic durability).
   std::vector<std::string> server_flags;
+  // More ps-master flags (e.g. --replication_max_lag_ms).
+  std::vector<std::string> master_flags;
   // The wait for a started server's port (a pod replays its log first).
   absl::Duration start_timeout = absl::Seconds(120);
 };
