@@ -66,6 +66,9 @@ class Cluster {
   // Deletes pod i's data dir (kill it first): its next start is a pod with a lost volume.
   void LosePodData(uint32_t i);
   std::string PodId(uint32_t i) const;
+  // The data dirs the master and pod i start on (to restore a checkpoint into them).
+  std::string MasterDataDir() const { return Path("master-data"); }
+  std::string PodDataDir(uint32_t i) const { return Path(PodId(i) + "-data"); }
 
   // Starts a worker in `slot` (replacing a killed one) training `job`; worker_id 0 for a
   // new id, else a new incarnation of that id. Each process writes its own journal
