@@ -66,7 +66,9 @@ absl::Status MasterCore::Load() {
 
 absl::Status MasterCore::RegisterPod(const RegisterPodRequest& req, RegisterPodResponse* resp) {
   bool joined_empty = false;
-  std::vector<std::string> tell;  // roles changed by a lost volume: told at once
+  // Roles changed by a lost volume, and the primaries streaming to a pod at a new address:
+  // told at once.
+  std::vector<std::string> tell;
   RETURN_IF_ERROR(membership_.RegisterPod(req, resp, &joined_empty, &tell));
   moves_.NotifyPods(tell);
   // A pod that owns nothing joined (new, or undrained): spread the vshards onto it.

@@ -107,6 +107,9 @@ class MasterCore {
   // for tests. And its counts since Open, for metrics and status. Thread-safe.
   absl::Status Rereplicate() { return rereplicator_.RunOnce(); }
   Rereplicator::Stats rereplication_stats() const { return rereplicator_.stats(); }
+  // Vshard copies taken out of ack sets for being beyond R (Rereplicator's trims) since
+  // Open; for metrics. Thread-safe.
+  uint64_t ack_set_removals_surplus() const { return membership_.ack_set_removals_surplus(); }
   // Leases that ran out since Open (pods, workers); for metrics. Thread-safe.
   uint64_t pod_lease_losses() const { return membership_.lease_losses(); }
   uint64_t worker_lease_losses() const { return jobs_.lease_losses(); }

@@ -7,6 +7,9 @@
 #include <algorithm>
 #include <filesystem>
 #include <map>
+#include <set>
+#include <string>
+#include <vector>
 
 #include "absl/strings/match.h"
 #include "gtest/gtest.h"
@@ -935,6 +938,74 @@ TEST_F(MasterCoreTest, LeftAndLostWorkersAreForgottenAndTheirIdsNotReused) {
   auto picked = AddWorker(UINT64_MAX - 1);
   EXPECT_EQ(picked.worker_id(), again.worker_id() + 1);
   EXPECT_EQ(AddWorker().worker_id(), again.worker_id() + 2);
+}
+
+// R = 2 over three pods (ps-i leads vshards [16i/3 ..], followed by the next pod of the
+// ring), on a fresh data dir: rounds of re-replication run when the test says.
+class ReplicatedMasterCoreTest : public MasterCoreTest {
+ protected:
+  void SetUp() override {
+    MasterCoreTest::SetUp();
+    core_.reset();
+    std::filesystem::remove_all(dir_);
+    MasterOptions o = Options();
+    o.num_ps = 3;
+    o.replication = 2;
+    o.rereplicate_interval = absl::ZeroDuration();
+    auto core = MasterCore::Open(o);
+    ASSERT_TRUE(core.ok()) << core.status();
+    core_ = *std::move(core);
+  }
+  // Vshard -> its pods (primary first), as the map says.
+  std::vector<std::vector<std::string>> Copies() {
+    ShardMapResponse map;
+    EXPECT_TRUE(core_->GetShardMap(GetShardMapRequest(), &map).ok());
+    std::vector<std::vector<std::string>> out(map.owner_size());
+    for (int v = 0; v < map.owner_size(); ++v) {
+      out[v].push_back(map.pods(map.owner(v)).pod_id());
+      for (uint32_t f : map.followers(v).pods()) out[v].push_back(map.pods(f).pod_id());
+    }
+    return out;
+  }
+};
+
+// A follower that registers is told to its live primaries at once (they stream to its
+// address), not at their next heartbeat, a third of a lease later.
+TEST_F(ReplicatedMasterCoreTest, APrimaryLearnsItsFollowersAddressWhenItRegisters) {
+  AddPod("ps-0");
+  {
+    absl::MutexLock lock(&pods_->mu);
+    pods_->assignments.clear();
+  }
+  AddPod("ps-1");  // follows ps-0's vshards
+  absl::MutexLock lock(&pods_->mu);
+  auto told = pods_->assignments.find("ps-0:1");
+  ASSERT_NE(told, pods_->assignments.end()) << "ps-0 was not told that its follower registered";
+  std::map<std::string, std::string> followers;
+  for (const ReplicaPeer& p : told->second.replication().followers()) {
+    followers[p.pod_id()] = p.address();
+  }
+  EXPECT_EQ(followers["ps-1"], "ps-1:1");
+  // ps-2 never registered: nobody streams from it, so nobody was told it at ps-1's start.
+  EXPECT_EQ(pods_->assignments.count("ps-2:1"), 0u);
+}
+
+// Pods started in turn: ps-2 has not registered when re-replication runs, so ps-1's
+// vshards (followed by ps-2) get a copy on ps-0; the round then trims ps-2, which is not
+// live, from their ack sets. When ps-2 registers, no vshard has more than R copies.
+TEST_F(ReplicatedMasterCoreTest, ACopyMadeForAFollowerNotYetStartedLeavesRCopies) {
+  AddPod("ps-0");
+  AddPod("ps-1");
+  ASSERT_TRUE(core_->Rereplicate().ok());
+  EXPECT_GT(core_->rereplication_stats().copies, 0u);
+  AddPod("ps-2");
+  ASSERT_TRUE(core_->Rereplicate().ok());
+  for (const auto& pods : Copies()) {
+    std::set<std::string> distinct(pods.begin(), pods.end());
+    EXPECT_EQ(distinct.size(), pods.size());
+    EXPECT_EQ(pods.size(), 2u) << "vshard of " << pods[0] << " has " << pods.size() << " copies";
+  }
+  EXPECT_GT(core_->ack_set_removals_surplus(), 0u);
 }
 
 }  // namespace

@@ -2,7 +2,9 @@
 
 #include <algorithm>
 #include <map>
+#include <set>
 #include <string>
+#include <vector>
 
 #include "absl/strings/ascii.h"
 
@@ -68,26 +70,39 @@ void AddMasterMetrics(MasterCore* core, MetricsRegistry* registry) {
     w->Sample({}, r.failovers());
     w->Family("ps_master_ack_set_removals_total",
               "Vshard copies taken out of ack sets since the master started, by cause: the "
-              "the follower was lost (its lease ran out, or it came back without its data), or its "
-              "primary reported it lagging or unreachable.",
+              "follower was lost (its lease ran out, or it came back without its data), its "
+              "primary reported it lagging or unreachable, or the vshard had more than R "
+              "copies (surplus).",
               C);
     w->Sample({{"cause", "lost"}}, r.removed_lease());
     w->Sample({{"cause", "lag"}}, r.removed_lag());
+    w->Sample({{"cause", "surplus"}}, core->ack_set_removals_surplus());
     w->Family("ps_master_under_replicated_vshards", "Vshards with fewer copies than the factor.",
               G);
     w->Sample({}, r.under_replicated_vshards());
-    w->Family("ps_master_replication_lag_seconds",
-              "A follower's lag as its primary last reported it (its oldest record not yet "
-              "acknowledged).",
-              G);
+    // A LOST primary reports no more: its last report stays in status (marked there, for
+    // ps-admin, and used to pick whom a failover promotes) but is not exported, or its
+    // series would show a frozen lag for streams that no longer exist.
+    std::set<std::string> lost;
+    for (const PodInfo& p : s.pods()) {
+      if (p.state() == PodInfo::LOST) lost.insert(p.pod_id());
+    }
+    std::vector<const ReplicaLag*> lags;
     for (const ReplicaLag& l : r.lags()) {
-      w->Sample({{"primary", l.primary()}, {"follower", l.lag().follower()}},
-                l.lag().lag_ms() / 1000.0);
+      if (lost.count(l.primary()) == 0) lags.push_back(&l);
+    }
+    w->Family("ps_master_replication_lag_seconds",
+              "A follower's lag as its live primary last reported it (its oldest record not "
+              "yet acknowledged).",
+              G);
+    for (const ReplicaLag* l : lags) {
+      w->Sample({{"primary", l->primary()}, {"follower", l->lag().follower()}},
+                l->lag().lag_ms() / 1000.0);
     }
     w->Family("ps_master_replication_lag_records",
-              "Records a follower had not yet acknowledged, as its primary last reported.", G);
-    for (const ReplicaLag& l : r.lags()) {
-      w->Sample({{"primary", l.primary()}, {"follower", l.lag().follower()}}, l.lag().records());
+              "Records a follower had not yet acknowledged, as its live primary last reported.", G);
+    for (const ReplicaLag* l : lags) {
+      w->Sample({{"primary", l->primary()}, {"follower", l->lag().follower()}}, l->lag().records());
     }
 
     // Vshard moves (live migration): in progress, and the last drain / rebalance.

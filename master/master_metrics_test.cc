@@ -6,11 +6,13 @@
 #include <stdlib.h>
 
 #include <filesystem>
+#include <memory>
 #include <string>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
+#include "master/pod_control.h"
 
 namespace ps {
 namespace {
@@ -177,6 +179,95 @@ TEST(MasterReplicationMetricsTest, LagReportsAndAckSetRemovals) {
     EXPECT_TRUE(has("ps_master_ack_set_removals_total{cause=\"lost\"} 0"));
     EXPECT_TRUE(has("ps_master_under_replicated_vshards 2"));
     EXPECT_TRUE(has("ps_master_failovers_total 0"));
+  }
+  std::filesystem::remove_all(dir);
+}
+
+// Answers every call OK: the pods the master tells of a failover.
+class AcceptingPods final : public PodControl {
+ public:
+  absl::Status ApplyAssignment(const std::string&, const Assignment&) override {
+    return absl::OkStatus();
+  }
+  absl::Status MigrateBegin(const std::string&, const MigrateBeginRequest&,
+                            MigrateBeginResponse*) override {
+    return absl::OkStatus();
+  }
+  absl::Status MigrateImport(const std::string&, const MigrateImportRequest&,
+                             MigrateImportResponse*) override {
+    return absl::OkStatus();
+  }
+  absl::Status Checkpoint(const std::string&, const PodCheckpointRequest&,
+                          PodCheckpointResponse*) override {
+    return absl::OkStatus();
+  }
+};
+
+// R = 2 over two pods, both reporting their follower's lag; then ps-0's lease runs out.
+// Its series go (it reports no more: a frozen lag would page for a stream that no longer
+// exists), ps-1's stay, and status keeps ps-0's last report (ps-admin marks it).
+TEST(MasterReplicationMetricsTest, ALostPrimarysLagSeriesAreDropped) {
+  std::string dir = std::filesystem::temp_directory_path() / "master_metrics_test.XXXXXX";
+  ASSERT_NE(mkdtemp(dir.data()), nullptr);
+  {
+    absl::Time now = absl::FromUnixSeconds(1'000'000);
+    MasterOptions o;
+    o.data_dir = dir;
+    o.num_vshards = 4;
+    o.num_ps = 2;
+    o.replication = 2;
+    o.lease = absl::Seconds(1);
+    o.replication_max_lag = absl::Seconds(10);
+    o.retention_interval = absl::ZeroDuration();
+    o.rereplicate_interval = absl::ZeroDuration();
+    o.clock = [&now] { return now; };
+    o.pod_control = std::make_shared<AcceptingPods>();
+    auto core = MasterCore::Open(o);
+    ASSERT_TRUE(core.ok()) << core.status();
+    MetricsRegistry registry;
+    AddMasterMetrics(core->get(), &registry);
+    auto has = [&](const std::string& text) {
+      return absl::StrContains(absl::StrCat("\n", registry.Render()), absl::StrCat("\n", text));
+    };
+    for (int i = 0; i < 2; ++i) {
+      RegisterPodRequest req;
+      req.set_pod_id(absl::StrCat("ps-", i));
+      req.set_address(absl::StrCat("h:", i));
+      RegisterPodResponse resp;
+      ASSERT_TRUE((*core)->RegisterPod(req, &resp).ok());
+    }
+    auto report = [&](int pod, int follower) {
+      PodHeartbeatRequest req;
+      req.set_pod_id(absl::StrCat("ps-", pod));
+      req.set_address(absl::StrCat("h:", pod));
+      FollowerLag* f = req.add_followers();
+      f->set_follower(absl::StrCat("ps-", follower));
+      f->set_records(5);
+      f->set_lag_ms(250);
+      PodHeartbeatResponse resp;
+      ASSERT_TRUE((*core)->PodHeartbeat(req, &resp).ok());
+    };
+    report(0, 1);
+    report(1, 0);
+    const std::string ps0 = "ps_master_replication_lag_seconds{primary=\"ps-0\"";
+    const std::string ps0_records = "ps_master_replication_lag_records{primary=\"ps-0\"";
+    const std::string ps1 = "ps_master_replication_lag_seconds{primary=\"ps-1\"";
+    EXPECT_TRUE(has(ps0)) << registry.Render();
+    EXPECT_TRUE(has(ps1)) << registry.Render();
+
+    now += absl::Milliseconds(600);
+    report(1, 0);  // ps-1 stays live; ps-0 falls silent
+    now += absl::Milliseconds(600);
+    ASSERT_TRUE((*core)->ExpireLeases().ok());
+    EXPECT_FALSE(has(ps0)) << registry.Render();
+    EXPECT_FALSE(has(ps0_records)) << registry.Render();
+    EXPECT_TRUE(has(ps1)) << registry.Render();
+    EXPECT_TRUE(has("ps_master_pods{state=\"lost\"} 1")) << registry.Render();
+    StatusResponse status;
+    ASSERT_TRUE((*core)->Status(StatusRequest(), &status).ok());
+    bool kept = false;
+    for (const ReplicaLag& l : status.replication().lags()) kept = kept || l.primary() == "ps-0";
+    EXPECT_TRUE(kept) << "status lost ps-0's last report, which ps-admin shows (marked LOST)";
   }
   std::filesystem::remove_all(dir);
 }

@@ -151,6 +151,13 @@ absl::Status Membership::RegisterPod(const RegisterPodRequest& req, RegisterPodR
               << map_.epoch();
     // A pod that owns nothing joined (new, or undrained): spread the vshards onto it.
     if (joined_empty != nullptr) *joined_empty = OwnedBy(req.pod_id()) == 0;
+    // Its primaries stream to it at its address: told now, not at their next heartbeat (a
+    // third of a lease away, while their pushes wait for it and its lag passes the bound).
+    if (tell != nullptr) {
+      for (std::string& primary : LivePrimariesFollowedBy(req.pod_id(), now)) {
+        tell->push_back(std::move(primary));
+      }
+    }
   } else if (!req.storage_id().empty() && it->second.record.storage_id() != req.storage_id()) {
     RETURN_IF_ERROR(RecordStorage(req.pod_id(), req.storage_id()));
   }
@@ -236,6 +243,16 @@ std::vector<std::string> Membership::KnownPodIds() const {
   std::vector<std::string> out(ids.begin(), ids.end());
   std::sort(out.begin(), out.end(), PodIdLess);
   return out;
+}
+
+std::vector<std::string> Membership::LivePrimariesFollowedBy(const std::string& pod_id,
+                                                             absl::Time now) const {
+  std::set<std::string> primaries;
+  for (int v = 0; v < map_.followers_size() && v < map_.owner_size(); ++v) {
+    const std::string& owner = map_.owner(v);
+    if (owner != pod_id && InAckSet(v, pod_id) && Live(owner, now)) primaries.insert(owner);
+  }
+  return std::vector<std::string>(primaries.begin(), primaries.end());
 }
 
 uint32_t Membership::OwnedBy(const std::string& pod_id) const {

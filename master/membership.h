@@ -54,7 +54,8 @@ class Membership {
   // lost; membership_replicas.cc), or at R >= 2 with `log_tail_lost` (its log may lack
   // records it acknowledged before a crash), has its copies forgotten as ExpireLeases
   // does, at once; the pods whose role that changed are appended to `*tell` (when not
-  // null).
+  // null), and so are, when it registers at a new address, the primaries it follows
+  // (their streams to it need that address).
   absl::Status RegisterPod(const RegisterPodRequest& req, RegisterPodResponse* resp,
                            bool* joined_empty, std::vector<std::string>* tell = nullptr)
       ABSL_LOCKS_EXCLUDED(mu_);
@@ -134,6 +135,18 @@ class Membership {
   // The moves in flight (state COPYING), for status.
   std::vector<MoveInfo> MovesInFlight() const ABSL_LOCKS_EXCLUDED(mu_);
 
+  // Takes the followers `drops` lists (vshard -> pods; rereplicate_plan.h PlanTrims) out
+  // of the vshards' ack sets, in one synced write, epoch + 1, logged and counted; only
+  // while a vshard's ack set still names more than R - 1 pods, its primary is live and no
+  // move in flight touches it (anything else is skipped: the next round plans again).
+  // Returns the pods to tell: the primaries (they stop streaming to the dropped pods) and
+  // the dropped pods that are live (they drop the rows). Store errors as they come, nothing
+  // changed.
+  absl::StatusOr<std::vector<std::string>> TrimAckSets(
+      const std::map<uint32_t, std::vector<std::string>>& drops) ABSL_LOCKS_EXCLUDED(mu_);
+  // Vshard copies TrimAckSets took out of ack sets since this master started.
+  uint64_t ack_set_removals_surplus() const { return removed_surplus_.load(); }
+
   struct AddressedAssignment {
     std::string address;
     PodAssignment assignment;
@@ -165,6 +178,10 @@ class Membership {
   PodInfo DescribePod(const std::string& pod_id, absl::Time now) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   uint32_t OwnedBy(const std::string& pod_id) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The live primaries (as of `now`) of the vshards whose ack set names `pod_id`, but
+  // itself, each once: the pods that stream to it.
+  std::vector<std::string> LivePrimariesFollowedBy(const std::string& pod_id, absl::Time now) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   bool Live(const std::string& pod_id, absl::Time now) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   std::vector<MoveInfo> MovesInFlightLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Whether `pod_id` is in vshard v's ack set.
@@ -228,7 +245,7 @@ class Membership {
   std::map<uint64_t, MoveRecord> moves_ ABSL_GUARDED_BY(mu_);  // in flight: at most one
   std::atomic<uint64_t> lease_losses_{0};
   std::atomic<uint64_t> failovers_{0};
-  std::atomic<uint64_t> removed_lease_{0}, removed_lag_{0};
+  std::atomic<uint64_t> removed_lease_{0}, removed_lag_{0}, removed_surplus_{0};
   struct LagReport {
     absl::Time at;
     std::vector<FollowerLag> followers;

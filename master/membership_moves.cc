@@ -1,10 +1,16 @@
-// Membership: the move in flight. The protocol around these map changes (telling the pods,
-// the copy, aborting on failure) is MoveRunner's (move_runner.h).
+// Membership: the move in flight, and the trim of ack sets beyond R - 1 (re-replication's
+// other map change). The protocol around a move's map changes (telling the pods, the copy,
+// aborting on failure) is MoveRunner's (move_runner.h).
+#include <glog/logging.h>
+
 #include <algorithm>
+#include <map>
+#include <set>
 #include <string>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "common/base/status_macros.h"
 #include "master/keys.h"
 #include "master/membership.h"
@@ -145,6 +151,48 @@ absl::StatusOr<std::optional<Membership::AbortedMove>> Membership::AbortMove(uin
   AbortedMove out{std::move(it->second), map_.epoch()};
   moves_.erase(it);
   return out;
+}
+
+absl::StatusOr<std::vector<std::string>> Membership::TrimAckSets(
+    const std::map<uint32_t, std::vector<std::string>>& drops) {
+  absl::MutexLock lock(&mu_);
+  const absl::Time now = Now();
+  const size_t wanted = config_.replication() >= 2 ? config_.replication() - 1 : 0;
+  std::set<uint32_t> moving;
+  for (const auto& [id, move] : moves_) moving.insert(move.vshards().begin(), move.vshards().end());
+  ShardMapRecord next = map_;
+  std::set<std::string> tell;
+  std::map<std::string, std::vector<uint32_t>> dropped;  // follower -> vshards
+  uint32_t removed = 0;
+  for (const auto& [v, pods] : drops) {
+    if (v >= static_cast<uint32_t>(next.followers_size()) || moving.count(v) > 0 ||
+        !Live(next.owner(v), now)) {
+      continue;
+    }
+    ReplicaSet* set = next.mutable_followers(v);
+    for (const std::string& f : pods) {
+      if (static_cast<size_t>(set->pods_size()) <= wanted) break;
+      auto it = std::find(set->pods().begin(), set->pods().end(), f);
+      if (it == set->pods().end()) continue;
+      set->mutable_pods()->erase(set->mutable_pods()->begin() + (it - set->pods().begin()));
+      ++removed;
+      dropped[f].push_back(v);
+      tell.insert(next.owner(v));
+      if (Live(f, now)) tell.insert(f);
+    }
+  }
+  if (removed == 0) return std::vector<std::string>();
+  next.set_epoch(next.epoch() + 1);
+  RETURN_IF_ERROR(WriteMap(StoreBatch(), std::move(next)));
+  removed_surplus_.fetch_add(removed);
+  for (const auto& [f, vshards] : dropped) {
+    LOG(WARNING) << "ACK SET: " << f << " removed from the ack set of " << vshards.size()
+                 << " vshards (" << absl::StrJoin(vshards, ",") << ") at epoch " << map_.epoch()
+                 << ": they had more than R = " << config_.replication()
+                 << " copies (e.g. a follower registered after re-replication had filled its place)"
+                 << (Live(f, now) ? "; it drops their rows" : "; it is not live");
+  }
+  return std::vector<std::string>(tell.begin(), tell.end());
 }
 
 bool Membership::InAckSet(uint32_t v, const std::string& pod_id) const {

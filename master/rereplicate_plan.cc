@@ -82,4 +82,25 @@ MovePlan PlanFills(const ClusterView& view, uint32_t per_move) {
   return plan;
 }
 
+std::map<uint32_t, std::vector<std::string>> PlanTrims(const ClusterView& view) {
+  std::map<uint32_t, std::vector<std::string>> out;
+  if (view.replication < 2 || view.followers.size() != view.owner.size()) return out;
+  const size_t wanted = view.replication - 1;  // followers per vshard
+  for (uint32_t v = 0; v < view.owner.size(); ++v) {
+    const std::vector<std::string>& set = view.followers[v];
+    if (set.size() <= wanted || !view.Live(view.owner[v])) continue;
+    size_t surplus = set.size() - wanted;
+    std::vector<std::string>& drop = out[v];
+    for (bool live : {false, true}) {  // the pods not live first, then the live ones
+      for (auto f = set.rbegin(); f != set.rend() && surplus > 0; ++f) {
+        if (view.Live(*f) == live) {
+          drop.push_back(*f);
+          --surplus;
+        }
+      }
+    }
+  }
+  return out;
+}
+
 }  // namespace ps

@@ -1,8 +1,10 @@
-// PlanFills: which vshards get another copy, and where.
+// PlanFills: which vshards get another copy, and where. PlanTrims: which copies beyond R go.
 #include "master/rereplicate_plan.h"
 
 #include <map>
 #include <set>
+#include <string>
+#include <vector>
 
 #include "gtest/gtest.h"
 
@@ -97,6 +99,40 @@ TEST(PlanFillsTest, ThreeCopiesGetTwoDistinctFollowers) {
   auto two = Copies(PlanFills(bare, 4));
   EXPECT_EQ(two.size(), 2u);
   EXPECT_EQ(two.count("a"), 0u);
+}
+
+TEST(PlanTrimsTest, NothingWhenNoAckSetIsBeyondR) {
+  EXPECT_TRUE(PlanTrims(View(1, {"a", "b"}, {{}, {}}, {"a", "b"})).empty());
+  EXPECT_TRUE(PlanTrims(View(2, {"a", "b"}, {{"b"}, {"a"}}, {"a", "b"})).empty());
+  EXPECT_TRUE(PlanTrims(View(3, {"a", "b"}, {{"b", "c"}, {"a"}}, {"a", "b", "c"})).empty());
+}
+
+TEST(PlanTrimsTest, TheLatestLiveFollowerGoesAndTheLongestStandingStays) {
+  // Pods started in turn: b's vshards 1-2 were filled onto a before c, their ring follower,
+  // registered; now all are live and vshards 1-2 have 3 copies at R = 2.
+  const ClusterView view =
+      View(2, {"a", "b", "b", "c"}, {{"b"}, {"c", "a"}, {"c", "a"}, {"a"}}, {"a", "b", "c"});
+  const auto drops = PlanTrims(view);
+  const std::map<uint32_t, std::vector<std::string>> want = {{1, {"a"}}, {2, {"a"}}};
+  EXPECT_EQ(drops, want);
+}
+
+TEST(PlanTrimsTest, AFollowerNotLiveGoesFirst) {
+  // c (in the ack set first) never registered; a, the copy made in its place, is live.
+  ClusterView view = View(2, {"a", "b"}, {{"b"}, {"c", "a"}}, {"a", "b"});
+  view.registered.erase("c");
+  const std::map<uint32_t, std::vector<std::string>> want = {{1, {"c"}}};
+  EXPECT_EQ(PlanTrims(view), want);
+  // R = 3: four followers, one lost: the lost one and then the latest live one.
+  const ClusterView three = View(3, {"a"}, {{"b", "c", "d", "e"}}, {"a", "b", "d", "e"});
+  const std::map<uint32_t, std::vector<std::string>> want3 = {{0, {"c", "e"}}};
+  EXPECT_EQ(PlanTrims(three), want3);
+}
+
+TEST(PlanTrimsTest, VShardsOfAPrimaryNotLiveAreLeftToTheFailover) {
+  const ClusterView view = View(2, {"a", "b"}, {{"b", "c"}, {"a", "c"}}, {"b", "c"});
+  const std::map<uint32_t, std::vector<std::string>> want = {{1, {"c"}}};
+  EXPECT_EQ(PlanTrims(view), want);
 }
 
 }  // namespace

@@ -3,9 +3,13 @@
 #include <glog/logging.h>
 
 #include <algorithm>
+#include <map>
+#include <string>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/base/status_macros.h"
 #include "master/operation_lock.h"
 #include "master/rereplicate_plan.h"
 
@@ -48,7 +52,24 @@ void Rereplicator::Loop(absl::Duration interval) {
   }
 }
 
+absl::Status Rereplicator::Trim() {
+  std::map<uint32_t, std::vector<std::string>> drops = PlanTrims(membership_->View());
+  if (drops.empty()) return absl::OkStatus();
+  std::vector<std::string> tell;
+  {
+    // A drain plans from a view: its follower moves name the followers it saw.
+    OperationLock op(operation_mu_);
+    if (!op.held()) {
+      return absl::AbortedError("a drain, rebalance or checkpoint is running; trims wait");
+    }
+    ASSIGN_OR_RETURN(tell, membership_->TrimAckSets(drops));
+  }
+  runner_->NotifyPods(tell);
+  return absl::OkStatus();
+}
+
 absl::Status Rereplicator::RunOnce() {
+  RETURN_IF_ERROR(Trim());
   MovePlan plan = PlanFills(membership_->View(), options_.vshards_per_move);
   if (plan.empty()) return absl::OkStatus();
   LOG(INFO) << "re-replication: " << plan.vshards << " vshard copies missing, in "
@@ -71,7 +92,9 @@ absl::Status Rereplicator::RunOnce() {
     rows_.fetch_add(done->rows());
     bytes_.fetch_add(done->bytes());
   }
-  return absl::OkStatus();
+  // A copy may have filled the place of a follower that is not live yet (never started):
+  // once it commits, that one is the surplus.
+  return Trim();
 }
 
 Rereplicator::Stats Rereplicator::stats() const {

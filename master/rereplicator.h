@@ -6,6 +6,10 @@
 // dropped follower that comes back is filled the same way (its old rows are older than
 // the copy's and are replaced; the install rule decides by step).
 //
+// Copies beyond R (a copy filled for a follower that registered later, pods started one
+// after another) are trimmed the same way: the surplus follower leaves the ack sets
+// (Membership::TrimAckSets) and drops the rows when told.
+//
 // Rounds run every `interval` and when Wake() is called (a pod registered, a failover).
 // Each copy holds the operation lock (operation_lock.h), so a drain, rebalance or
 // checkpoint never interleaves with one; a round that finds an operation running, or a
@@ -46,10 +50,11 @@ class Rereplicator {
   void Start(absl::Duration interval) ABSL_LOCKS_EXCLUDED(mu_);
   // Asks for a round now. Does not wait.
   void Wake() ABSL_LOCKS_EXCLUDED(mu_);
-  // One round, on the caller's thread: plans the missing copies and runs them in order.
-  // OK when every planned copy committed (or none was needed); ABORTED when an operation
-  // or a move was running; else the first failed copy's error (the rest wait for the next
-  // round). For the thread and tests.
+  // One round, on the caller's thread: trims ack sets beyond R - 1 (PlanTrims), plans the
+  // missing copies and runs them in order, then trims again (a copy may have filled the
+  // place of a follower that is not live). OK when every planned copy committed (or none
+  // was needed); ABORTED when an operation or a move was running; else the first failed
+  // step's error (the rest wait for the next round). For the thread and tests.
   absl::Status RunOnce();
 
   // Copies committed and failed since the start; rows and bytes the committed ones copied.
@@ -60,6 +65,9 @@ class Rereplicator {
 
  private:
   void Loop(absl::Duration interval) ABSL_LOCKS_EXCLUDED(mu_);
+  // Takes the surplus followers out of the ack sets (PlanTrims, Membership::TrimAckSets)
+  // under the operation lock, and tells the pods concerned. ABORTED while an operation runs.
+  absl::Status Trim();
 
   const MasterOptions& options_;
   Membership* const membership_;

@@ -142,14 +142,14 @@ TEST(FollowerReadTest, ReadOnlyPullsAreServedByFollowersWhileThePrimaryIsDown) {
 
 // A new cluster's first primary learns its follower's address when the follower
 // registers, so its first push is acknowledged with the follower in the ack set: nothing
-// is removed for lag and every vshard keeps two copies. DISABLED: today the master tells a
-// primary its follower's new address only at the primary's next heartbeat (a third of the
-// lease: 10 s here); ps-0 streams to an empty address meanwhile, reports the follower
-// behind once the push has waited --replication_max_lag_ms (3 s), and the master removes
-// ps-1 from the ack set of ps-0's vshards ("ACK SET: ps-1 removed ... 3080 ms behind"),
-// which then wait for re-replication. With the production lease (10 s: heartbeats every
-// 3.3 s) the same happens on every new cluster. Run it with --gtest_also_run_disabled_tests.
-TEST(FollowerReadTest, DISABLED_AFirstPrimaryKnowsItsFollowerOnceTheFollowerRegisters) {
+// is removed for lag and every vshard keeps two copies. The lease is 30 s, so the
+// primary's next heartbeat (10 s away) cannot be what tells it: before the master told the
+// primaries of a registering follower at once, ps-0 streamed to an empty address, the
+// push waited --replication_max_lag_ms (3 s) and the master removed ps-1 from the ack set
+// ("ACK SET: ps-1 removed ... 3080 ms behind"); with the production lease (10 s) the same
+// happened on every new cluster. Nothing is asserted on timing: a push that waits on a
+// busy machine is fine, one that drops the follower for lag is not.
+TEST(FollowerReadTest, AFirstPrimaryKnowsItsFollowerOnceTheFollowerRegisters) {
   TempDir dir("ps-follower-address");
   ASSERT_FALSE(dir.path().empty());
   chaos::ClusterOptions co;

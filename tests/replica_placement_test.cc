@@ -2,14 +2,15 @@
 // loopback): the pods start one after the other, as a StatefulSet's do, and once all are
 // live and no follower copy is running, every vshard has exactly R copies.
 //
-// DISABLED: it fails today. When ps-1 registers before ps-2 ever has, the vshards ps-1
-// leads name ps-2 (not yet registered) as their follower; re-replication counts them short
-// of a copy and fills ps-0 as their follower at once ("follower copy ... ps-1 -> ps-0");
-// when ps-2 registers it stays in their ack set too, and nothing trims the third copy
-// (`ps-admin shards`: "6-10  ps-1  ps-2,ps-0  3/2"). The extra copy costs ps-1 a second
-// stream, and a vshard on every pod blocks drains ("cannot drain ps-0: no other live pod
+// Before the fix it failed: when ps-1 registered before ps-2 ever had, the vshards ps-1
+// leads named ps-2 (not yet registered) as their follower; re-replication counted them
+// short of a copy and filled ps-0 as their follower ("follower copy ... ps-1 -> ps-0");
+// when ps-2 registered it stayed in their ack set too, and nothing trimmed the third copy
+// (`ps-admin shards`: "6-10  ps-1  ps-2,ps-0  3/2"). The extra copy cost ps-1 a second
+// stream, and a vshard on every pod blocked drains ("cannot drain ps-0: no other live pod
 // can take its copy of vshard 22 (every one already holds it)", ps-chaos --replication=2
-// --seed=9). Run it with --gtest_also_run_disabled_tests. Nothing is asserted on timing.
+// --seed=9). Re-replication now trims ack sets beyond R - 1 (master/rereplicate_plan.h,
+// PlanTrims). Nothing is asserted on timing.
 #include <string>
 
 #include "absl/strings/str_cat.h"
@@ -31,7 +32,7 @@ std::string Binary(const char* env, const char* built) {
   return v != nullptr && *v != '\0' ? v : built;
 }
 
-TEST(ReplicaPlacementTest, DISABLED_PodsStartedInTurnGiveEveryVShardExactlyRCopies) {
+TEST(ReplicaPlacementTest, PodsStartedInTurnGiveEveryVShardExactlyRCopies) {
   TempDir dir("ps-replica-placement");
   ASSERT_FALSE(dir.path().empty());
   chaos::ClusterOptions co;
