@@ -70,7 +70,8 @@ absl::Status MasterCore::RegisterPod(const RegisterPodRequest& req, RegisterPodR
   // told at once.
   std::vector<std::string> tell;
   RETURN_IF_ERROR(membership_.RegisterPod(req, resp, &joined_empty, &tell));
-  moves_.NotifyPods(tell);
+  // Not waited for: a primary that does not answer must not hold up the registration.
+  moves_.NotifyPodsSoon(tell);
   // A pod that owns nothing joined (new, or undrained): spread the vshards onto it.
   if (joined_empty) balancer_.RequestRebalance();
   rereplicator_.Wake();  // a pod that may take (or, back, needs) copies

@@ -978,7 +978,15 @@ TEST_F(ReplicatedMasterCoreTest, APrimaryLearnsItsFollowersAddressWhenItRegister
     pods_->assignments.clear();
   }
   AddPod("ps-1");  // follows ps-0's vshards
+  // Told from the master's notifier thread, after the registration's answer: waited for
+  // (the bound only keeps a broken build from hanging).
   absl::MutexLock lock(&pods_->mu);
+  pods_->mu.AwaitWithTimeout(absl::Condition(
+                                 +[](FakePodControl* p) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+                                   return p->assignments.count("ps-0:1") > 0;
+                                 },
+                                 pods_.get()),
+                             absl::Seconds(60));
   auto told = pods_->assignments.find("ps-0:1");
   ASSERT_NE(told, pods_->assignments.end()) << "ps-0 was not told that its follower registered";
   std::map<std::string, std::string> followers;

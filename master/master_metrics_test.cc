@@ -127,6 +127,26 @@ TEST_F(MasterMetricsTest, ReplicationSeriesExistWithoutReplication) {
   EXPECT_TRUE(Has("ps_master_under_replicated_vshards 0"));
 }
 
+// Answers every call OK: the pods the master tells of a registration or a failover.
+class AcceptingPods final : public PodControl {
+ public:
+  absl::Status ApplyAssignment(const std::string&, const Assignment&) override {
+    return absl::OkStatus();
+  }
+  absl::Status MigrateBegin(const std::string&, const MigrateBeginRequest&,
+                            MigrateBeginResponse*) override {
+    return absl::OkStatus();
+  }
+  absl::Status MigrateImport(const std::string&, const MigrateImportRequest&,
+                             MigrateImportResponse*) override {
+    return absl::OkStatus();
+  }
+  absl::Status Checkpoint(const std::string&, const PodCheckpointRequest&,
+                          PodCheckpointResponse*) override {
+    return absl::OkStatus();
+  }
+};
+
 // R = 2 over two pods (ps-0 owns vshards 0-1, followed by ps-1; ps-1 owns 2-3, followed by
 // ps-0): ps-0 reports ps-1 under the bound, then beyond it.
 TEST(MasterReplicationMetricsTest, LagReportsAndAckSetRemovals) {
@@ -141,6 +161,7 @@ TEST(MasterReplicationMetricsTest, LagReportsAndAckSetRemovals) {
     o.lease = absl::Seconds(60);
     o.replication_max_lag = absl::Seconds(1);
     o.retention_interval = absl::ZeroDuration();
+    o.pod_control = std::make_shared<AcceptingPods>();
     auto core = MasterCore::Open(o);
     ASSERT_TRUE(core.ok()) << core.status();
     MetricsRegistry registry;
@@ -182,26 +203,6 @@ TEST(MasterReplicationMetricsTest, LagReportsAndAckSetRemovals) {
   }
   std::filesystem::remove_all(dir);
 }
-
-// Answers every call OK: the pods the master tells of a failover.
-class AcceptingPods final : public PodControl {
- public:
-  absl::Status ApplyAssignment(const std::string&, const Assignment&) override {
-    return absl::OkStatus();
-  }
-  absl::Status MigrateBegin(const std::string&, const MigrateBeginRequest&,
-                            MigrateBeginResponse*) override {
-    return absl::OkStatus();
-  }
-  absl::Status MigrateImport(const std::string&, const MigrateImportRequest&,
-                             MigrateImportResponse*) override {
-    return absl::OkStatus();
-  }
-  absl::Status Checkpoint(const std::string&, const PodCheckpointRequest&,
-                          PodCheckpointResponse*) override {
-    return absl::OkStatus();
-  }
-};
 
 // R = 2 over two pods, both reporting their follower's lag; then ps-0's lease runs out.
 // Its series go (it reports no more: a frozen lag would page for a stream that no longer

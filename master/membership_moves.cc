@@ -186,11 +186,12 @@ absl::StatusOr<std::vector<std::string>> Membership::TrimAckSets(
   RETURN_IF_ERROR(WriteMap(StoreBatch(), std::move(next)));
   removed_surplus_.fetch_add(removed);
   for (const auto& [f, vshards] : dropped) {
-    LOG(WARNING) << "ACK SET: " << f << " removed from the ack set of " << vshards.size()
-                 << " vshards (" << absl::StrJoin(vshards, ",") << ") at epoch " << map_.epoch()
-                 << ": they had more than R = " << config_.replication()
-                 << " copies (e.g. a follower registered after re-replication had filled its place)"
-                 << (Live(f, now) ? "; it drops their rows" : "; it is not live");
+    LOG(WARNING)
+        << "ACK SET: " << f << " removed from the ack set of " << vshards.size() << " vshards ("
+        << absl::StrJoin(vshards, ",") << ") at epoch " << map_.epoch()
+        << ": they had more than R = " << config_.replication()
+        << " copies (a copy was made in place of a follower not live then, e.g. not started yet)"
+        << (Live(f, now) ? "; it drops their rows" : "; it is not live");
   }
   return std::vector<std::string>(tell.begin(), tell.end());
 }

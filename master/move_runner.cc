@@ -71,6 +71,40 @@ void MoveRunner::NotifyPods(const std::vector<std::string>& pods) {
   for (std::thread& t : threads) t.join();
 }
 
+void MoveRunner::NotifyPodsSoon(const std::vector<std::string>& pods) {
+  if (pods.empty()) return;
+  absl::MutexLock lock(&later_mu_);
+  later_.insert(pods.begin(), pods.end());
+  if (!notifier_.joinable()) notifier_ = std::thread([this] { NotifyLoop(); });
+}
+
+void MoveRunner::NotifyLoop() {
+  for (;;) {
+    std::vector<std::string> pods;
+    {
+      absl::MutexLock lock(&later_mu_);
+      later_mu_.Await(absl::Condition(
+          +[](MoveRunner* r)
+               ABSL_NO_THREAD_SAFETY_ANALYSIS { return !r->later_.empty() || r->stopping_; },
+          this));
+      if (stopping_) return;  // what is queued is left to the pods' heartbeats
+      pods.assign(later_.begin(), later_.end());
+      later_.clear();
+    }
+    NotifyPods(pods);
+  }
+}
+
+MoveRunner::~MoveRunner() {
+  std::thread notifier;
+  {
+    absl::MutexLock lock(&later_mu_);
+    stopping_ = true;
+    notifier = std::move(notifier_);
+  }
+  if (notifier.joinable()) notifier.join();
+}
+
 void MoveRunner::NotifyPods(const std::string& source, const std::string& destination,
                             const std::vector<std::string>& others) {
   std::vector<std::string> pods = {source, destination};

@@ -19,7 +19,9 @@
 #pragma once
 
 #include <cstdint>
+#include <set>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -66,6 +68,13 @@ class MoveRunner {
   // Tells each of `pods` its assignment, all at once (NotifyPod each, one thread each);
   // returns when all answered or failed.
   void NotifyPods(const std::vector<std::string>& pods) ABSL_LOCKS_EXCLUDED(mu_);
+  // Tells `pods` their assignments (as they are when sent) from a thread of this runner's,
+  // without waiting: for callers that must not wait for a pod that does not answer (a
+  // registration, whose own RPC has a deadline of its own). Pods already queued are told
+  // once. The destructor waits for the pods being told, if any, and drops the rest (their
+  // heartbeats bring it).
+  void NotifyPodsSoon(const std::vector<std::string>& pods) ABSL_LOCKS_EXCLUDED(later_mu_);
+  ~MoveRunner() ABSL_LOCKS_EXCLUDED(later_mu_);
 
  private:
   // MoveVShards (follower false) or FillFollower (true).
@@ -81,8 +90,16 @@ class MoveRunner {
                   const std::vector<std::string>& others) ABSL_LOCKS_EXCLUDED(mu_);
   void Remember(MoveInfo info) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
+  // The thread of NotifyPodsSoon: tells what is queued until stopping_.
+  void NotifyLoop() ABSL_LOCKS_EXCLUDED(later_mu_);
+
   const MasterOptions& options_;
   Membership* const membership_;
+
+  absl::Mutex later_mu_;                                    // never held with another lock
+  std::set<std::string> later_ ABSL_GUARDED_BY(later_mu_);  // pods to tell soon
+  bool stopping_ ABSL_GUARDED_BY(later_mu_) = false;
+  std::thread notifier_ ABSL_GUARDED_BY(later_mu_);  // started at the first NotifyPodsSoon
 
   mutable absl::Mutex mu_ ABSL_ACQUIRED_BEFORE(membership_->mutex());
   std::vector<MoveInfo> recent_ ABSL_GUARDED_BY(mu_);  // oldest first
