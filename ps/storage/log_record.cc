@@ -81,6 +81,23 @@ LogRecordBuilder::LogRecordBuilder(const PushKey& key, size_t expected_bytes) {
   Put<uint64_t>(&out_, key.sequence());
 }
 
+void LogRecordBuilder::Adopt(std::shared_ptr<const std::string> encoded) {
+  adopted_ = std::move(encoded);
+  out_.clear();
+}
+
+std::string LogRecordBuilder::Finish() {
+  if (adopted_ == nullptr) return std::move(out_);
+  std::string copy = *adopted_;
+  adopted_.reset();
+  return copy;
+}
+
+std::shared_ptr<const std::string> LogRecordBuilder::FinishShared() {
+  if (adopted_ != nullptr) return std::move(adopted_);
+  return std::make_shared<const std::string>(std::move(out_));
+}
+
 void LogRecordBuilder::AddTable(absl::string_view table, float lr, uint32_t dim,
                                 absl::Span<const int64_t> ids, absl::Span<const uint64_t> steps,
                                 const float* grads) {
