@@ -124,7 +124,7 @@ class LogRecordBuilder {
   // Admission counters installed (a move's copy).
   void AddAdmissionInstall(absl::string_view table, absl::string_view counters);
   // Whether an entry was added: a record without one changes nothing.
-  bool has_entries() const { return out_.size() > kHeaderBytes; }
+  bool has_entries() const { return out_.size() > header_bytes_; }
   // The encoded record; the builder is empty afterwards.
   std::string Finish() { return std::move(out_); }
 
@@ -136,6 +136,7 @@ class LogRecordBuilder {
 
  private:
   std::string out_;
+  size_t header_bytes_ = kHeaderBytes;  // plus the piece's u32 for a piece's key
 };
 
 // DATA_LOSS if `bytes` is not a well-formed record. The record with its arrays copied out
