@@ -69,7 +69,7 @@ TEST_P(FollowerKeysTest, AFollowerThatKeptRowsKnowsTheKeyAndItsPieces) {
   ASSERT_TRUE(a_->Push(piece, &resp).ok());
   Promote();
   const auto before = Rows(*b_);
-  for (const PushRequest* p : {&whole, &piece}) {
+  for (const PushRequest* p : std::vector<const PushRequest*>{&whole, &piece}) {
     PushResponse retry;
     ASSERT_TRUE(b_->Push(*p, &retry).ok());
     EXPECT_TRUE(retry.duplicate());

@@ -232,18 +232,11 @@ class MigrationTest : public integration::ClusterProcessTest,
 };
 
 TEST_P(MigrationTest, ScaleOutThenDrainWhileClientsPushIsExact) {
-  if (GetParam() == 2) {
-    // Loses a push in about 1 run in 10 at R = 2 (3 copies at once). Diagnosed: a push
-    // part in flight at ps-2 when it is SIGKILLed has an unknown fate; retried at the
-    // restarted ps-2 after a drain move took some of its vshards, it is refused as not
-    // ps-2's (no fence answer in between, which would settle the fate), so it is re-routed
-    // with its key kept (the key must reach a promoted follower that may hold it). The
-    // drain moves ps-2's vshards to ps-0 in several moves: the first piece is applied at
-    // ps-0 under the key, the next piece reaches ps-0 under the same key after the next
-    // move and is answered "duplicate". Push keys are per pod, not per vshard; fixing it
-    // needs keys scoped by vshard (or the client tracking which pods applied a piece).
-    GTEST_SKIP() << "R = 2: a kept push key split over consecutive moves to one pod (open)";
-  }
+  // At R = 2 a push part in flight at ps-2 when it is SIGKILLed has an unknown fate; it is
+  // re-routed with its key kept, as one piece per vshard (PushKey.piece), and the drain
+  // moves ps-2's vshards to ps-0 in several moves, so pieces of one key reach ps-0 one move
+  // apart: each applies once (keys were per pod: the second piece was answered "duplicate"
+  // and lost, about 1 run in 10 with 3 copies at once).
   StartMaster(/*lease_ms=*/3000);
   StartPod(0);
   StartPod(1);
