@@ -183,10 +183,11 @@ grpc::ByteBuffer EncodePushRequest(PushRequest* msg) {
   if (msg->has_key()) {
     const PushKey& k = msg->key();
     w.MessageHeader(2, VarintFieldSize(k.worker_id()) + VarintFieldSize(k.incarnation()) +
-                           VarintFieldSize(k.sequence()));
+                           VarintFieldSize(k.sequence()) + VarintFieldSize(k.piece()));
     w.VarintField(1, k.worker_id());
     w.VarintField(2, k.incarnation());
     w.VarintField(3, k.sequence());
+    w.VarintField(4, k.piece());
   }
   for (TableGrads& t : *msg->mutable_tables()) {
     w.MessageHeader(3, LengthFieldSize(t.table().size()) + LengthFieldSize(t.ids().size()) +

@@ -109,6 +109,11 @@ TEST(WireTest, PullRequestAndPushRequestParseWithProtobuf) {
   keyless.add_tables()->set_table("x");
   PushRequest keyless_copy = keyless;
   EXPECT_EQ(Flatten(EncodePushRequest(&keyless_copy)), keyless.SerializeAsString());
+
+  PushRequest piece = push;  // a re-routed piece's key (PushKey.piece) is written too
+  piece.mutable_key()->set_piece(17);
+  PushRequest piece_copy = piece;
+  EXPECT_EQ(Flatten(EncodePushRequest(&piece_copy)), piece.SerializeAsString());
 }
 
 TEST(WireTest, ReplicateRecordsRequestIsProtobufsAndHoldsTheRecordsUntilSent) {

@@ -431,6 +431,8 @@ class PsCore {
   // log records), which ImportChunk and FinishImport return. Reset by BeginImport.
   absl::Mutex import_mu_;
   absl::Status import_error_ ABSL_GUARDED_BY(import_mu_);
+  // A chunk merged the source's push keys: FinishImport stores them.
+  bool keys_imported_ ABSL_GUARDED_BY(import_mu_) = false;
 
   mutable absl::Mutex mu_;
   std::shared_ptr<const ShardOwnership> ownership_ ABSL_GUARDED_BY(mu_);

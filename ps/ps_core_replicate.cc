@@ -63,6 +63,21 @@ struct ParsedRecord {
   std::vector<bool> dense_kept, dense_install_kept;
 };
 
+// Whether a record keeps any entry here after the rows of unfollowed vshards are left out.
+bool KeptAny(const ParsedRecord& p) {
+  auto any = [](const auto& lists) {
+    for (const auto& l : lists) {
+      if (!l.empty()) return true;
+    }
+    return false;
+  };
+  auto any_true = [](const std::vector<bool>& kept) {
+    return std::find(kept.begin(), kept.end(), true) != kept.end();
+  };
+  return any(p.table_ids) || any(p.install_ids) || any(p.delete_ids) || any_true(p.dense_kept) ||
+         any_true(p.dense_install_kept);
+}
+
 // The kept rows' floats of a record entry, contiguous: the view's own when none was left out.
 const float* KeptData(const std::vector<float>& copied, const char* view_data) {
   return copied.empty() ? reinterpret_cast<const float*>(view_data) : copied.data();
@@ -365,7 +380,10 @@ uint64_t PsCore::ApplyReplicated(const std::shared_ptr<const ReplicateRecordsReq
     }
     // A whole record is adopted: the builder's own buffer would go unused.
     change.record_bytes = p.whole ? 0 : p.bytes.size();
-    const bool keyed = p.view.key.worker_id() != 0;
+    // The key only if some of the record's rows are kept here: a follower that left them
+    // all out does not hold the push, and must not answer its retry "duplicate" once it
+    // leads those vshards (or a copy carries its keys there).
+    const bool keyed = p.view.key.worker_id() != 0 && KeptAny(p);
     change.key = keyed ? &p.view.key : nullptr;
     change.resp = &ignored;
     // The primary's updates at the primary's steps (Replay: the same kernels, and idempotent

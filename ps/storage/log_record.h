@@ -130,7 +130,7 @@ class LogRecordBuilder {
   // (ps/ps_core_replicate.cc). Entries added before are dropped; add none after.
   void Adopt(std::shared_ptr<const std::string> encoded);
   // Whether an entry was added (or a record adopted): a record without one changes nothing.
-  bool has_entries() const { return adopted_ != nullptr || out_.size() > kHeaderBytes; }
+  bool has_entries() const { return adopted_ != nullptr || out_.size() > header_bytes_; }
   // The encoded record (a copy of an adopted one); the builder is empty afterwards.
   std::string Finish();
   // The same, shared: an adopted record as it was given, never copied.
@@ -145,6 +145,7 @@ class LogRecordBuilder {
  private:
   std::string out_;
   std::shared_ptr<const std::string> adopted_;  // set by Adopt
+  size_t header_bytes_ = kHeaderBytes;  // plus the piece's u32 for a piece's key
 };
 
 // DATA_LOSS if `bytes` is not a well-formed record. The record with its arrays copied out
