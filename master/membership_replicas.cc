@@ -27,7 +27,10 @@ void Membership::FillReplication(const std::string& pod_id, ReplicationRole* out
   std::map<std::string, std::vector<uint32_t>> following;  // primary -> vshards
   for (int v = 0; v < map_.followers_size(); ++v) {
     const auto& set = map_.followers(v).pods();
-    if (map_.owner(v) == pod_id) followers.insert(set.begin(), set.end());
+    if (map_.owner(v) == pod_id) {
+      followers.insert(set.begin(), set.end());
+      if (set.empty() && config_.replication() >= 2) out->add_sole_copy(v);
+    }
     if (std::find(set.begin(), set.end(), pod_id) != set.end()) {
       following[map_.owner(v)].push_back(v);
     }
