@@ -48,13 +48,24 @@ std::string Behind(const FollowerLag& f) {
                       ", ", f.lag_ms(), " ms");
 }
 
-std::string FormatLags(const google::protobuf::RepeatedPtrField<ReplicaLag>& lags) {
+// Each follower's lag as its primary last reported it. A primary the master lists as LOST
+// (or never registered) reports no more: its rows are its last report, marked so (the
+// master keeps them until the pod is back).
+std::string FormatLags(const StatusResponse& s) {
+  std::map<std::string, PodInfo::State> state;
+  for (const PodInfo& p : s.pods()) state[p.pod_id()] = p.state();
   std::vector<std::vector<std::string>> rows = {
       {"PRIMARY", "FOLLOWER", "BEHIND", "HELD", "FAILED CALLS", "REPORTED"}};
-  for (const ReplicaLag& l : lags) {
+  for (const ReplicaLag& l : s.replication().lags()) {
+    auto it = state.find(l.primary());
+    const bool gone =
+        it != state.end() && it->second != PodInfo::LIVE && it->second != PodInfo::DRAINED;
     rows.push_back({l.primary(), l.lag().follower(), Behind(l.lag()),
                     absl::StrCat(l.lag().held_records()), absl::StrCat(l.lag().failed_calls()),
-                    absl::StrCat(l.reported_ms_ago(), " ms ago")});
+                    absl::StrCat(l.reported_ms_ago(), " ms ago",
+                                 gone ? absl::StrCat(" (primary ", PodInfo::State_Name(it->second),
+                                                     ": its last report)")
+                                      : "")});
   }
   return FormatColumns(rows);
 }
@@ -291,7 +302,7 @@ std::string FormatReplication(const StatusResponse& s) {
       r.max_lag_ms(), " ms; ", r.under_replicated_vshards(), " vshards under-replicated; ",
       r.failovers(), " failovers; followers removed from ack sets: ", r.removed_lease(),
       " vshard copies lost (lease or data), ", r.removed_lag(), " lagging\n");
-  if (r.lags_size() > 0) absl::StrAppend(&out, FormatLags(r.lags()));
+  if (r.lags_size() > 0) absl::StrAppend(&out, FormatLags(s));
   return out;
 }
 

@@ -1,5 +1,8 @@
 #include "client/admin_format.h"
 
+#include <tuple>
+#include <utility>
+
 #include "gtest/gtest.h"
 
 namespace ps {
@@ -196,6 +199,30 @@ TEST(AdminFormatTest, StatusShowsReplication) {
         "100", "9", "120 ms ago"}) {
     EXPECT_NE(out.find(want), std::string::npos) << "missing '" << want << "' in:\n" << out;
   }
+  EXPECT_EQ(out.find("its last report"), std::string::npos) << out;  // ps-0 is not listed
+}
+
+// A primary that is gone reports no more: its rows are its last report, and say so; a
+// live primary's are not marked.
+TEST(AdminFormatTest, LagOfAPrimaryThatIsGoneIsMarkedAsItsLastReport) {
+  StatusResponse s;
+  for (auto [id, state] : {std::pair{"ps-0", PodInfo::LIVE}, std::pair{"ps-1", PodInfo::LOST}}) {
+    PodInfo* p = s.add_pods();
+    p->set_pod_id(id);
+    p->set_state(state);
+  }
+  ReplicationInfo* r = s.mutable_replication();
+  r->set_factor(2);
+  for (auto [primary, follower, ago] :
+       {std::tuple{"ps-0", "ps-2", 40}, std::tuple{"ps-1", "ps-0", 3199}}) {
+    ReplicaLag* lag = r->add_lags();
+    lag->set_primary(primary);
+    lag->mutable_lag()->set_follower(follower);
+    lag->set_reported_ms_ago(ago);
+  }
+  const std::string out = FormatReplication(s);
+  EXPECT_NE(out.find("3199 ms ago (primary LOST: its last report)"), std::string::npos) << out;
+  EXPECT_EQ(out.find("40 ms ago ("), std::string::npos) << out;
 }
 
 TEST(AdminFormatTest, TablesSumLifecycleCountersOverPods) {

@@ -30,7 +30,7 @@ Cluster::~Cluster() {
 
 absl::Status Cluster::StartMaster() {
   std::vector<std::string> argv = {options_.master_binary,
-                                   "--data_dir=" + Path("master-data"),
+                                   "--data_dir=" + MasterDataDir(),
                                    absl::StrCat("--num_vshards=", options_.num_vshards),
                                    absl::StrCat("--num_ps=", options_.pods),
                                    absl::StrCat("--lease_ms=", options_.lease_ms),
@@ -39,6 +39,7 @@ absl::Status Cluster::StartMaster() {
   if (options_.replication > 1) {
     argv.push_back(absl::StrCat("--replication=", options_.replication));
   }
+  argv.insert(argv.end(), options_.master_flags.begin(), options_.master_flags.end());
   absl::Status last;
   // The first start takes any port; a restart needs the same one, which the killed
   // process's socket may hold for a moment.
@@ -66,14 +67,11 @@ void Cluster::KillMaster() {
 std::string Cluster::PodId(uint32_t i) const { return absl::StrCat("ps-", i); }
 
 absl::Status Cluster::StartPod(uint32_t i, bool same_port) {
-  std::vector<std::string> argv = {options_.server_binary,
-                                   "--master=" + master_address_,
-                                   "--pod_id=" + PodId(i),
-                                   absl::StrCat("--num_vshards=", options_.num_vshards),
-                                   "--data_dir=" + Path(PodId(i) + "-data"),
-                                   "--durability=" + options_.durability,
-                                   "--materialize_ms=300",
-                                   "--shutdown_grace_ms=200"};
+  std::vector<std::string> argv = {
+      options_.server_binary,        "--master=" + master_address_,
+      "--pod_id=" + PodId(i),        absl::StrCat("--num_vshards=", options_.num_vshards),
+      "--data_dir=" + PodDataDir(i), "--durability=" + options_.durability,
+      "--materialize_ms=300",        "--shutdown_grace_ms=200"};
   argv.insert(argv.end(), options_.server_flags.begin(), options_.server_flags.end());
   const int port = same_port ? pod_ports_[i] : 0;
   absl::Status last;
@@ -104,7 +102,7 @@ void Cluster::SignalPod(uint32_t i, int sig) {
 
 void Cluster::LosePodData(uint32_t i) {
   std::error_code ignored;
-  std::filesystem::remove_all(Path(PodId(i) + "-data"), ignored);
+  std::filesystem::remove_all(PodDataDir(i), ignored);
 }
 
 absl::Status Cluster::StartWorker(uint32_t slot, uint64_t worker_id, const std::string& job,

@@ -39,6 +39,8 @@ struct ClusterOptions {
   uint32_t replication = 1;
   // More ps-server flags (e.g. --flush_ms for periodic durability).
   std::vector<std::string> server_flags;
+  // More ps-master flags (e.g. --replication_max_lag_ms).
+  std::vector<std::string> master_flags;
   // The wait for a started server's port (a pod replays its log first).
   absl::Duration start_timeout = absl::Seconds(120);
 };
@@ -64,6 +66,9 @@ class Cluster {
   // Deletes pod i's data dir (kill it first): its next start is a pod with a lost volume.
   void LosePodData(uint32_t i);
   std::string PodId(uint32_t i) const;
+  // The data dirs the master and pod i start on (to restore a checkpoint into them).
+  std::string MasterDataDir() const { return Path("master-data"); }
+  std::string PodDataDir(uint32_t i) const { return Path(PodId(i) + "-data"); }
 
   // Starts a worker in `slot` (replacing a killed one) training `job`; worker_id 0 for a
   // new id, else a new incarnation of that id. Each process writes its own journal

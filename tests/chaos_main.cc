@@ -67,6 +67,9 @@ DEFINE_double(move_probability, 0.5,
               "Chance, at a random point of each pause between kills, of starting a drain or "
               "rebalance in the background (when none is running).");
 DEFINE_int32(lease_ms, 3000, "The master's --lease_ms (pods and workers).");
+DEFINE_uint32(replication, 1,
+              "ps-master --replication: copies of each vshard (1: one; 2..--pods: a primary "
+              "and followers, with killed pods' vshards failing over to them).");
 DEFINE_double(finish_timeout_s, 300,
               "Longest wait for the job to finish after the chaos loop (a failure).");
 DEFINE_string(master_binary, "", "ps-master (default: beside this program).");
@@ -153,9 +156,11 @@ struct Counts {
 int Run() {
   if (FLAGS_pods < 1 || FLAGS_workers < 1 || FLAGS_epochs < 1 || FLAGS_epochs > 255 ||
       FLAGS_records_per_task < 1 || FLAGS_seconds <= 0 || FLAGS_kills < 0 ||
-      FLAGS_num_vshards < 1 || (FLAGS_num_vshards & (FLAGS_num_vshards - 1)) != 0) {
+      FLAGS_num_vshards < 1 || (FLAGS_num_vshards & (FLAGS_num_vshards - 1)) != 0 ||
+      FLAGS_replication < 1 || FLAGS_replication > FLAGS_pods) {
     LOG(ERROR) << "bad flags: need --pods, --workers, --records_per_task >= 1, --epochs in "
-                  "1..255, --seconds > 0, --kills >= 0, --num_vshards a power of two";
+                  "1..255, --seconds > 0, --kills >= 0, --num_vshards a power of two, "
+                  "--replication in 1..--pods";
     return 2;
   }
   const uint64_t records =
@@ -191,6 +196,7 @@ int Run() {
   copt.num_vshards = FLAGS_num_vshards;
   copt.durability = FLAGS_durability;
   copt.lease_ms = FLAGS_lease_ms;
+  copt.replication = FLAGS_replication;
   Cluster cluster(copt);
   auto fail_start = [&](const absl::Status& s) {
     LOG(ERROR) << "cluster start: " << s << "\n" << cluster.Logs();
@@ -401,15 +407,16 @@ int Run() {
   }
   std::printf(
       "{\"seed\": %lu, \"seconds\": %.1f, \"chaos_seconds\": %.1f, \"durability\": \"%s\", "
-      "\"pods\": %u, \"workers\": %u, \"pod_kills\": %lu, \"master_kills\": %lu, "
-      "\"worker_kills\": %lu, \"moves\": %lu, \"move_ops\": %lu, \"move_ops_failed\": %lu, "
+      "\"replication\": %u, \"pods\": %u, \"workers\": %u, \"pod_kills\": %lu, "
+      "\"master_kills\": %lu, \"worker_kills\": %lu, \"moves\": %lu, \"move_ops\": %lu, "
+      "\"move_ops_failed\": %lu, "
       "\"task_attempts\": %lu, \"acked_pushes\": %lu, \"unknown_pushes\": %lu, "
       "\"parts_checked\": %lu, \"lost\": %lu, \"duplicated\": %lu, \"reapplied\": %lu, "
       "\"wrong_rows\": %lu, \"tasks_accepted_twice\": %lu, \"tasks_failed\": %lu, "
       "\"job_state\": \"%s\", \"records_expected\": %lu, \"records_trained\": %lu, "
       "\"pass\": %s}\n",
       static_cast<unsigned long>(FLAGS_seed), FLAGS_seconds, chaos_seconds,
-      FLAGS_durability.c_str(), FLAGS_pods, FLAGS_workers,
+      FLAGS_durability.c_str(), FLAGS_replication, FLAGS_pods, FLAGS_workers,
       static_cast<unsigned long>(counts.pod_kills), static_cast<unsigned long>(counts.master_kills),
       static_cast<unsigned long>(counts.worker_kills), static_cast<unsigned long>(counts.moves),
       static_cast<unsigned long>(counts.move_ops),

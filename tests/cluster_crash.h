@@ -9,7 +9,10 @@
 // its whole copy), it waits until the master's map gives every vshard R copies again
 // (re-replication), so no loss can take a last copy. At the end (after one more kill)
 // every acknowledged push must be applied exactly once; with periodic durability at R = 1
-// pushes acknowledged within --flush_ms of a kill may be lost, at R >= 2 none.
+// pushes acknowledged within --flush_ms of a kill may be lost, at R >= 2 none. With
+// ack_leader (ps-master --replication_ack=leader, documented as weaker) a push
+// acknowledged on its primary alone may be lost with that primary: losses are counted,
+// not failed; duplicates, torn rows and failed pushes still fail the run.
 //
 // Call from the main thread (child processes die with the thread that started them).
 #pragma once
@@ -26,6 +29,7 @@ struct ClusterCrashOptions {
   uint32_t pods = 3;
   uint32_t num_vshards = 64;
   std::string durability = "process";
+  bool ack_leader = false;  // ps-master --replication_ack=leader (else all)
   int flush_ms = 100, materialize_ms = 300;
   std::vector<std::string> server_flags;  // more ps-server flags (e.g. --lazy_start)
   int lease_ms = 1000;  // the master's --lease_ms: how soon a dead primary is replaced

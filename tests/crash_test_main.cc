@@ -60,6 +60,10 @@ DEFINE_uint32(replication, 0,
               "waits for the master to see the pod lost (with R >= 2 its vshards fail over "
               "to their followers), then restarts it at a new address.");
 DEFINE_uint32(pods, 3, "Pods of the cluster (--replication >= 1).");
+DEFINE_string(replication_ack, "all",
+              "ps-master --replication_ack (--replication >= 2): all, or leader (weaker: a push "
+              "acknowledged on its primary alone may die with it; losses are then reported in "
+              "the JSON but do not fail the run).");
 DEFINE_int32(lease_ms, 1000, "ps-master --lease_ms (--replication >= 1).");
 DEFINE_bool(lose_disk, false,
             "With --replication >= 1: each kill also deletes the pod's data dir, and the pod "
@@ -258,6 +262,11 @@ int Main() {
     o.replication = FLAGS_replication;
     o.pods = FLAGS_pods;
     o.durability = FLAGS_durability;
+    if (FLAGS_replication_ack != "all" && FLAGS_replication_ack != "leader") {
+      LOG(ERROR) << "--replication_ack must be all or leader, not " << FLAGS_replication_ack;
+      return 2;
+    }
+    o.ack_leader = FLAGS_replication_ack == "leader";
     o.flush_ms = FLAGS_flush_ms;
     o.materialize_ms = FLAGS_materialize_ms;
     o.server_flags = absl::StrSplit(FLAGS_server_flags, ' ', absl::SkipEmpty());

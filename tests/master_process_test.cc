@@ -151,6 +151,9 @@ class MasterProcessTest : public integration::ClusterProcessTest {
     const std::string d = (*child)->Describe();
     return d.substr(d.find(' ', 4) + 1);  // drop "pid N "
   }
+
+  // The body of ClientConnectsThroughTheMasterAndPodsRecover at ps-master --replication.
+  void RunClientConnectsThroughTheMasterAndPodsRecover(uint32_t replication);
 };
 
 TEST_F(MasterProcessTest, MasterKilledMidJobLosesAndDuplicatesNoTask) {
@@ -602,9 +605,13 @@ namespace {
 
 // A C++ client given only the master's address finds both pods and the vshard map, and
 // pushes and pulls through them exactly; a durable pod SIGKILLed and restarted with its
-// identity and data dir serves its rows again.
-TEST_F(MasterProcessTest, ClientConnectsThroughTheMasterAndPodsRecover) {
-  StartMaster(/*lease_ms=*/2000);
+// identity and data dir serves its rows again. `replication` is the master's
+// --replication: at 2 each pod also follows the other's vshards (acknowledged pushes are
+// on both) and ps-0's vshards fail over to ps-1 if its lease runs out first.
+void MasterProcessTest::RunClientConnectsThroughTheMasterAndPodsRecover(uint32_t replication) {
+  StartMaster(/*lease_ms=*/2000, /*num_ps=*/2, "master-db",
+              {absl::StrCat("--replication=", replication)});
+  if (HasFatalFailure()) return;
   std::vector<std::vector<std::string>> pods;
   for (int i = 0; i < 2; ++i) {
     pods.push_back({BinaryPath("PS_SERVER_BINARY", PS_SERVER_BINARY), "--master=" + master_address_,
@@ -644,6 +651,14 @@ TEST_F(MasterProcessTest, ClientConnectsThroughTheMasterAndPodsRecover) {
   std::vector<float> rows(ids.size() * 2);
   ASSERT_TRUE((*client)->Pull({{"emb", ids, rows.data()}}).ok());
   for (size_t i = 0; i < rows.size(); ++i) ASSERT_EQ(rows[i], 3.0f) << "element " << i;
+}
+
+TEST_F(MasterProcessTest, ClientConnectsThroughTheMasterAndPodsRecover) {
+  RunClientConnectsThroughTheMasterAndPodsRecover(1);
+}
+
+TEST_F(MasterProcessTest, ClientConnectsThroughTheMasterAndPodsRecoverReplicated) {
+  RunClientConnectsThroughTheMasterAndPodsRecover(2);
 }
 
 }  // namespace

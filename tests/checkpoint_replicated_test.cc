@@ -1,0 +1,188 @@
+// A cluster checkpoint at R = 2, restored (ps-master --checkpoint_dir, Master.Checkpoint;
+// docs/architecture.md "Cluster checkpoints"): ps-master and two durable pods as processes,
+// each the follower of the other's vshards, a push load running while the checkpoint is
+// taken. The whole cluster is then stopped and started again on the checkpoint's copies
+// (the master's store and each pod's database), at the same addresses. Afterwards the two
+// copies of each vshard must be the same rows: ps-0's rows are read from ps-0 (a training
+// pull at their primary), then ps-0 is SIGKILLed and the same rows are read from its
+// follower ps-1 (a read_only pull falls back to it; the master's lease is a minute, so no
+// failover happens meanwhile). Replicas that differ would make a later failover serve
+// other rows than the primary did. Nothing is asserted on timing.
+//
+// DISABLED: it fails today (66 of 379 rows of ps-0's vshards differed, the follower
+// ahead): Master.Checkpoint cuts each pod's database, followed vshards included, one pod
+// after the other while pushes flow, so the follower's copy of a vshard is cut at another
+// moment than its primary's, and nothing reconciles them at restore (replay skips records
+// a row already holds). Run it with --gtest_also_run_disabled_tests.
+#include <grpcpp/grpcpp.h>
+
+#include <filesystem>
+#include <set>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "common/routing/hash.h"
+#include "common/rpc/grpc_status.h"
+#include "gtest/gtest.h"
+#include "proto/master.grpc.pb.h"
+#include "tests/chaos_cluster.h"
+#include "tests/exact_push_load.h"
+#include "tests/process.h"
+#include "tests/shard_map_watch.h"
+
+#if !defined(PS_MASTER_BINARY) || !defined(PS_SERVER_BINARY)
+#error "PS_MASTER_BINARY and PS_SERVER_BINARY must be defined"
+#endif
+
+namespace ps::integration {
+namespace {
+
+constexpr char kTable[] = "ckpt";
+constexpr uint32_t kVShards = 16;
+
+std::string Binary(const char* env, const char* built) {
+  const char* v = std::getenv(env);
+  return v != nullptr && *v != '\0' ? v : built;
+}
+
+// Replaces `to` by a copy of `from` (a checkpoint's directory).
+void CopyDir(const std::string& from, const std::string& to) {
+  std::error_code ec;
+  std::filesystem::remove_all(to, ec);
+  ASSERT_FALSE(ec) << to << ": " << ec.message();
+  std::filesystem::copy(from, to, std::filesystem::copy_options::recursive, ec);
+  ASSERT_FALSE(ec) << from << " -> " << to << ": " << ec.message();
+}
+
+// Waits until both pods are live with each vshard on both, and ps-0 leads some.
+absl::StatusOr<ShardMapResponse> WaitReplicated(const ShardMapWatch& watch) {
+  return watch.WaitFor(
+      [](const ShardMapResponse& m) {
+        return FullyReplicated(m, 2) && !OwnedVShards(m, "ps-0").empty();
+      },
+      absl::Seconds(60), "both pods live, each vshard on both");
+}
+
+TEST(CheckpointReplicatedTest, DISABLED_RestoredReplicasHoldTheSameRows) {
+  TempDir dir("ps-ckpt-r2");
+  ASSERT_FALSE(dir.path().empty());
+  chaos::ClusterOptions co;
+  co.dir = dir.path();
+  co.master_binary = Binary("PS_MASTER_BINARY", PS_MASTER_BINARY);
+  co.server_binary = Binary("PS_SERVER_BINARY", PS_SERVER_BINARY);
+  co.pods = 2;
+  co.num_vshards = kVShards;
+  co.lease_ms = 60'000;  // no failover when ps-0 is killed at the end
+  co.replication = 2;
+  const std::string checkpoints = dir.path() + "/checkpoints";
+  co.master_flags = {"--checkpoint_dir=" + checkpoints, "--replication_max_lag_ms=60000"};
+  co.server_flags = {"--checkpoint_root=" + checkpoints};
+  chaos::Cluster cluster(co);
+  ASSERT_TRUE(cluster.StartMaster().ok()) << cluster.Logs();
+  for (uint32_t i = 0; i < co.pods; ++i) ASSERT_TRUE(cluster.StartPod(i).ok()) << cluster.Logs();
+  ShardMapWatch watch(cluster.master_address());
+  ASSERT_TRUE(WaitReplicated(watch).ok()) << cluster.Logs();
+  // ps-0 registered before ps-1 had an address and would learn it only at its next
+  // heartbeat (20 s here): restarted in place, it gets it at registration.
+  cluster.KillPod(0);
+  ASSERT_TRUE(cluster.StartPod(0, /*same_port=*/true).ok()) << cluster.Logs();
+  ASSERT_TRUE(WaitReplicated(watch).ok()) << cluster.Logs();
+
+  ClientOptions client;
+  client.master = cluster.master_address();
+  client.num_vshards = kVShards;
+  client.deadline_ms = 2000;
+  client.max_attempts = 100;
+  client.initial_backoff_ms = 10;
+  client.max_backoff_ms = 200;
+  {
+    auto admin = PsClient::Connect(client);
+    ASSERT_TRUE(admin.ok()) << admin.status();
+    ASSERT_TRUE((*admin)->CreateTable(ExactLoadTable(kTable)).ok());
+  }
+  auto load = ExactPushLoad::Start(client, kTable, /*threads=*/3, /*seed=*/9);
+  ASSERT_TRUE(load.ok()) << load.status();
+  auto wait_acks = [&](uint64_t n) {
+    const uint64_t target = (*load)->acked() + n;
+    const absl::Time deadline = absl::Now() + absl::Seconds(60);
+    while ((*load)->acked() < target && absl::Now() < deadline) {
+      absl::SleepFor(absl::Milliseconds(10));
+    }
+    return (*load)->acked() >= target;
+  };
+  ASSERT_TRUE(wait_acks(100)) << cluster.Logs();
+
+  // The checkpoint, taken while the load pushes.
+  auto master = Master::NewStub(
+      grpc::CreateChannel(cluster.master_address(), grpc::InsecureChannelCredentials()));
+  CheckpointResponse cp;
+  {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(60)));
+    absl::Status s = FromGrpcStatus(master->Checkpoint(&ctx, CheckpointRequest(), &cp));
+    ASSERT_TRUE(s.ok()) << s << cluster.Logs();
+  }
+  ASSERT_EQ(cp.checkpoint().pods_size(), 2);
+  ASSERT_TRUE(wait_acks(50)) << cluster.Logs();
+  (*load)->Stop();
+  const std::vector<LoadPush> pushes = (*load)->pushes();
+  std::vector<int64_t> ids;
+  for (int64_t id = 0; id < 64; ++id) ids.push_back(id);  // the load's shared rows
+  for (const LoadPush& p : pushes) ids.push_back(p.marker);
+
+  // The whole cluster restored from the checkpoint, at the same addresses.
+  for (uint32_t i = 0; i < co.pods; ++i) cluster.KillPod(i);
+  cluster.KillMaster();
+  CopyDir(cp.checkpoint().dir() + "/master", cluster.MasterDataDir());
+  for (uint32_t i = 0; i < co.pods; ++i) {
+    CopyDir(absl::StrCat(cp.checkpoint().dir(), "/", cluster.PodId(i)), cluster.PodDataDir(i));
+  }
+  if (HasFatalFailure()) return;
+  ASSERT_TRUE(cluster.StartMaster().ok()) << cluster.Logs();
+  for (uint32_t i = 0; i < co.pods; ++i) {
+    ASSERT_TRUE(cluster.StartPod(i, /*same_port=*/true).ok()) << cluster.Logs();
+  }
+  auto restored = WaitReplicated(watch);
+  ASSERT_TRUE(restored.ok()) << restored.status() << cluster.Logs();
+  const std::vector<uint32_t> led = OwnedVShards(*restored, "ps-0");
+  const std::set<uint32_t> led_set(led.begin(), led.end());
+  const uint64_t name = NameHash(kTable);
+  std::vector<int64_t> of_ps0;
+  for (int64_t id : ids) {
+    if (led_set.count(VShardOf(RouteHash(name, id), kVShards)) > 0) of_ps0.push_back(id);
+  }
+  ASSERT_FALSE(of_ps0.empty());
+
+  // ps-0's rows at ps-0, then at its follower ps-1.
+  auto reader = PsClient::Connect(client);
+  ASSERT_TRUE(reader.ok()) << reader.status();
+  std::vector<float> primary(of_ps0.size() * kLoadDim), follower(of_ps0.size() * kLoadDim);
+  absl::Status read = (*reader)->Pull({{kTable, of_ps0, primary.data()}}, /*read_only=*/true);
+  ASSERT_TRUE(read.ok()) << read << cluster.Logs();
+  EXPECT_EQ((*reader)->client_stats().read_fallbacks, 0u);
+  cluster.KillPod(0);
+  read = (*reader)->Pull({{kTable, of_ps0, follower.data()}}, /*read_only=*/true);
+  ASSERT_TRUE(read.ok()) << read << cluster.Logs();
+  EXPECT_GT((*reader)->client_stats().read_fallbacks, 0u);
+  auto after = watch.Fetch();
+  ASSERT_TRUE(after.ok()) << after.status();
+  ASSERT_EQ(OwnedVShards(*after, "ps-0"), led) << "a failover: the reads were not the follower's";
+  size_t differ = 0;
+  std::string examples;
+  for (size_t i = 0; i < of_ps0.size(); ++i) {
+    const float* a = &primary[i * kLoadDim];
+    const float* b = &follower[i * kLoadDim];
+    if (std::equal(a, a + kLoadDim, b)) continue;
+    if (++differ <= 5) {
+      absl::StrAppend(&examples, "row ", of_ps0[i], ": primary ", a[0], ", follower ", b[0], "\n");
+    }
+  }
+  EXPECT_EQ(differ, 0u) << "of " << of_ps0.size() << " rows of ps-0's vshards:\n" << examples;
+  if (HasFailure()) {
+    ADD_FAILURE() << cluster.Logs() << "\nrun dir kept in " << dir.path() << ".kept";
+    std::filesystem::rename(dir.path(), dir.path() + ".kept");
+  }
+}
+
+}  // namespace
+}  // namespace ps::integration
