@@ -9,8 +9,9 @@
 #     machine is shared and noisy): "replicated" (both pods live: every vshard has a
 #     follower; nothing waits for an fsync) and "sole" (ps-1 SIGKILLed, its lease run out:
 #     ps-0 leads every vshard with an empty ack set, and re-replication waits for a second
-#     live pod). ps-bench --target=grpc through the master, push of 1024 ids x dim 64,
-#     Adagrad, 8 in flight x 2 threads, rows created first (in the replicated state).
+#     live pod). ps-bench --target=grpc through the master, push of 1024 ids x dim DIM
+#     (64) over ROWS (200000) rows, Adagrad, 8 in flight x 2 threads, rows created first
+#     (in the replicated state).
 #     OLD=DIR (another build's bin directory, e.g. a build of main) runs each round with
 #     both builds in turn, so the sole state's cost shows against a build that acknowledges
 #     at once.
@@ -22,6 +23,8 @@ cd "$(dirname "$0")/.."
 ROUNDS="${1:-3}"
 SECONDS_PER_RUN="${2:-10}"
 NEW_BIN="${PS_BUILD_DIR:-build}/bin"
+DIM="${DIM:-64}"
+ROWS="${ROWS:-200000}"
 source benchmarks/cluster_lib.sh
 cluster_init sole-copy 64
 rmdir "$DIR"
@@ -40,8 +43,8 @@ run_state() {
     sleep 0.1
   done
   # Rows first (both copies get them), so that the timed run only updates.
-  "$BIN/ps-bench" --target=grpc --master="$MASTER" --op=push --optimizer=adagrad --dim=64 \
-    --batch=1024 --rows=200000 --inflight=8 --threads=2 --seconds=1 >"$DIR/warm.log" 2>&1
+  "$BIN/ps-bench" --target=grpc --master="$MASTER" --op=push --optimizer=adagrad --dim="$DIM" \
+    --batch=1024 --rows="$ROWS" --inflight=8 --threads=2 --seconds=1 >"$DIR/warm.log" 2>&1
   if [[ $state == sole ]]; then
     kill -KILL "${POD_PID[1]}"
     # The lease runs out (1 s) and ps-0 is promoted for every vshard, with no follower.
@@ -53,7 +56,7 @@ run_state() {
   fi
   local out
   out=$("$BIN/ps-bench" --target=grpc --master="$MASTER" --op=push --optimizer=adagrad \
-    --dim=64 --batch=1024 --rows=200000 --inflight=8 --threads=2 --populate=false \
+    --dim="$DIM" --batch=1024 --rows="$ROWS" --inflight=8 --threads=2 --populate=false \
     --seconds="$SECONDS_PER_RUN" 2>&1 | grep "rows/s" | tail -1)
   echo "$out" >"$DIR/bench.txt"
   local rate
