@@ -161,6 +161,7 @@ PsCore::~PsCore() {
                                          : nullptr);
   }
   replicator_.reset();
+  if (synced_acks_ != nullptr) synced_acks_->Stop();  // uses the storage
   storage_.reset();
 }
 
@@ -563,13 +564,16 @@ void PsCore::ApplyChange(const Change& change, ApplyFn apply, Done done) {
     return absl::OkStatus();
   };
   if (change.ship && replicator_ != nullptr && replicator_->active()) {
-    if (change.key == nullptr) return ApplyShipped(change, apply_and_track, std::move(done));
+    if (change.key == nullptr) {
+      return ApplyShipped(change, apply_and_track, AckWhenDurable(change, std::move(done)));
+    }
     // As below: the key is marked applied once this pod and the ack set hold the change.
-    return ApplyShipped(change, apply_and_track,
-                        [this, key = *change.key, done = std::move(done)](absl::Status s) {
-                          dedup_.Finish(key, /*applied=*/s.ok());
-                          done(s);
-                        });
+    return ApplyShipped(
+        change, apply_and_track,
+        AckWhenDurable(change, [this, key = *change.key, done = std::move(done)](absl::Status s) {
+          dedup_.Finish(key, /*applied=*/s.ok());
+          done(s);
+        }));
   }
   if (storage_ == nullptr) {
     absl::Status s = apply_and_track(nullptr);
@@ -577,16 +581,18 @@ void PsCore::ApplyChange(const Change& change, ApplyFn apply, Done done) {
     return done(s);
   }
   if (change.key == nullptr) {
-    return storage_->ApplyLogged(PushKey(), change.record_bytes, apply_and_track, std::move(done),
-                                 nullptr, change.exclusive);
+    return storage_->ApplyLogged(PushKey(), change.record_bytes, apply_and_track,
+                                 AckWhenDurable(change, std::move(done)), nullptr,
+                                 change.exclusive);
   }
   // The key is marked applied only once the record is durable, so a retry before then is
   // told to wait (ABORTED) rather than acknowledged early.
-  storage_->ApplyLogged(*change.key, change.record_bytes, apply_and_track,
-                        [this, key = *change.key, done = std::move(done)](absl::Status s) {
-                          dedup_.Finish(key, /*applied=*/s.ok());
-                          done(s);
-                        });
+  storage_->ApplyLogged(
+      *change.key, change.record_bytes, apply_and_track,
+      AckWhenDurable(change, [this, key = *change.key, done = std::move(done)](absl::Status s) {
+        dedup_.Finish(key, /*applied=*/s.ok());
+        done(s);
+      }));
 }
 
 absl::Status PsCore::RefusedOrDuplicate(const PushKey& key, PushResponse* resp,

@@ -168,8 +168,54 @@ PsCore::RoleChange PsCore::ApplyRole(const Assignment& req, const ShardOwnership
   role_.max_lag = absl::Milliseconds(r.max_lag_ms());
   role_.primary_of = std::move(primary_of);
   role_.followers = followers;
+  std::vector<bool> sole_copy(n, false);
+  for (uint32_t v : r.sole_copy()) {
+    if (v < n && after.Owns(v)) sole_copy[v] = true;
+  }
+  const bool any_sole_copy = std::find(sole_copy.begin(), sole_copy.end(), true) != sole_copy.end();
+  if (any_sole_copy != role_.any_sole_copy && storage_ != nullptr &&
+      storage_->durability() == Durability::kPeriodic) {
+    if (any_sole_copy) {
+      LOG(WARNING) << "epoch " << req.epoch() << ": this pod holds the only copy of "
+                   << r.sole_copy_size()
+                   << " vshards (no follower in their ack set): their pushes are acknowledged "
+                      "once the log is fsynced, until re-replication gives them a follower";
+    } else {
+      LOG(INFO) << "epoch " << req.epoch()
+                << ": every vshard this pod leads has a follower again: pushes are "
+                   "acknowledged without waiting for an fsync";
+    }
+  }
+  role_.sole_copy = std::move(sole_copy);
+  role_.any_sole_copy = any_sole_copy;
   out.followers = std::move(followers);
   return out;
+}
+
+PsCore::Done PsCore::AckWhenDurable(const Change& change, Done done) {
+  // Only a periodic pod acknowledges before its log is durable, and only a pod with a
+  // master (a role, R >= 2) can be told a vshard has no follower.
+  if (synced_acks_ == nullptr || !change.ship || !role_.any_sole_copy) return done;
+  const uint32_t n = static_cast<uint32_t>(role_.sole_copy.size());
+  bool touches = false;
+  for (const auto& [table, ids] : change.rows) {
+    const uint64_t h = table->name_hash();
+    for (int64_t id : ids) {
+      if (role_.sole_copy[VShardOf(RouteHash(h, id), n)]) {
+        touches = true;
+        break;
+      }
+    }
+    if (touches) break;
+  }
+  for (absl::string_view name : change.dense) {
+    touches = touches || role_.sole_copy[DenseVShard(name, n)];
+  }
+  if (!touches) return done;
+  return [acks = synced_acks_.get(), done = std::move(done)](absl::Status s) mutable {
+    if (!s.ok()) return done(s);
+    acks->Add(std::move(done));
+  };
 }
 
 bool PsCore::Follows(uint32_t v, absl::string_view pod) const {
@@ -468,6 +514,10 @@ uint64_t PsCore::ApplyReplicated(const std::shared_ptr<const ReplicateRecordsReq
 }
 
 void PsCore::StartReplicatedStorage() {
+  if (storage_->durability() == Durability::kPeriodic) {
+    // Group commit for the changes of vshards without a follower (AckWhenDurable).
+    synced_acks_ = std::make_unique<SyncedAcks>([this] { return storage_->SyncApplied(); });
+  }
   // A record leaves the log only once every follower holds it: a restart re-ships its log
   // (ResolveRecoveredLog), not what a round truncated. A round whose followers lag skips
   // the truncation (the log grows until they catch up or leave the ack set).
@@ -581,6 +631,11 @@ PsCore::ReplicationStats PsCore::replication_stats() const {
     out.factor = role_.factor;
     out.max_lag = role_.max_lag;
     for (const std::string& p : role_.primary_of) out.following += !p.empty();
+    for (bool sole : role_.sole_copy) out.sole_copy += sole;
+  }
+  if (synced_acks_ != nullptr) {
+    out.sole_copy_synced_acks = synced_acks_->acks();
+    out.sole_copy_syncs = synced_acks_->syncs();
   }
   if (replicator_ != nullptr) out.followers = replicator_->Stats();
   out.records_received = counters_.replicated_received.load();

@@ -80,7 +80,8 @@ class DurableLog {
   // The sequence number the next record will get: records below it are queued.
   uint64_t next_lsn() const;
   // Blocks until every record below `lsn` has been written (or failed); returns the first
-  // write error, if any. Thread-safe.
+  // write error, if any. In periodic mode the writer writes its group at once rather than
+  // at the end of its gathering window. Thread-safe.
   absl::Status WaitWritten(uint64_t lsn);
 
   struct Stats {
