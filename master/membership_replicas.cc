@@ -27,7 +27,10 @@ void Membership::FillReplication(const std::string& pod_id, ReplicationRole* out
   std::map<std::string, std::vector<uint32_t>> following;  // primary -> vshards
   for (int v = 0; v < map_.followers_size(); ++v) {
     const auto& set = map_.followers(v).pods();
-    if (map_.owner(v) == pod_id) followers.insert(set.begin(), set.end());
+    if (map_.owner(v) == pod_id) {
+      followers.insert(set.begin(), set.end());
+      if (set.empty() && config_.replication() >= 2) out->add_sole_copy(v);
+    }
     if (std::find(set.begin(), set.end(), pod_id) != set.end()) {
       following[map_.owner(v)].push_back(v);
     }
@@ -55,6 +58,7 @@ absl::StatusOr<std::vector<std::string>> Membership::FailOver(const std::vector<
   std::set<std::string> tell;
   std::map<std::string, std::vector<uint32_t>> promoted;  // new primary -> vshards
   std::vector<uint32_t> stranded;                         // no live follower to promote
+  std::map<std::string, std::vector<uint32_t>> resynced;  // follower left out -> vshards
   uint32_t dropped = 0;
   // The live pod of a vshard's `ack_set` with the most of `primary`'s log: the fewest
   // records shipped to it and not yet acknowledged in the primary's latest lag report
@@ -101,7 +105,17 @@ absl::StatusOr<std::vector<std::string>> Membership::FailOver(const std::vector<
         promoted[*live].push_back(v);
         tell.insert(owner);  // if only paused, it learns at once that it was deposed
         kept.erase(live);
-        for (const std::string& f : kept) tell.insert(f);
+        // R >= 3: the other followers may lack records the promoted one holds (shipped by
+        // the lost primary, not yet acknowledged): a client's retry of one is answered
+        // "duplicate" by the new primary, and a second failover to such a follower would
+        // lose it. No follower can tell which of the lost primary's records another holds
+        // (each stream is numbered on its own), so they leave the ack set and
+        // re-replication copies the new primary's state (rows and push keys) to them.
+        for (const std::string& f : kept) {
+          tell.insert(f);
+          resynced[f].push_back(v);
+        }
+        kept.clear();
       }
     }
     set->clear_pods();
@@ -121,6 +135,12 @@ absl::StatusOr<std::vector<std::string>> Membership::FailOver(const std::vector<
     LOG(WARNING) << absl::StrJoin(lost, ", ") << " left the ack sets of " << dropped
                  << " vshard copies at epoch " << map_.epoch()
                  << "; those vshards have fewer copies until re-replication";
+  }
+  for (const auto& [pod, vshards] : resynced) {
+    LOG(WARNING) << "ACK SET: " << pod << " removed from the ack sets of " << vshards.size()
+                 << " vshards whose primary failed over at epoch " << map_.epoch()
+                 << ": it may lack records the new primary holds; re-replication copies them "
+                    "to it again";
   }
   if (!stranded.empty()) {
     LOG(ERROR) << stranded.size() << " vshards of " << absl::StrJoin(lost, ", ")

@@ -308,7 +308,8 @@ TEST_F(ThreeCopiesTest, FailoverPromotesTheFollowerHoldingTheMostOfTheLog) {
   const ShardMapResponse map = Map();
   for (uint32_t v = 0; v < 4; ++v) {
     EXPECT_EQ(OwnerOf(map, v), "ps-2") << v;
-    EXPECT_EQ(FollowersOf(map, v), std::vector<std::string>{"ps-1"}) << v;
+    // ps-1 may lack what ps-2 holds: out of the ack set until re-replication copies it.
+    EXPECT_TRUE(FollowersOf(map, v).empty()) << v;
   }
 }
 

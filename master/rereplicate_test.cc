@@ -76,7 +76,7 @@ class RereplicateTest : public testing::Test {
     o.data_dir = dir_;
     o.num_vshards = 16;
     o.num_ps = num_ps_;
-    o.replication = 2;
+    o.replication = replication_;
     o.lease = kLease;
     o.clock = [this] { return now_; };
     o.pod_control = pods_;
@@ -152,6 +152,7 @@ class RereplicateTest : public testing::Test {
   std::shared_ptr<FakePods> pods_ = std::make_shared<FakePods>();
   std::string dir_;
   uint32_t num_ps_ = 3;
+  uint32_t replication_ = 2;  // set before Start
   absl::Time now_ = absl::FromUnixSeconds(1'000'000);
   std::unique_ptr<MasterCore> core_;
 };
@@ -330,6 +331,50 @@ TEST_F(RereplicateTest, AMoveWhoseSourceFailedOverMeanwhileIsNotCommitted) {
   const absl::Status s = core_->Drain(req, &resp);
   EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
   for (uint32_t v = 6; v < 11; ++v) EXPECT_EQ(Copies()[v], "ps-2:") << v;
+}
+
+TEST_F(RereplicateTest, AtThreeCopiesAFailoverRecopiesTheOtherFollowers) {
+  // R = 3 over 4 pods: ps-0 leads 0-3, followed by ps-1 and ps-2.
+  replication_ = 3;
+  Start(4);
+  ASSERT_EQ(Copies()[0], "ps-0:ps-1,ps-2,");
+  Lose("ps-0");
+  // ps-1 is promoted. ps-2 may lack records ps-0 shipped to ps-1 only (not acknowledged):
+  // a retry of one is a duplicate at ps-1, so ps-2 would never get it, and a second
+  // failover to ps-2 would lose it. ps-2 leaves the ack set: ps-1 has one copy until
+  // re-replication.
+  for (uint32_t v = 0; v < 4; ++v) EXPECT_EQ(Copies()[v], "ps-1:") << v;
+  EXPECT_TRUE(Following("ps-2:1")["ps-0"].empty());
+  const std::set<uint32_t> ps2_followed_ps1 = Following("ps-2:1")["ps-1"];
+  for (uint32_t v = 0; v < 4; ++v) EXPECT_EQ(ps2_followed_ps1.count(v), 0u) << v;
+  // Re-replication copies ps-1's state (rows and push keys) to two followers again: ps-2,
+  // which already follows ps-1's own vshards, among them.
+  ASSERT_TRUE(core_->Rereplicate().ok());
+  const ShardMapResponse map = Map();
+  for (int v = 0; v < map.owner_size(); ++v) {
+    EXPECT_EQ(map.followers(v).pods_size(), 2) << "vshard " << v;
+    if (v >= 4) continue;
+    std::set<std::string> followers;
+    for (uint32_t f : map.followers(v).pods()) followers.insert(map.pods(f).pod_id());
+    EXPECT_EQ(map.pods(map.owner(v)).pod_id(), "ps-1") << v;
+    EXPECT_EQ(followers, (std::set<std::string>{"ps-2", "ps-3"})) << "vshard " << v;
+  }
+  {
+    absl::MutexLock lock(&pods_->mu);
+    std::set<uint32_t> into_ps2;
+    for (const auto& [address, req] : pods_->imports) {
+      if (address == "ps-2:1") into_ps2.insert(req.vshards().begin(), req.vshards().end());
+    }
+    for (uint32_t v = 0; v < 4; ++v) EXPECT_EQ(into_ps2.count(v), 1u) << v;
+  }
+}
+
+TEST_F(RereplicateTest, AtTwoCopiesAFailoverKeepsNoFollowerToRecopy) {
+  // R = 2: the promoted follower was the only one; nothing else leaves an ack set.
+  Start(3);
+  Lose("ps-0");
+  for (uint32_t v = 0; v < 6; ++v) EXPECT_EQ(Copies()[v], "ps-1:") << v;
+  EXPECT_EQ(Copies()[6], "ps-1:ps-2,");
 }
 
 }  // namespace

@@ -161,6 +161,7 @@ PsCore::~PsCore() {
                                          : nullptr);
   }
   replicator_.reset();
+  if (synced_acks_ != nullptr) synced_acks_->Stop();  // uses the storage
   storage_.reset();
 }
 
@@ -479,6 +480,19 @@ void PsCore::PushAsync(const PushRequest& req, PushResponse* resp, Done done) {
     }
     return done(RefusedOrDuplicate(req.key(), resp, std::move(s)));
   }
+  if (const uint32_t piece = req.key().piece(); piece != 0) {
+    // A re-routed piece holds the rows of its one vshard (ps/storage/push_dedup.h).
+    for (const PreparedPush& p : prepared) {
+      for (int64_t id : p.rows.ids) {
+        const uint32_t v = VShardOf(RouteHash(p.rows.table->name_hash(), id), own->num_vshards());
+        if (v != piece - 1) {
+          return done(absl::InvalidArgumentError(
+              absl::StrCat("push piece ", piece, " (vshard ", piece - 1, ") holds row ", id,
+                           " of '", p.rows.table->spec().name(), "', which is in vshard ", v)));
+        }
+      }
+    }
+  }
   Change change;
   change.key = &req.key();
   change.resp = resp;
@@ -550,13 +564,16 @@ void PsCore::ApplyChange(const Change& change, ApplyFn apply, Done done) {
     return absl::OkStatus();
   };
   if (change.ship && replicator_ != nullptr && replicator_->active()) {
-    if (change.key == nullptr) return ApplyShipped(change, apply_and_track, std::move(done));
+    if (change.key == nullptr) {
+      return ApplyShipped(change, apply_and_track, AckWhenDurable(change, std::move(done)));
+    }
     // As below: the key is marked applied once this pod and the ack set hold the change.
-    return ApplyShipped(change, apply_and_track,
-                        [this, key = *change.key, done = std::move(done)](absl::Status s) {
-                          dedup_.Finish(key, /*applied=*/s.ok());
-                          done(s);
-                        });
+    return ApplyShipped(
+        change, apply_and_track,
+        AckWhenDurable(change, [this, key = *change.key, done = std::move(done)](absl::Status s) {
+          dedup_.Finish(key, /*applied=*/s.ok());
+          done(s);
+        }));
   }
   if (storage_ == nullptr) {
     absl::Status s = apply_and_track(nullptr);
@@ -564,16 +581,18 @@ void PsCore::ApplyChange(const Change& change, ApplyFn apply, Done done) {
     return done(s);
   }
   if (change.key == nullptr) {
-    return storage_->ApplyLogged(PushKey(), change.record_bytes, apply_and_track, std::move(done),
-                                 nullptr, change.exclusive);
+    return storage_->ApplyLogged(PushKey(), change.record_bytes, apply_and_track,
+                                 AckWhenDurable(change, std::move(done)), nullptr,
+                                 change.exclusive);
   }
   // The key is marked applied only once the record is durable, so a retry before then is
   // told to wait (ABORTED) rather than acknowledged early.
-  storage_->ApplyLogged(*change.key, change.record_bytes, apply_and_track,
-                        [this, key = *change.key, done = std::move(done)](absl::Status s) {
-                          dedup_.Finish(key, /*applied=*/s.ok());
-                          done(s);
-                        });
+  storage_->ApplyLogged(
+      *change.key, change.record_bytes, apply_and_track,
+      AckWhenDurable(change, [this, key = *change.key, done = std::move(done)](absl::Status s) {
+        dedup_.Finish(key, /*applied=*/s.ok());
+        done(s);
+      }));
 }
 
 absl::Status PsCore::RefusedOrDuplicate(const PushKey& key, PushResponse* resp,

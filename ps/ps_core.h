@@ -29,6 +29,7 @@
 #include "ps/storage/log_record.h"
 #include "ps/storage/pod_storage.h"
 #include "ps/storage/push_dedup.h"
+#include "ps/synced_acks.h"
 
 namespace ps {
 
@@ -203,6 +204,10 @@ class PsCore {
   // each primary's numbered batches in number order (ps/replica_order.h).
   void ReplicateRecords(const ReplicateRecordsRequest& req, ReplicateRecordsResponse* resp,
                         Done done);
+  // The same with the request shared: this pod's log keeps references to the records it
+  // logs as they came (no copy) until they are written. The gRPC service's form.
+  void ReplicateRecords(std::shared_ptr<const ReplicateRecordsRequest> req,
+                        ReplicateRecordsResponse* resp, Done done);
   // A primary with followers accepts changes only until `deadline` (its master lease, set
   // by the master agent after each heartbeat: the heartbeat's send time + the lease), so a
   // primary cut off from the master stops before the master promotes a follower.
@@ -217,6 +222,10 @@ class PsCore {
     // follow from the sender (yet), e.g. while a copy fills them.
     uint64_t rows_left_out = 0;
     uint64_t lease_refusals = 0;
+    // Vshards this pod leads with no follower in their ack set, and the changes of them
+    // acknowledged only after an fsync of the log (periodic durability), in how many fsyncs.
+    uint32_t sole_copy = 0;
+    uint64_t sole_copy_synced_acks = 0, sole_copy_syncs = 0;
     // A follower this far behind is to be reported to the master at once (the role's
     // max_lag_ms; zero: none given).
     absl::Duration max_lag;
@@ -427,6 +436,8 @@ class PsCore {
   // log records), which ImportChunk and FinishImport return. Reset by BeginImport.
   absl::Mutex import_mu_;
   absl::Status import_error_ ABSL_GUARDED_BY(import_mu_);
+  // A chunk merged the source's push keys: FinishImport stores them.
+  bool keys_imported_ ABSL_GUARDED_BY(import_mu_) = false;
 
   mutable absl::Mutex mu_;
   std::shared_ptr<const ShardOwnership> ownership_ ABSL_GUARDED_BY(mu_);
@@ -440,16 +451,26 @@ class PsCore {
     std::vector<std::string> primary_of;  // per vshard: the primary this pod follows, or ""
     uint64_t role_epoch = 0;              // epoch at which primary_of last changed
     std::vector<ReplicaPeer> followers;
+    // Per vshard: this pod leads it with an empty ack set (ReplicationRole.sole_copy).
+    std::vector<bool> sole_copy;
+    bool any_sole_copy = false;
   };
   Role role_ ABSL_GUARDED_BY(migrate_mu_);
+  // --durability=periodic: changes of a vshard this pod holds the only copy of are
+  // acknowledged once the log is fsynced (AckWhenDurable); null in other modes and in
+  // memory. Stopped before the storage closes.
+  std::unique_ptr<SyncedAcks> synced_acks_;
+  // `done`, or when `change` is a client's change of a sole-copy vshard on a periodic pod,
+  // a callback that passes an OK on to `done` only after the next fsync of the log.
+  Done AckWhenDurable(const Change& change, Done done) ABSL_SHARED_LOCKS_REQUIRED(migrate_mu_);
   std::unique_ptr<Replicator> replicator_;  // null without options_.replica_sender
   // Held from apply to ship by a primary with followers (see ApplyShipped).
   absl::Mutex ship_mu_ ABSL_ACQUIRED_AFTER(migrate_mu_);
   absl::Mutex follow_mu_;  // one replicated batch at a time
   // ReplicateRecords in its turn: applies the batch, answers `done`, returns how many of
   // its records applied (0 when refused).
-  uint64_t ApplyReplicated(const ReplicateRecordsRequest& req, ReplicateRecordsResponse* resp,
-                           Done done);
+  uint64_t ApplyReplicated(const std::shared_ptr<const ReplicateRecordsRequest>& req,
+                           ReplicateRecordsResponse* resp, Done done);
   std::atomic<int64_t> write_lease_ns_{0};  // absl::ToUnixNanos of the lease's end
   // The log this pod recovered at start (ps_core_replicate.cc; PodStorage::
   // ForEachRecoveredRecord): its keys are held (a retry gets ABORTED) until the first

@@ -70,7 +70,10 @@ DEFINE_string(durability, "process",
               "pod (acknowledged once in the OS page cache). machine: power loss "
               "(acknowledged once fsynced; concurrent pushes share an fsync). periodic: "
               "acknowledged at once, written and fsynced every --flush_ms, so a crash loses "
-              "at most the last --flush_ms of acknowledged pushes.");
+              "at most the last --flush_ms of acknowledged pushes (at ps-master "
+              "--replication >= 2 their followers hold them; a vshard with no follower in its "
+              "ack set has its pushes acknowledged once fsynced instead). A process-mode pod "
+              "whose machine went down (another boot id) reports its log tail lost.");
 DEFINE_int32(flush_ms, 100, "--durability=periodic: most milliseconds of pushes a crash loses.");
 DEFINE_int32(max_log_mb, 1024,
              "With --data_dir: MB of push log not yet materialized beyond which pushes wait "
