@@ -2,21 +2,27 @@
 // docs/architecture.md "Cluster checkpoints"): ps-master and two durable pods as processes,
 // each the follower of the other's vshards, a push load running while the checkpoint is
 // taken. The whole cluster is then stopped and started again on the checkpoint's copies
-// (the master's store and each pod's database), at the same addresses. Afterwards the two
-// copies of each vshard must be the same rows: ps-0's rows are read from ps-0 (a training
-// pull at their primary), then ps-0 is SIGKILLed and the same rows are read from its
-// follower ps-1 (a read_only pull falls back to it; the master's lease is a minute, so no
-// failover happens meanwhile). Replicas that differ would make a later failover serve
-// other rows than the primary did. Nothing is asserted on timing.
+// (the master's store and each pod's database), at the same addresses.
 //
-// DISABLED: it fails today (66 of 379 rows of ps-0's vshards differed, the follower
-// ahead): Master.Checkpoint cuts each pod's database, followed vshards included, one pod
-// after the other while pushes flow, so the follower's copy of a vshard is cut at another
-// moment than its primary's, and nothing reconciles them at restore (replay skips records
-// a row already holds). Run it with --gtest_also_run_disabled_tests.
+// The pods' copies are cut one after the other while pushes flow, so a follower's copy of
+// a vshard is cut at another moment than its primary's. The checkpoint keeps each vshard's
+// primary's copy only (master/checkpoints.h): the restored map has empty ack sets, and
+// re-replication refills the followers from the primaries. Checked here: the restored map
+// names the same primaries and no followers; once refilled, the restored rows are a cut of
+// the load (every push acknowledged before the checkpoint began applied once, none sent
+// after it ended, none twice, the shared rows between those bounds); and the two copies of
+// each vshard hold the same rows, bit for bit: ps-0's rows are read from ps-0, then ps-0 is
+// SIGKILLed and the same rows are read from its follower ps-1 (a read_only pull falls back
+// to it; the master's lease is a minute, so no failover happens meanwhile). Replicas that
+// differ would make a later failover serve other rows than the primary did (before the fix,
+// 66 of 379 rows of ps-0's vshards differed, the follower ahead). Nothing is asserted on
+// timing.
 #include <grpcpp/grpcpp.h>
 
+#include <algorithm>
 #include <filesystem>
+#include <iostream>
+#include <map>
 #include <set>
 
 #include "absl/strings/str_cat.h"
@@ -63,7 +69,7 @@ absl::StatusOr<ShardMapResponse> WaitReplicated(const ShardMapWatch& watch) {
       absl::Seconds(60), "both pods live, each vshard on both");
 }
 
-TEST(CheckpointReplicatedTest, DISABLED_RestoredReplicasHoldTheSameRows) {
+TEST(CheckpointReplicatedTest, RestoredReplicasHoldThePrimarysCheckpointedRows) {
   TempDir dir("ps-ckpt-r2");
   ASSERT_FALSE(dir.path().empty());
   chaos::ClusterOptions co;
@@ -86,7 +92,8 @@ TEST(CheckpointReplicatedTest, DISABLED_RestoredReplicasHoldTheSameRows) {
   // heartbeat (20 s here): restarted in place, it gets it at registration.
   cluster.KillPod(0);
   ASSERT_TRUE(cluster.StartPod(0, /*same_port=*/true).ok()) << cluster.Logs();
-  ASSERT_TRUE(WaitReplicated(watch).ok()) << cluster.Logs();
+  auto before = WaitReplicated(watch);
+  ASSERT_TRUE(before.ok()) << before.status() << cluster.Logs();
 
   ClientOptions client;
   client.master = cluster.master_address();
@@ -116,12 +123,14 @@ TEST(CheckpointReplicatedTest, DISABLED_RestoredReplicasHoldTheSameRows) {
   auto master = Master::NewStub(
       grpc::CreateChannel(cluster.master_address(), grpc::InsecureChannelCredentials()));
   CheckpointResponse cp;
+  const absl::Time checkpoint_start = absl::Now();
   {
     grpc::ClientContext ctx;
     ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(60)));
     absl::Status s = FromGrpcStatus(master->Checkpoint(&ctx, CheckpointRequest(), &cp));
     ASSERT_TRUE(s.ok()) << s << cluster.Logs();
   }
+  const absl::Time checkpoint_end = absl::Now();
   ASSERT_EQ(cp.checkpoint().pods_size(), 2);
   ASSERT_TRUE(wait_acks(50)) << cluster.Logs();
   (*load)->Stop();
@@ -139,11 +148,27 @@ TEST(CheckpointReplicatedTest, DISABLED_RestoredReplicasHoldTheSameRows) {
   }
   if (HasFatalFailure()) return;
   ASSERT_TRUE(cluster.StartMaster().ok()) << cluster.Logs();
+  {
+    // The restored map: the same primaries, no followers.
+    auto map = watch.Fetch();
+    ASSERT_TRUE(map.ok()) << map.status() << cluster.Logs();
+    EXPECT_GT(map->epoch(), before->epoch());
+    for (const std::string& pod : {"ps-0", "ps-1"}) {
+      EXPECT_EQ(OwnedVShards(*map, pod), OwnedVShards(*before, pod)) << pod;
+    }
+    for (int v = 0; v < map->followers_size(); ++v) {
+      EXPECT_EQ(map->followers(v).pods_size(), 0) << "vshard " << v;
+    }
+  }
+  const absl::Time restart = absl::Now();
   for (uint32_t i = 0; i < co.pods; ++i) {
     ASSERT_TRUE(cluster.StartPod(i, /*same_port=*/true).ok()) << cluster.Logs();
   }
   auto restored = WaitReplicated(watch);
   ASSERT_TRUE(restored.ok()) << restored.status() << cluster.Logs();
+  // A figure for docs/architecture.md, not an assertion.
+  std::cout << "restored and re-replicated " << kVShards << " vshards in "
+            << absl::ToDoubleSeconds(absl::Now() - restart) << " s\n";
   const std::vector<uint32_t> led = OwnedVShards(*restored, "ps-0");
   const std::set<uint32_t> led_set(led.begin(), led.end());
   const uint64_t name = NameHash(kTable);
@@ -153,9 +178,55 @@ TEST(CheckpointReplicatedTest, DISABLED_RestoredReplicasHoldTheSameRows) {
   }
   ASSERT_FALSE(of_ps0.empty());
 
-  // ps-0's rows at ps-0, then at its follower ps-1.
   auto reader = PsClient::Connect(client);
   ASSERT_TRUE(reader.ok()) << reader.status();
+
+  // The restored rows, read at the primaries, are a cut of the load taken during the
+  // checkpoint. (Each pod's copy is cut at its own moment, so a push that straddles the
+  // checkpoint may be in one pod's copy and not the other's: only bounds are exact.)
+  {
+    std::vector<int64_t> all;
+    for (const LoadPush& p : pushes) all.push_back(p.marker);
+    for (int64_t id = 0; id < 64; ++id) all.push_back(id);
+    std::vector<float> values(all.size() * kLoadDim);
+    absl::Status s = (*reader)->Pull({{kTable, all, values.data()}}, /*read_only=*/true);
+    ASSERT_TRUE(s.ok()) << s << cluster.Logs();
+    std::map<int64_t, int64_t> low, high;  // per shared row: pushes certainly / maybe in it
+    size_t wrong = 0;
+    std::string problems;
+    for (size_t i = 0; i < pushes.size(); ++i) {
+      const LoadPush& p = pushes[i];
+      const float* row = &values[i * kLoadDim];
+      const bool before_cut = p.acked && p.done_at < checkpoint_start;
+      const bool after_cut = p.sent_at > checkpoint_end;
+      const bool ok = std::all_of(row, row + kLoadDim, [&](float x) { return x == row[0]; }) &&
+                      (row[0] == 0 || row[0] == 1) && !(before_cut && row[0] != 1) &&
+                      !(after_cut && row[0] != 0);
+      if (!ok && ++wrong <= 5) {
+        absl::StrAppend(&problems, "push ", p.marker >> 32, "/", p.marker & 0xffffffff,
+                        (before_cut  ? " (acknowledged before the checkpoint)"
+                         : after_cut ? " (sent after the checkpoint)"
+                                     : ""),
+                        ": marker ", row[0], "\n");
+      }
+      for (int64_t id : p.shared) {
+        low[id] += before_cut ? 1 : 0;
+        high[id] += p.sent_at < checkpoint_end ? 1 : 0;
+      }
+    }
+    for (int64_t id = 0; id < 64; ++id) {
+      const float* row = &values[(pushes.size() + id) * kLoadDim];
+      for (int d = 0; d < kLoadDim; ++d) {
+        if ((row[d] < low[id] || row[d] > high[id]) && ++wrong <= 10) {
+          absl::StrAppend(&problems, "shared row ", id, "[", d, "] = ", row[d], ", not in [",
+                          low[id], ", ", high[id], "]\n");
+        }
+      }
+    }
+    EXPECT_EQ(wrong, 0u) << "the restored rows are not a cut of the load:\n" << problems;
+  }
+
+  // ps-0's rows at ps-0, then at its follower ps-1.
   std::vector<float> primary(of_ps0.size() * kLoadDim), follower(of_ps0.size() * kLoadDim);
   absl::Status read = (*reader)->Pull({{kTable, of_ps0, primary.data()}}, /*read_only=*/true);
   ASSERT_TRUE(read.ok()) << read << cluster.Logs();
