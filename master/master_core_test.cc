@@ -643,6 +643,7 @@ TEST_F(MasterCoreTest, ClusterCheckpointCopiesEveryOwnerAndTheMaster) {
 // re-replication refills the followers from the primaries after a restore.
 TEST_F(MasterCoreTest, ReplicatedCheckpointKeepsThePrimariesCopiesOnly) {
   core_.reset();
+  std::filesystem::remove_all(dir_);  // a new cluster: R is fixed for the data dir
   MasterOptions o = Options();
   o.replication = 2;
   o.rereplicate_interval = absl::ZeroDuration();  // rounds run when the test says
