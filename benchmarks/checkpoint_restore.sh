@@ -32,6 +32,7 @@ echo "checkpoint under load: $(/usr/bin/python3 -c "print(f'{$t1 - $t0:.2f}')") 
 for p in "${PIDS[@]}"; do kill -KILL "$p" 2>/dev/null || true; done
 for p in "${PIDS[@]}"; do wait "$p" 2>/dev/null || true; done
 PIDS=()
+rm -f "$DIR"/*.port
 CK="$CKPT/ckpt-1"
 start_master --lease_ms=3000 --replication=2 --data_dir="$CK/master"
 t2=$(date +%s.%N)
