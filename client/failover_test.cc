@@ -307,7 +307,9 @@ TEST_P(FailoverWriteTest, ShippedPushIsAppliedOnceAtThePromotedFollower) {
   Outcome out = PushThrough(/*shipped=*/true, {kUnavailable});
   ASSERT_TRUE(out.push.ok()) << out.push;
   for (float v : out.rows) ASSERT_EQ(v, 1.0f);  // once, not twice
-  EXPECT_EQ(out.stats.duplicate_pushes, 1u);    // the follower knew the key
+  // The follower knew the key: a sparse part goes again as one piece per vshard
+  // (PushKey.piece), each answered "duplicate".
+  EXPECT_GE(out.stats.duplicate_pushes, 1u);
   EXPECT_GE(out.stats.reroutes, 1u);
   EXPECT_LT(out.primary_pushes, 10);  // it followed the map instead of using up its attempts
 }
@@ -329,7 +331,7 @@ TEST_P(FailoverWriteTest, DeposedPrimaryRefusingAfterAnUnknownFateKeepsTheKey) {
       {kUnavailable, ToGrpcStatus(WrongShardError("vshard 0 is not this pod's", 2, 0))});
   ASSERT_TRUE(out.push.ok()) << out.push;
   for (float v : out.rows) ASSERT_EQ(v, 1.0f);
-  EXPECT_EQ(out.stats.duplicate_pushes, 1u);
+  EXPECT_GE(out.stats.duplicate_pushes, 1u);  // one per re-routed piece (sparse)
 }
 
 INSTANTIATE_TEST_SUITE_P(SparseAndDense, FailoverWriteTest, testing::Bool(),

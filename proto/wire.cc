@@ -91,6 +91,20 @@ class Writer {
     const size_t size = owned->size();
     slices_.emplace_back(data, size, &DeleteString, owned.release());
   }
+  // Writes *bytes as a length-delimited field; a large one becomes a slice of its own over
+  // the shared string, which the slice keeps alive (one reference) until it is sent.
+  void SharedBytesField(uint32_t field, const std::shared_ptr<const std::string>& bytes) {
+    if (bytes->size() < kOwnSliceBytes) {
+      StringField(field, *bytes);
+      return;
+    }
+    MessageHeader(field, bytes->size());
+    Flush();
+    auto ref = std::make_unique<std::shared_ptr<const std::string>>(bytes);
+    // gRPC only reads a slice's bytes; the non-const pointer is its constructor's type.
+    void* data = const_cast<char*>(bytes->data());
+    slices_.emplace_back(data, bytes->size(), &DropShared, ref.release());
+  }
   // Appends `bytes` bytes at `data` as a slice of their own; the slice owns them and
   // gRPC calls free(data) once they are sent.
   void OwnMalloced(char* data, size_t bytes) {
@@ -104,6 +118,10 @@ class Writer {
 
  private:
   static void DeleteString(void* s) { std::unique_ptr<std::string>(static_cast<std::string*>(s)); }
+  static void DropShared(void* ref) {
+    std::unique_ptr<std::shared_ptr<const std::string>>(
+        static_cast<std::shared_ptr<const std::string>*>(ref));
+  }
   void Flush() {
     if (buf_.empty()) return;
     slices_.emplace_back(buf_.data(), buf_.size());  // copies
@@ -165,10 +183,11 @@ grpc::ByteBuffer EncodePushRequest(PushRequest* msg) {
   if (msg->has_key()) {
     const PushKey& k = msg->key();
     w.MessageHeader(2, VarintFieldSize(k.worker_id()) + VarintFieldSize(k.incarnation()) +
-                           VarintFieldSize(k.sequence()));
+                           VarintFieldSize(k.sequence()) + VarintFieldSize(k.piece()));
     w.VarintField(1, k.worker_id());
     w.VarintField(2, k.incarnation());
     w.VarintField(3, k.sequence());
+    w.VarintField(4, k.piece());
   }
   for (TableGrads& t : *msg->mutable_tables()) {
     w.MessageHeader(3, LengthFieldSize(t.table().size()) + LengthFieldSize(t.ids().size()) +
@@ -178,6 +197,25 @@ grpc::ByteBuffer EncodePushRequest(PushRequest* msg) {
     w.BytesField(3, t.mutable_grads());
     w.FloatField(4, t.learning_rate());
   }
+  return w.Finish();
+}
+
+grpc::ByteBuffer EncodeReplicateRecordsRequest(
+    const ReplicateRecordsRequest& header,
+    absl::Span<const std::shared_ptr<const std::string>> records) {
+  Writer w;
+  w.VarintField(1, header.epoch());
+  w.StringField(2, header.primary());
+  for (const std::shared_ptr<const std::string>& r : records) {
+    if (r->empty()) {  // proto3 writes an empty repeated element too
+      w.MessageHeader(3, 0);
+      continue;
+    }
+    w.SharedBytesField(3, r);
+  }
+  w.VarintField(4, header.stream());
+  w.VarintField(5, header.first());
+  w.VarintField(6, header.restart() ? 1 : 0);
   return w.Finish();
 }
 

@@ -28,6 +28,13 @@ namespace ps::wire {
 // (A pod writes its PullResponse with PullResponseWriter below.)
 grpc::ByteBuffer EncodePullRequest(PullRequest* msg);
 grpc::ByteBuffer EncodePushRequest(PushRequest* msg);
+// A ReplicateRecordsRequest: `header`'s fields (its `records` must be empty) and then
+// `records`, in order, as its records. Each large record becomes a slice over the shared
+// string itself, which the buffer keeps alive (a reference per slice) until gRPC has sent
+// it: the records of a primary's replication stream reach the socket without a copy.
+grpc::ByteBuffer EncodeReplicateRecordsRequest(
+    const ReplicateRecordsRequest& header,
+    absl::Span<const std::shared_ptr<const std::string>> records);
 
 // Builds a PullResponse entry by entry, the values of each entry in a buffer of their own
 // that becomes a slice of the message, so rows written there are never copied again.

@@ -109,6 +109,42 @@ TEST(WireTest, PullRequestAndPushRequestParseWithProtobuf) {
   keyless.add_tables()->set_table("x");
   PushRequest keyless_copy = keyless;
   EXPECT_EQ(Flatten(EncodePushRequest(&keyless_copy)), keyless.SerializeAsString());
+
+  PushRequest piece = push;  // a re-routed piece's key (PushKey.piece) is written too
+  piece.mutable_key()->set_piece(17);
+  PushRequest piece_copy = piece;
+  EXPECT_EQ(Flatten(EncodePushRequest(&piece_copy)), piece.SerializeAsString());
+}
+
+TEST(WireTest, ReplicateRecordsRequestIsProtobufsAndHoldsTheRecordsUntilSent) {
+  ReplicateRecordsRequest header;
+  header.set_epoch(12);
+  header.set_primary("ps-0");
+  header.set_stream(uint64_t{1} << 63);
+  header.set_first(300);
+  header.set_restart(true);
+  std::vector<std::shared_ptr<const std::string>> records = {
+      std::make_shared<const std::string>(Floats(4000, 1)),  // a slice of its own
+      std::make_shared<const std::string>("tiny"),           // copied
+      std::make_shared<const std::string>(),                 // empty: still an element
+      std::make_shared<const std::string>(Floats(300, 2))};
+  ReplicateRecordsRequest expected = header;
+  for (const auto& r : records) expected.add_records(*r);
+  std::string bytes;
+  {
+    grpc::ByteBuffer buffer = EncodeReplicateRecordsRequest(header, records);
+    EXPECT_GT(records[0].use_count(), 1);  // the buffer holds the record, not a copy
+    bytes = Flatten(buffer);
+  }
+  EXPECT_EQ(records[0].use_count(), 1);  // released with the buffer
+  EXPECT_EQ(records[3].use_count(), 1);
+  EXPECT_EQ(bytes, expected.SerializeAsString());
+  ReplicateRecordsRequest parsed;
+  ASSERT_TRUE(parsed.ParseFromString(bytes));
+  EXPECT_TRUE(MessageDifferencer::Equals(parsed, expected));
+
+  ReplicateRecordsRequest unnumbered;  // zero fields and no records: an empty message
+  EXPECT_EQ(Flatten(EncodeReplicateRecordsRequest(unnumbered, {})), "");
 }
 
 TEST(WireTest, DecodesProtobufBytesInAnySliceSplit) {

@@ -479,6 +479,19 @@ void PsCore::PushAsync(const PushRequest& req, PushResponse* resp, Done done) {
     }
     return done(RefusedOrDuplicate(req.key(), resp, std::move(s)));
   }
+  if (const uint32_t piece = req.key().piece(); piece != 0) {
+    // A re-routed piece holds the rows of its one vshard (ps/storage/push_dedup.h).
+    for (const PreparedPush& p : prepared) {
+      for (int64_t id : p.rows.ids) {
+        const uint32_t v = VShardOf(RouteHash(p.rows.table->name_hash(), id), own->num_vshards());
+        if (v != piece - 1) {
+          return done(absl::InvalidArgumentError(
+              absl::StrCat("push piece ", piece, " (vshard ", piece - 1, ") holds row ", id,
+                           " of '", p.rows.table->spec().name(), "', which is in vshard ", v)));
+        }
+      }
+    }
+  }
   Change change;
   change.key = &req.key();
   change.resp = resp;

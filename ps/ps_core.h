@@ -203,6 +203,10 @@ class PsCore {
   // each primary's numbered batches in number order (ps/replica_order.h).
   void ReplicateRecords(const ReplicateRecordsRequest& req, ReplicateRecordsResponse* resp,
                         Done done);
+  // The same with the request shared: this pod's log keeps references to the records it
+  // logs as they came (no copy) until they are written. The gRPC service's form.
+  void ReplicateRecords(std::shared_ptr<const ReplicateRecordsRequest> req,
+                        ReplicateRecordsResponse* resp, Done done);
   // A primary with followers accepts changes only until `deadline` (its master lease, set
   // by the master agent after each heartbeat: the heartbeat's send time + the lease), so a
   // primary cut off from the master stops before the master promotes a follower.
@@ -429,6 +433,8 @@ class PsCore {
   // log records), which ImportChunk and FinishImport return. Reset by BeginImport.
   absl::Mutex import_mu_;
   absl::Status import_error_ ABSL_GUARDED_BY(import_mu_);
+  // A chunk merged the source's push keys: FinishImport stores them.
+  bool keys_imported_ ABSL_GUARDED_BY(import_mu_) = false;
 
   mutable absl::Mutex mu_;
   std::shared_ptr<const ShardOwnership> ownership_ ABSL_GUARDED_BY(mu_);
@@ -450,8 +456,8 @@ class PsCore {
   absl::Mutex follow_mu_;  // one replicated batch at a time
   // ReplicateRecords in its turn: applies the batch, answers `done`, returns how many of
   // its records applied (0 when refused).
-  uint64_t ApplyReplicated(const ReplicateRecordsRequest& req, ReplicateRecordsResponse* resp,
-                           Done done);
+  uint64_t ApplyReplicated(const std::shared_ptr<const ReplicateRecordsRequest>& req,
+                           ReplicateRecordsResponse* resp, Done done);
   std::atomic<int64_t> write_lease_ns_{0};  // absl::ToUnixNanos of the lease's end
   // The log this pod recovered at start (ps_core_replicate.cc; PodStorage::
   // ForEachRecoveredRecord): its keys are held (a retry gets ABORTED) until the first

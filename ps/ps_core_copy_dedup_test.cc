@@ -4,9 +4,12 @@
 // duplicate, from memory and after a restart, instead of applying it twice.
 #include <stdlib.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <map>
+#include <utility>
 
+#include "common/routing/hash.h"
 #include "gtest/gtest.h"
 #include "proto/packed.h"
 #include "proto/wrong_shard.h"
@@ -24,6 +27,31 @@ Assignment Owning(uint64_t epoch, bool all) {
   a.set_num_vshards(kVShards);
   for (uint32_t v = 0; all && v < kVShards; ++v) a.add_owned(v);
   return a;
+}
+
+// An assignment at `epoch` owning `owned`.
+Assignment OwningOnly(uint64_t epoch, const std::vector<uint32_t>& owned) {
+  Assignment a = Owning(epoch, false);
+  for (uint32_t v : owned) a.add_owned(v);
+  return a;
+}
+
+// Every vshard but `moved`.
+std::vector<uint32_t> AllBut(const std::vector<uint32_t>& moved) {
+  std::vector<uint32_t> rest;
+  for (uint32_t v = 0; v < kVShards; ++v) {
+    if (std::find(moved.begin(), moved.end(), v) == moved.end()) rest.push_back(v);
+  }
+  return rest;
+}
+
+// The first `n` ids of "emb" in vshard `v`.
+std::vector<int64_t> IdsOf(uint32_t v, size_t n) {
+  std::vector<int64_t> ids;
+  for (int64_t id = 1; ids.size() < n; ++id) {
+    if (VShardOf(RouteHash(NameHash("emb"), id), kVShards) == v) ids.push_back(id);
+  }
+  return ids;
 }
 
 PushRequest MakePush(const std::vector<int64_t>& ids, uint64_t worker, uint64_t seq) {
@@ -75,31 +103,45 @@ class CopyDedupTest : public testing::Test {
     std::filesystem::remove_all(root_);
   }
 
-  std::unique_ptr<PsCore> Open(const std::string& name) {
+  // `killable`: no round of its own and none at close, so that closing it leaves the disk
+  // as a SIGKILL would.
+  std::unique_ptr<PsCore> Open(const std::string& name, bool killable = false) {
     PsCoreOptions options;
     options.storage.db.dir = root_ + "/" + name;
     options.eviction_interval_ms = 0;
+    if (killable) {
+      options.storage.materialize_ms = 600000;
+      options.storage.materialize_on_close = false;
+    }
     auto core = PsCore::Open(options, *ShardOwnership::Create(kVShards, 0, {}));
     EXPECT_TRUE(core.ok()) << core.status();
     return core.ok() ? *std::move(core) : nullptr;
+  }
+  // b_ again on an empty disk, killable (as Open says), assigned nothing.
+  void ReopenKillableB() {
+    b_.reset();
+    std::filesystem::remove_all(root_ + "/b");
+    b_ = Open("b", /*killable=*/true);
+    ASSERT_NE(b_, nullptr);
+    Apply(*b_, Owning(2, false));
   }
   void Apply(PsCore& core, const Assignment& a) {
     ApplyAssignmentResponse resp;
     ASSERT_TRUE(core.ApplyAssignment(a, &resp).ok());
   }
   // Every vshard of a_, copied into b_ (snapshot, then the fenced final delta).
-  void CopyAll() {
-    std::vector<uint32_t> all;
-    for (uint32_t v = 0; v < kVShards; ++v) all.push_back(v);
-    ASSERT_TRUE(b_->BeginImport(1, all).ok());
+  void CopyAll() { Copy(1, AllBut({})); }
+  // Move `move` of `vshards` from a_ into b_, up to FinishImport (the master commits next).
+  void Copy(uint64_t move, const std::vector<uint32_t>& vshards) {
+    ASSERT_TRUE(b_->BeginImport(move, vshards).ok());
     MigrateBeginRequest begin;
-    begin.set_move_id(1);
-    for (uint32_t v : all) begin.add_vshards(v);
+    begin.set_move_id(move);
+    for (uint32_t v : vshards) begin.add_vshards(v);
     MigrateBeginResponse begun;
     ASSERT_TRUE(a_->MigrateBegin(begin, &begun).ok());
     for (auto phase : {MigrateExportRequest::SNAPSHOT, MigrateExportRequest::FINAL}) {
       MigrateExportRequest ex;
-      ex.set_move_id(1);
+      ex.set_move_id(move);
       ex.set_phase(phase);
       for (;;) {
         MigrateExportResponse chunk;
@@ -180,6 +222,112 @@ TEST_F(CopyDedupTest, APrimaryWithoutAWriteLeaseSaysWhetherItApplied) {
   EXPECT_EQ(refused.code(), absl::StatusCode::kUnavailable) << refused;
   EXPECT_TRUE(IsNotApplied(refused)) << refused;
   EXPECT_EQ(Rows(*a_).at(1), std::vector<float>(kDim, 1.0f));
+}
+
+// Vshard v's piece of `req` (its key with piece = v + 1), as the client re-routes a part
+// whose fate was unknown.
+PushRequest PieceOf(PushRequest req, uint32_t v) {
+  req.mutable_key()->set_piece(v + 1);
+  return req;
+}
+
+// A part of vshards 1 and 2 whose fate stayed unknown (its pod was lost before applying
+// it) is re-routed as pieces with its key kept; a drain moves 1 and then 2 to b, so the
+// pieces reach b one move apart. Each applies once there (before, the second was answered
+// "duplicate" from the first and lost: keys were per pod).
+TEST_F(CopyDedupTest, PiecesOfASplitPartApplyOnceEachAcrossMoves) {
+  ReopenKillableB();
+  const std::vector<int64_t> in1 = IdsOf(1, 2), in2 = IdsOf(2, 2);
+  Copy(1, {1});
+  Apply(*a_, OwningOnly(3, AllBut({1})));
+  Apply(*b_, OwningOnly(3, {1}));
+  PushResponse resp;
+  ASSERT_TRUE(b_->Push(PieceOf(MakePush(in1, 9, 1), 1), &resp).ok());
+  EXPECT_FALSE(resp.duplicate());
+  Copy(2, {2});
+  Apply(*a_, OwningOnly(4, AllBut({1, 2})));
+  Apply(*b_, OwningOnly(4, {1, 2}));
+  ASSERT_TRUE(b_->Push(PieceOf(MakePush(in2, 9, 1), 2), &resp).ok());
+  EXPECT_FALSE(resp.duplicate());
+  // Retries of either piece are duplicates; a piece with a row of another vshard is refused.
+  for (const auto& [ids, v] : {std::pair(in1, 1u), std::pair(in2, 2u)}) {
+    PushResponse retry;
+    ASSERT_TRUE(b_->Push(PieceOf(MakePush(ids, 9, 1), v), &retry).ok());
+    EXPECT_TRUE(retry.duplicate());
+  }
+  EXPECT_EQ(b_->Push(PieceOf(MakePush({in1[0], in2[0]}, 9, 2), 1), &resp).code(),
+            absl::StatusCode::kInvalidArgument);
+  const auto rows = Rows(*b_);
+  for (int64_t id : {in1[0], in1[1], in2[0], in2[1]}) {
+    EXPECT_EQ(rows.at(id), std::vector<float>(kDim, 1.0f)) << id;
+  }
+  // The pieces are in b's log only: after a crash, each is still a duplicate.
+  b_.reset();
+  b_ = Open("b", /*killable=*/true);
+  ASSERT_NE(b_, nullptr);
+  Apply(*b_, OwningOnly(5, {1, 2}));
+  PushResponse after;
+  ASSERT_TRUE(b_->Push(PieceOf(MakePush(in2, 9, 1), 2), &after).ok());
+  EXPECT_TRUE(after.duplicate());
+  EXPECT_EQ(Rows(*b_), rows);
+}
+
+// The original pod applied the part whole before its vshards moved: the copy carries the
+// key, and every piece re-routed to the destination is a duplicate there.
+TEST_F(CopyDedupTest, PiecesOfAPartAppliedWholeBeforeTheCopyAreDuplicates) {
+  const std::vector<int64_t> in1 = IdsOf(1, 2), in2 = IdsOf(2, 2);
+  std::vector<int64_t> both = in1;
+  both.insert(both.end(), in2.begin(), in2.end());
+  PushResponse resp;
+  ASSERT_TRUE(a_->Push(MakePush(both, 9, 1), &resp).ok());
+  Copy(1, {1, 2});
+  Apply(*a_, OwningOnly(3, AllBut({1, 2})));
+  Apply(*b_, OwningOnly(3, {1, 2}));
+  const auto before = Rows(*b_);
+  for (const auto& [ids, v] : {std::pair(in1, 1u), std::pair(in2, 2u)}) {
+    PushResponse piece;
+    ASSERT_TRUE(b_->Push(PieceOf(MakePush(ids, 9, 1), v), &piece).ok());
+    EXPECT_TRUE(piece.duplicate());
+  }
+  EXPECT_EQ(Rows(*b_), before);
+  EXPECT_EQ(before.at(in2[0]), std::vector<float>(kDim, 1.0f));
+}
+
+// A piece applied at a (vshard 2) does not travel with a copy of vshard 1: at b the key is
+// not applied for vshard 2, whose rows the copy did not carry.
+TEST_F(CopyDedupTest, ACopyCarriesOnlyThePiecesOfItsVShards) {
+  const std::vector<int64_t> in2 = IdsOf(2, 1);
+  PushResponse resp;
+  ASSERT_TRUE(a_->Push(PieceOf(MakePush(in2, 9, 1), 2), &resp).ok());
+  Copy(1, {1});
+  Apply(*a_, OwningOnly(3, AllBut({1})));
+  Apply(*b_, OwningOnly(3, {1, 2}));
+  PushResponse piece;
+  ASSERT_TRUE(b_->Push(PieceOf(MakePush(in2, 9, 1), 2), &piece).ok());
+  EXPECT_FALSE(piece.duplicate());
+}
+
+// The keys a copy carries are on the destination's disk once FinishImport returns (the
+// master commits the move next): a crash of the destination right after the commit does
+// not forget them (before, they were stored at its next round only, and the retry of a
+// push the copy held applied twice after the crash).
+TEST_F(CopyDedupTest, CopiedKeysSurviveACrashRightAfterTheCopy) {
+  ReopenKillableB();
+  const PushRequest pushed = MakePush({1, 2, 3}, 5, 1);
+  PushResponse resp;
+  ASSERT_TRUE(a_->Push(pushed, &resp).ok());
+  CopyAll();
+  Apply(*b_, Owning(3, true));
+  b_.reset();  // killed: no round ran since the copy
+  b_ = Open("b", /*killable=*/true);
+  ASSERT_NE(b_, nullptr);
+  Apply(*b_, Owning(4, true));
+  const auto before = Rows(*b_);
+  ASSERT_EQ(before.at(1), std::vector<float>(kDim, 1.0f));
+  PushResponse retry;
+  ASSERT_TRUE(b_->Push(pushed, &retry).ok());
+  EXPECT_TRUE(retry.duplicate());
+  EXPECT_EQ(Rows(*b_), before);
 }
 
 }  // namespace

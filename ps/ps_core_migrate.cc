@@ -23,6 +23,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <utility>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
@@ -497,7 +498,9 @@ absl::Status PsCore::MigrateExport(const MigrateExportRequest& req, MigrateExpor
   if (req.cursor() == 0 && req.phase() == MigrateExportRequest::FINAL) {
     // Fenced, and every push applied to the vshards is durable (and held by the followers):
     // their keys go with the rows, so a retry of one at the destination is a duplicate.
-    resp->set_push_dedup(dedup_.Serialize());
+    // Keys applied whole name every vshard of their part; pieces only their own vshard,
+    // so only the moving vshards' pieces go (push_dedup.h).
+    resp->set_push_dedup(dedup_.Serialize(&out->vshards));
     // Fenced: the admission counters of the vshards count nothing more here.
     for (const auto& t : store_.Tables()) {
       if (t->admission() == nullptr) continue;
@@ -548,6 +551,7 @@ absl::Status PsCore::BeginImport(uint64_t move_id, absl::Span<const uint32_t> vs
   {
     absl::MutexLock lock(&import_mu_);
     import_error_ = absl::OkStatus();
+    keys_imported_ = false;
   }
   LOG(INFO) << "move " << move_id << ": receiving vshards "
             << VShardList(std::vector<uint32_t>(vshards.begin(), vshards.end()));
@@ -710,12 +714,13 @@ absl::Status PsCore::ImportChunk(const MigrateExportResponse& chunk, uint64_t* r
   absl::MutexLock lock(&import_mu_);
   RETURN_IF_ERROR(import_error_);
   if (!chunk.push_dedup().empty()) {
-    // After the rows: the keys of the pushes they hold (the FINAL chunk). Stored with this
-    // pod's de-duplication state at its next materialization round.
+    // After the rows: the keys of the pushes they hold (the FINAL chunk). Stored by
+    // FinishImport, before the move can commit.
     if (absl::Status s = dedup_.Merge(chunk.push_dedup()); !s.ok()) {
       return absl::InvalidArgumentError(
           absl::StrCat("the move's push de-duplication state: ", s.message()));
     }
+    keys_imported_ = true;
   }
   for (const MigratedRows& e : chunk.rows()) {
     *rows += e.ids().size() / sizeof(int64_t);
@@ -729,8 +734,18 @@ absl::Status PsCore::FinishImport() {
   // Every chunk's record was appended by ImportChunk; wait for the writes (and fsync them
   // in periodic mode), so the copy survives a crash of this pod once reported.
   if (storage_ != nullptr) RETURN_IF_ERROR(storage_->SyncApplied());
-  absl::MutexLock lock(&import_mu_);
-  return import_error_;
+  bool store_keys = false;
+  {
+    absl::MutexLock lock(&import_mu_);
+    RETURN_IF_ERROR(import_error_);
+    store_keys = std::exchange(keys_imported_, false);
+  }
+  // The copied keys are not in this pod's log (only the rows are): a round stores them
+  // now, so that a crash right after the commit does not forget them (a retry of a push
+  // the copy holds would then apply twice). The round skips the store only if this pod's
+  // own followers lag (its truncation gate), and the next round stores them.
+  if (store_keys && storage_ != nullptr) RETURN_IF_ERROR(storage_->Materialize());
+  return absl::OkStatus();
 }
 
 }  // namespace ps

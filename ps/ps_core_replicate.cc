@@ -51,13 +51,32 @@ class Gather {
 // Rows of vshards the follower does not follow from the sender are left out (see
 // ReplicateRecords): then `*_data` holds the kept rows' floats (else empty: the view's).
 struct ParsedRecord {
-  absl::string_view bytes;  // the request's record, which `view` points into
+  const std::string* owned = nullptr;  // the request's record
+  absl::string_view bytes;             // the same, which `view` points into
   LogRecordView view;
+  // No row or tensor was left out: the record is logged here as it came (the primary's
+  // bytes, LogRecordBuilder::Adopt), not encoded again.
+  bool whole = true;
   std::vector<std::vector<int64_t>> table_ids, install_ids, delete_ids;
   std::vector<std::vector<uint64_t>> table_steps, install_steps;
   std::vector<std::vector<float>> table_data, install_data;
   std::vector<bool> dense_kept, dense_install_kept;
 };
+
+// Whether a record keeps any entry here after the rows of unfollowed vshards are left out.
+bool KeptAny(const ParsedRecord& p) {
+  auto any = [](const auto& lists) {
+    for (const auto& l : lists) {
+      if (!l.empty()) return true;
+    }
+    return false;
+  };
+  auto any_true = [](const std::vector<bool>& kept) {
+    return std::find(kept.begin(), kept.end(), true) != kept.end();
+  };
+  return any(p.table_ids) || any(p.install_ids) || any(p.delete_ids) || any_true(p.dense_kept) ||
+         any_true(p.dense_install_kept);
+}
 
 // The kept rows' floats of a record entry, contiguous: the view's own when none was left out.
 const float* KeptData(const std::vector<float>& copied, const char* view_data) {
@@ -93,7 +112,7 @@ void PsCore::ApplyShipped(const Change& change, ApplyFn apply, Done done) {
   // every follower, so each follower receives every row's updates in step order. It is
   // released once the record is queued: its checksum and log append need no order.
   absl::ReleasableMutexLock order(&ship_mu_);
-  auto ship = [&](const std::string& record) {
+  auto ship = [&](const std::shared_ptr<const std::string>& record) {
     shipped = true;
     replicator_->Ship(record, replicas);
     order.Release();
@@ -105,7 +124,7 @@ void PsCore::ApplyShipped(const Change& change, ApplyFn apply, Done done) {
   } else {
     LogRecordBuilder record(change.key != nullptr ? *change.key : PushKey(), change.record_bytes);
     absl::Status s = apply(&record);
-    if (s.ok() && record.has_entries()) ship(record.Finish());
+    if (s.ok() && record.has_entries()) ship(std::make_shared<const std::string>(record.Finish()));
     gather->Arrive(s);
   }
   if (!shipped && !ack_leader) gather->Arrive(absl::OkStatus());  // nothing to replicate
@@ -159,20 +178,27 @@ bool PsCore::Follows(uint32_t v, absl::string_view pod) const {
 
 void PsCore::ReplicateRecords(const ReplicateRecordsRequest& req, ReplicateRecordsResponse* resp,
                               Done done) {
-  // The request and response outlive `done` (the gRPC call, or the in-process sender).
+  ReplicateRecords(std::make_shared<const ReplicateRecordsRequest>(req), resp, std::move(done));
+}
+
+void PsCore::ReplicateRecords(std::shared_ptr<const ReplicateRecordsRequest> shared,
+                              ReplicateRecordsResponse* resp, Done done) {
+  // The response outlives `done` (the gRPC call, or the in-process sender).
+  const ReplicateRecordsRequest& req = *shared;
   replica_order_.Submit(req.primary(), req.stream(), req.first(), req.records_size(), req.restart(),
-                        [this, &req, resp, done = std::move(done)](absl::Status turn) {
+                        [this, shared, resp, done = std::move(done)](absl::Status turn) {
                           if (!turn.ok()) {
                             counters_.replicated_refused.fetch_add(1, std::memory_order_relaxed);
                             done(turn);
                             return uint64_t{0};
                           }
-                          return ApplyReplicated(req, resp, done);
+                          return ApplyReplicated(shared, resp, done);
                         });
 }
 
-uint64_t PsCore::ApplyReplicated(const ReplicateRecordsRequest& req, ReplicateRecordsResponse* resp,
-                                 Done done) {
+uint64_t PsCore::ApplyReplicated(const std::shared_ptr<const ReplicateRecordsRequest>& shared,
+                                 ReplicateRecordsResponse* resp, Done done) {
+  const ReplicateRecordsRequest& req = *shared;
   absl::MutexLock batch(&follow_mu_);
   absl::ReaderMutexLock fence(&migrate_mu_);
   auto own = ownership();
@@ -219,7 +245,9 @@ uint64_t PsCore::ApplyReplicated(const ReplicateRecordsRequest& req, ReplicateRe
   std::vector<ParsedRecord> records(req.records_size());
   for (int r = 0; r < req.records_size(); ++r) {
     ParsedRecord& p = records[r];
-    p.bytes = req.records(r);  // the request outlives the batch's apply: no copy
+    p.owned = &req.records(r);
+    p.bytes = *p.owned;  // the request outlives the batch's apply: no copy
+    const uint64_t left_out_before = left_out;
     absl::StatusOr<LogRecordView> view = ParseLogRecord(p.bytes);
     if (!view.ok()) return refuse(absl::InvalidArgumentError(view.status().message()));
     p.view = *std::move(view);
@@ -320,6 +348,7 @@ uint64_t PsCore::ApplyReplicated(const ReplicateRecordsRequest& req, ReplicateRe
     for (const LogDenseInstallView& d : p.view.dense_installs) {
       if (absl::Status s = check_dense(d.name, &p.dense_install_kept); !s.ok()) return refuse(s);
     }
+    p.whole = left_out == left_out_before;
   }
   if (left_out > 0) counters_.replicated_left_out.fetch_add(left_out, std::memory_order_relaxed);
   // Apply in order; the first failure stops the batch (later records may build on it).
@@ -349,13 +378,20 @@ uint64_t PsCore::ApplyReplicated(const ReplicateRecordsRequest& req, ReplicateRe
     for (size_t i = 0; i < p.view.dense_installs.size(); ++i) {
       if (p.dense_install_kept[i]) change.dense.push_back(p.view.dense_installs[i].name);
     }
-    change.record_bytes = p.bytes.size();
-    const bool keyed = p.view.key.worker_id() != 0;
+    // A whole record is adopted: the builder's own buffer would go unused.
+    change.record_bytes = p.whole ? 0 : p.bytes.size();
+    // The key only if some of the record's rows are kept here: a follower that left them
+    // all out does not hold the push, and must not answer its retry "duplicate" once it
+    // leads those vshards (or a copy carries its keys there).
+    const bool keyed = p.view.key.worker_id() != 0 && KeptAny(p);
     change.key = keyed ? &p.view.key : nullptr;
     change.resp = &ignored;
     // The primary's updates at the primary's steps (Replay: the same kernels, and idempotent
     // when a batch comes again), logged here as the same entries.
-    auto apply = [&](LogRecordBuilder* record) -> absl::Status {
+    auto apply = [&](LogRecordBuilder* logged) -> absl::Status {
+      // A whole record is logged as it came (below); one with rows left out is encoded
+      // again from what was kept.
+      LogRecordBuilder* const record = p.whole ? nullptr : logged;
       for (size_t i = 0; i < tables.size(); ++i) RETURN_IF_ERROR(tables[i]->Load(p.table_ids[i]));
       for (size_t i = 0; i < install_tables.size(); ++i) {
         RETURN_IF_ERROR(install_tables[i]->Load(p.install_ids[i]));
@@ -412,6 +448,11 @@ uint64_t PsCore::ApplyReplicated(const ReplicateRecordsRequest& req, ReplicateRe
         std::memcpy(values.data(), d.values, d.n * sizeof(float));
         RETURN_IF_ERROR(tensor->Install(values, d.step).status());
         if (record != nullptr) record->AddDenseInstall(d.name, d.step, values);
+      }
+      if (p.whole && logged != nullptr) {
+        // The request's own string, shared with the request (no copy): the log holds it
+        // until written.
+        logged->Adopt(std::shared_ptr<const std::string>(shared, p.owned));
       }
       return absl::OkStatus();
     };

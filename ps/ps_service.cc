@@ -131,13 +131,31 @@ grpc::ServerUnaryReactor* PsService::PushDense(grpc::CallbackServerContext* ctx,
 }
 
 grpc::ServerUnaryReactor* PsService::ReplicateRecords(grpc::CallbackServerContext* ctx,
-                                                      const ReplicateRecordsRequest* req,
-                                                      ReplicateRecordsResponse* resp) {
+                                                      const grpc::ByteBuffer* req,
+                                                      grpc::ByteBuffer* resp) {
   PsCore* core = core_;
   // Always on the pool: a batch waits for this pod's log.
   return Submit(
       ctx, PS_METHOD(ReplicateRecords),
-      [core, req, resp](PsCore::Done done) { core->ReplicateRecords(*req, resp, std::move(done)); },
+      [core, req, resp](PsCore::Done done) {
+        // Parsed into a request this pod owns: its log may hold the records past the call.
+        auto request = std::make_shared<ReplicateRecordsRequest>();
+        grpc::ByteBuffer raw(*req);  // shares the slices; Deserialize consumes its argument
+        if (!grpc::SerializationTraits<ReplicateRecordsRequest>::Deserialize(&raw, request.get())
+                 .ok()) {
+          return done(absl::InvalidArgumentError("request is not a ReplicateRecordsRequest"));
+        }
+        auto answer = std::make_shared<ReplicateRecordsResponse>();
+        core->ReplicateRecords(std::move(request), answer.get(),
+                               [answer, resp, done = std::move(done)](absl::Status s) {
+                                 if (s.ok()) {
+                                   bool own_buffer;
+                                   grpc::SerializationTraits<ReplicateRecordsResponse>::Serialize(
+                                       *answer, resp, &own_buffer);
+                                 }
+                                 done(s);
+                               });
+      },
       std::numeric_limits<size_t>::max());
 }
 

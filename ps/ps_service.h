@@ -7,7 +7,9 @@
 // Pull and Push are raw methods: their requests are parsed on the pool thread that then
 // uses them (so the gradients are in that core's cache), and a pull's response is written
 // by hand (proto/wire.h) so the rows go to the socket without being copied into a
-// protobuf serialization first. The wire format is ps.proto's either way.
+// protobuf serialization first. ReplicateRecords is raw too: its request is parsed into a
+// message this pod owns, whose records its log then holds as they came (no copy). The
+// wire format is ps.proto's either way.
 #pragma once
 
 #include <functional>
@@ -34,9 +36,10 @@ struct PsServiceOptions {
   PathRoot checkpoint_root{"", "--checkpoint_root"};
 };
 
-class PsService final
-    : public ParameterServer::WithRawCallbackMethod_Pull<
-          ParameterServer::WithRawCallbackMethod_Push<ParameterServer::CallbackService>> {
+class PsService final : public ParameterServer::WithRawCallbackMethod_Pull<
+                            ParameterServer::WithRawCallbackMethod_Push<
+                                ParameterServer::WithRawCallbackMethod_ReplicateRecords<
+                                    ParameterServer::CallbackService>>> {
  public:
   // `core` and `pool` must outlive the service. A call its options' Authorizer refuses
   // gets UNAUTHENTICATED or PERMISSION_DENIED before anything else happens; a Checkpoint
@@ -78,8 +81,8 @@ class PsService final
                                           MigrateExportResponse* resp) override;
   // A follower's side of replication (PsCore::ReplicateRecords), on the pool.
   grpc::ServerUnaryReactor* ReplicateRecords(grpc::CallbackServerContext* ctx,
-                                             const ReplicateRecordsRequest* req,
-                                             ReplicateRecordsResponse* resp) override;
+                                             const grpc::ByteBuffer* req,
+                                             grpc::ByteBuffer* resp) override;
   // Runs on its own thread (a move takes seconds): never holds a request worker.
   grpc::ServerUnaryReactor* MigrateImport(grpc::CallbackServerContext* ctx,
                                           const MigrateImportRequest* req,

@@ -1,6 +1,7 @@
 #include "ps/replicator.h"
 
 #include <glog/logging.h>
+#include <grpcpp/generic/generic_stub.h>
 #include <grpcpp/grpcpp.h>
 
 #include <algorithm>
@@ -12,8 +13,10 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
 #include "common/rpc/grpc_status.h"
 #include "proto/ps.grpc.pb.h"
+#include "proto/wire.h"
 
 namespace ps {
 namespace {
@@ -25,20 +28,51 @@ class GrpcReplicaSender final : public ReplicaSender {
 
   absl::Status Send(const ReplicaPeer& follower, const ReplicateRecordsRequest& req,
                     ReplicateRecordsResponse* resp) override {
-    ParameterServer::Stub* stub = StubFor(follower.address());
+    ReplicateRecordsRequest header = req;
+    header.clear_records();
+    std::vector<std::shared_ptr<const std::string>> records;
+    records.reserve(req.records_size());
+    for (const std::string& r : req.records()) {
+      records.push_back(std::make_shared<const std::string>(r));
+    }
+    return SendRecords(follower, header, records, resp);
+  }
+
+  // A raw call: the records go into the request as slices over their own bytes, never
+  // copied into a protobuf serialization (the follower parses the stock message).
+  absl::Status SendRecords(const ReplicaPeer& follower, const ReplicateRecordsRequest& header,
+                           absl::Span<const std::shared_ptr<const std::string>> records,
+                           ReplicateRecordsResponse* resp) override {
+    grpc::GenericStub* stub = StubFor(follower.address());
+    grpc::ByteBuffer request = wire::EncodeReplicateRecordsRequest(header, records);
+    grpc::ByteBuffer response;
     grpc::ClientContext ctx;
     ctx.set_deadline(absl::ToChronoTime(absl::Now() + timeout_));
-    return FromGrpcStatus(stub->ReplicateRecords(&ctx, req, resp));
+    absl::Notification answered;
+    grpc::Status status;
+    stub->UnaryCall(&ctx, "/ps.ParameterServer/ReplicateRecords", grpc::StubOptions(), &request,
+                    &response, [&](grpc::Status s) {
+                      status = std::move(s);
+                      answered.Notify();
+                    });
+    answered.WaitForNotification();
+    if (!status.ok()) return FromGrpcStatus(status);
+    if (!grpc::SerializationTraits<ReplicateRecordsResponse>::Deserialize(&response, resp).ok()) {
+      return absl::InternalError(
+          absl::StrCat("follower ", follower.pod_id(), " at ", follower.address(),
+                       " answered ReplicateRecords with a message that does not parse"));
+    }
+    return absl::OkStatus();
   }
 
  private:
-  ParameterServer::Stub* StubFor(const std::string& address) {
+  grpc::GenericStub* StubFor(const std::string& address) {
     absl::MutexLock lock(&mu_);
     auto& stub = stubs_[address];
     if (stub == nullptr) {
       grpc::ChannelArguments args;
       args.SetMaxSendMessageSize(-1);
-      stub = ParameterServer::NewStub(channels_.Make(address, args));
+      stub = std::make_unique<grpc::GenericStub>(channels_.Make(address, args));
     }
     return stub.get();
   }
@@ -46,8 +80,7 @@ class GrpcReplicaSender final : public ReplicaSender {
   const ChannelMaker channels_;
   const absl::Duration timeout_;
   absl::Mutex mu_;
-  absl::flat_hash_map<std::string, std::unique_ptr<ParameterServer::Stub>> stubs_
-      ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<std::string, std::unique_ptr<grpc::GenericStub>> stubs_ ABSL_GUARDED_BY(mu_);
 };
 
 // A random non-zero stream id: a follower tells this pod's streams (and its restarts) apart.
@@ -61,6 +94,14 @@ uint64_t NewStreamId() {
 }
 
 }  // namespace
+
+absl::Status ReplicaSender::SendRecords(
+    const ReplicaPeer& follower, const ReplicateRecordsRequest& header,
+    absl::Span<const std::shared_ptr<const std::string>> records, ReplicateRecordsResponse* resp) {
+  ReplicateRecordsRequest req = header;
+  for (const auto& r : records) req.add_records(*r);
+  return Send(follower, req, resp);
+}
 
 std::shared_ptr<ReplicaSender> NewGrpcReplicaSender(ChannelMaker channels, absl::Duration timeout) {
   return std::make_shared<GrpcReplicaSender>(std::move(channels), timeout);
@@ -219,11 +260,15 @@ bool Replicator::active() const {
 }
 
 void Replicator::Ship(std::string record, Done done) {
+  Ship(std::make_shared<const std::string>(std::move(record)), std::move(done));
+}
+
+void Replicator::Ship(std::shared_ptr<const std::string> record, Done done) {
   {
     absl::MutexLock lock(&mu_);
     if (!streams_.empty()) {
       auto join = std::make_shared<Join>(static_cast<int>(streams_.size()), std::move(done));
-      auto shared = std::make_shared<const std::string>(std::move(record));
+      const std::shared_ptr<const std::string>& shared = record;
       const absl::Time now = absl::Now();
       for (auto& [id, stream] : streams_) {
         stream->queue.push_back({shared, join, now});
@@ -276,7 +321,8 @@ void Replicator::Abandon(const absl::Status& why) {
 
 void Replicator::Run(Stream* stream) {
   for (;;) {
-    ReplicateRecordsRequest req;
+    ReplicateRecordsRequest req;  // the header: the records go in `batch`, not copied
+    std::vector<std::shared_ptr<const std::string>> batch;
     ReplicaPeer peer;
     uint64_t first = 0, end = 0, bytes = 0, generation = 0;
     {
@@ -304,11 +350,11 @@ void Replicator::Run(Stream* stream) {
       }
       first = stream->next_send;
       for (size_t i = first - stream->held; i < stream->queue.size(); ++i) {
-        const std::string& record = *stream->queue[i].record;
-        if (end > first && bytes + record.size() > options_.max_batch_bytes) break;
-        req.add_records(record);
-        bytes += record.size();
-        end = first + req.records_size();
+        const std::shared_ptr<const std::string>& record = stream->queue[i].record;
+        if (end > first && bytes + record->size() > options_.max_batch_bytes) break;
+        batch.push_back(record);
+        bytes += record->size();
+        end = first + batch.size();
       }
       req.set_epoch(epoch_);
       req.set_primary(pod_id_);
@@ -325,7 +371,8 @@ void Replicator::Run(Stream* stream) {
       peer = stream->peer;  // SetFollowers may change its address
     }
     ReplicateRecordsResponse resp;
-    absl::Status s = sender_->Send(peer, req, &resp);
+    absl::Status s = sender_->SendRecords(peer, req, batch, &resp);
+    batch.clear();  // the sender may still hold them until they are on the wire
     std::vector<std::shared_ptr<Join>> held;
     {
       absl::MutexLock lock(&mu_);

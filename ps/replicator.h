@@ -34,6 +34,7 @@
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "absl/types/span.h"
 #include "common/rpc/transport_security.h"
 #include "proto/ps.pb.h"
 
@@ -46,6 +47,13 @@ class ReplicaSender {
   virtual ~ReplicaSender() = default;
   virtual absl::Status Send(const ReplicaPeer& follower, const ReplicateRecordsRequest& req,
                             ReplicateRecordsResponse* resp) = 0;
+  // The Replicator's call: `header` (no records) with `records` as its records, which the
+  // sender may keep referenced until they are sent (the gRPC sender puts them on the wire
+  // without a copy, proto/wire.h). By default, Send of the whole request (a copy).
+  virtual absl::Status SendRecords(const ReplicaPeer& follower,
+                                   const ReplicateRecordsRequest& header,
+                                   absl::Span<const std::shared_ptr<const std::string>> records,
+                                   ReplicateRecordsResponse* resp);
 };
 
 // ReplicateRecords over gRPC, one channel per follower address (kept). `channels` carries
@@ -96,6 +104,9 @@ class Replicator {
   // Queues `record` for every follower; done(OK) once all hold it (at once without
   // followers). Call in the order the records must be applied.
   void Ship(std::string record, Done done) ABSL_LOCKS_EXCLUDED(mu_);
+  // The same for a record shared with the caller (the pod's log holds it too): the
+  // streams hold references until their followers hold it, never a copy.
+  void Ship(std::shared_ptr<const std::string> record, Done done) ABSL_LOCKS_EXCLUDED(mu_);
   // Waits until every record shipped before the call is held by every follower whose
   // stream is still running (a stream stopped meanwhile no longer counts). OK, or
   // DEADLINE_EXCEEDED at `deadline` naming the follower that lags. A primary's vshard

@@ -233,16 +233,17 @@ class MigrationTest : public integration::ClusterProcessTest,
 
 TEST_P(MigrationTest, ScaleOutThenDrainWhileClientsPushIsExact) {
   if (GetParam() == 2) {
-    // Loses a push in about 1 run in 10 at R = 2 (3 copies at once). Diagnosed: a push
-    // part in flight at ps-2 when it is SIGKILLed has an unknown fate; retried at the
-    // restarted ps-2 after a drain move took some of its vshards, it is refused as not
-    // ps-2's (no fence answer in between, which would settle the fate), so it is re-routed
-    // with its key kept (the key must reach a promoted follower that may hold it). The
-    // drain moves ps-2's vshards to ps-0 in several moves: the first piece is applied at
-    // ps-0 under the key, the next piece reaches ps-0 under the same key after the next
-    // move and is answered "duplicate". Push keys are per pod, not per vshard; fixing it
-    // needs keys scoped by vshard (or the client tracking which pods applied a piece).
-    GTEST_SKIP() << "R = 2: a kept push key split over consecutive moves to one pod (open)";
+    // Loses a push in about 1 run in 12 at R = 2 (run alone). A part in flight at ps-2 when
+    // it is SIGKILLed has an unknown fate and is re-routed as one piece per vshard under its
+    // key (PushKey.piece; the split-part loss that keys per pod caused is fixed:
+    // ps_core_copy_dedup_test). What is left: ps-2 shipped the part's record to its
+    // follower ps-0 and was killed before its own log write, so it restarts without the
+    // update while ps-0 holds it and knows the key. The drain then has ps-0 drop its
+    // follower rows and import those vshards from ps-2 (without the update); ps-0's key
+    // state outlives the rows it dropped, so the pieces are answered "duplicate" there and
+    // lost (traced: rows of vshards 23-25, whole key known at ps-0). Keys must be forgotten
+    // for vshards whose rows a pod drops or replaces by an import (open).
+    GTEST_SKIP() << "R = 2: a follower's keys outlive the rows it drops (open)";
   }
   StartMaster(/*lease_ms=*/3000);
   StartPod(0);

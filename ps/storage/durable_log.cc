@@ -63,8 +63,12 @@ DurableLog::~DurableLog() {
 }
 
 void DurableLog::Append(std::string record, Done done) {
-  const size_t bytes = record.size();
-  const uint32_t crc = LogFiles::Checksum(record);
+  Append(std::make_shared<const std::string>(std::move(record)), std::move(done));
+}
+
+void DurableLog::Append(std::shared_ptr<const std::string> record, Done done) {
+  const size_t bytes = record->size();
+  const uint32_t crc = LogFiles::Checksum(*record);
   const absl::Time now = absl::Now();
   bool ack_now = false;
   absl::Status refused;
@@ -187,8 +191,8 @@ void DurableLog::Run() {
     records.clear();
     size_t bytes = 0;
     for (Entry& e : group) {
-      bytes += e.record.size();
-      records.push_back({e.lsn, e.record, e.crc});
+      bytes += e.record->size();
+      records.push_back({e.lsn, *e.record, e.crc});
     }
     absl::Status s;
     {

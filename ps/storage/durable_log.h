@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <deque>
 #include <functional>
+#include <memory>
 #include <string>
 #include <thread>
 #include <vector>
@@ -59,6 +60,9 @@ class DurableLog {
   // memory then holds updates that are not durable, and the pod must restart to recover
   // from its log. done may run on the caller's thread or the writer's. Thread-safe.
   void Append(std::string record, Done done);
+  // The same for a record shared with others (a replicated primary's record, which its
+  // follower streams send): the log holds a reference until the record is written.
+  void Append(std::shared_ptr<const std::string> record, Done done);
 
   // Blocks while the records appended since the last Truncated hold more than
   // max_log_bytes (returns at once after a failure or when closing). Call before taking
@@ -88,7 +92,7 @@ class DurableLog {
  private:
   struct Entry {
     uint64_t lsn;
-    std::string record;
+    std::shared_ptr<const std::string> record;
     uint32_t crc;  // LogFiles::Checksum(record), computed by the caller
     Done done;     // null once acknowledged
     absl::Time queued;

@@ -8,6 +8,9 @@ namespace ps {
 namespace {
 
 constexpr uint8_t kVersion = 1;
+// The header of a record whose key is a re-routed piece (PushKey.piece): kVersion's, then
+// the piece (u32).
+constexpr uint8_t kVersionPiece = 2;
 constexpr uint8_t kTable = 1;
 constexpr uint8_t kDense = 2;
 constexpr uint8_t kInstall = 3;
@@ -74,11 +77,30 @@ class Reader {
 }  // namespace
 
 LogRecordBuilder::LogRecordBuilder(const PushKey& key, size_t expected_bytes) {
-  out_.reserve(kHeaderBytes + expected_bytes);
-  Put<uint8_t>(&out_, kVersion);
+  out_.reserve(kHeaderBytes + sizeof(uint32_t) + expected_bytes);
+  Put<uint8_t>(&out_, key.piece() != 0 ? kVersionPiece : kVersion);
   Put<uint64_t>(&out_, key.worker_id());
   Put<uint64_t>(&out_, key.incarnation());
   Put<uint64_t>(&out_, key.sequence());
+  if (key.piece() != 0) Put<uint32_t>(&out_, key.piece());
+  header_bytes_ = out_.size();
+}
+
+void LogRecordBuilder::Adopt(std::shared_ptr<const std::string> encoded) {
+  adopted_ = std::move(encoded);
+  out_.clear();
+}
+
+std::string LogRecordBuilder::Finish() {
+  if (adopted_ == nullptr) return std::move(out_);
+  std::string copy = *adopted_;
+  adopted_.reset();
+  return copy;
+}
+
+std::shared_ptr<const std::string> LogRecordBuilder::FinishShared() {
+  if (adopted_ != nullptr) return std::move(adopted_);
+  return std::make_shared<const std::string>(std::move(out_));
 }
 
 void LogRecordBuilder::AddTable(absl::string_view table, float lr, uint32_t dim,
@@ -157,12 +179,13 @@ absl::StatusOr<LogRecordView> ParseLogRecord(absl::string_view bytes) {
   Reader r(bytes);
   LogRecordView rec;
   const uint8_t version = r.Get<uint8_t>();
-  if (r.ok() && version != kVersion) {
+  if (r.ok() && version != kVersion && version != kVersionPiece) {
     return absl::DataLossError(absl::StrCat("log record version ", version, " is unknown"));
   }
   rec.key.set_worker_id(r.Get<uint64_t>());
   rec.key.set_incarnation(r.Get<uint64_t>());
   rec.key.set_sequence(r.Get<uint64_t>());
+  if (version == kVersionPiece) rec.key.set_piece(r.Get<uint32_t>());
   while (r.ok() && !r.done()) {
     const uint8_t tag = r.Get<uint8_t>();
     const absl::string_view name = r.GetView(r.Get<uint16_t>());

@@ -34,6 +34,7 @@
 
 #include <cstdint>
 #include <cstring>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -123,10 +124,17 @@ class LogRecordBuilder {
   void AddDecay(absl::string_view table, absl::Span<const uint32_t> vshards);
   // Admission counters installed (a move's copy).
   void AddAdmissionInstall(absl::string_view table, absl::string_view counters);
-  // Whether an entry was added: a record without one changes nothing.
-  bool has_entries() const { return out_.size() > kHeaderBytes; }
-  // The encoded record; the builder is empty afterwards.
-  std::string Finish() { return std::move(out_); }
+  // Makes `encoded` the record, a whole record already encoded under the same key
+  // (ParseLogRecord accepted it), shared rather than copied: a follower logs its
+  // primary's record as it came instead of encoding the same entries again
+  // (ps/ps_core_replicate.cc). Entries added before are dropped; add none after.
+  void Adopt(std::shared_ptr<const std::string> encoded);
+  // Whether an entry was added (or a record adopted): a record without one changes nothing.
+  bool has_entries() const { return adopted_ != nullptr || out_.size() > header_bytes_; }
+  // The encoded record (a copy of an adopted one); the builder is empty afterwards.
+  std::string Finish();
+  // The same, shared: an adopted record as it was given, never copied.
+  std::shared_ptr<const std::string> FinishShared();
 
   static constexpr size_t kHeaderBytes = 1 + 3 * 8;  // version, key
 
@@ -136,6 +144,8 @@ class LogRecordBuilder {
 
  private:
   std::string out_;
+  std::shared_ptr<const std::string> adopted_;  // set by Adopt
+  size_t header_bytes_ = kHeaderBytes;  // plus the piece's u32 for a piece's key
 };
 
 // DATA_LOSS if `bytes` is not a well-formed record. The record with its arrays copied out

@@ -154,5 +154,29 @@ TEST(LogRecordTest, ParsedInPlaceAsDecoded) {
   }
 }
 
+TEST(LogRecordBuilderTest, AdoptLogsTheEncodedRecordAsItIs) {
+  PushKey key;
+  key.set_worker_id(3);
+  key.set_sequence(8);
+  LogRecordBuilder primary(key, 0);
+  const std::vector<int64_t> ids = {5, -7};
+  const std::vector<uint64_t> steps = {2, 9};
+  const std::vector<float> grads = {1, 2, 3, 4};
+  primary.AddTable("t", 0.5f, 2, ids, steps, grads.data());
+  const std::string encoded = primary.Finish();
+
+  auto shared = std::make_shared<const std::string>(encoded);
+  LogRecordBuilder follower(key, 0);
+  EXPECT_FALSE(follower.has_entries());
+  follower.Adopt(shared);
+  EXPECT_TRUE(follower.has_entries());
+  EXPECT_EQ(follower.FinishShared(), shared);  // the same bytes, not a copy
+  EXPECT_FALSE(follower.has_entries());
+
+  LogRecordBuilder copied(key, 0);
+  copied.Adopt(shared);
+  EXPECT_EQ(copied.Finish(), encoded);
+}
+
 }  // namespace
 }  // namespace ps

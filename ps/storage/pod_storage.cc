@@ -82,11 +82,11 @@ absl::Status PodStorage::AddTable(const TableSpec& spec) {
 
 absl::Status PodStorage::AddDense(const DenseSpec& spec) { return db_->PutDense(spec); }
 
-void PodStorage::ApplyLogged(const PushKey& key, size_t record_bytes,
-                             absl::FunctionRef<absl::Status(LogRecordBuilder* record)> apply,
-                             DurableLog::Done done,
-                             const std::function<void(const std::string& record)>& on_record,
-                             bool exclusive) {
+void PodStorage::ApplyLogged(
+    const PushKey& key, size_t record_bytes,
+    absl::FunctionRef<absl::Status(LogRecordBuilder* record)> apply, DurableLog::Done done,
+    const std::function<void(const std::shared_ptr<const std::string>&)>& on_record,
+    bool exclusive) {
   if (absl::Status s = log_->health(); !s.ok()) return done(s);
   if (exclusive && pending() != nullptr) {
     return done(absl::UnavailableError(
@@ -112,10 +112,10 @@ void PodStorage::ApplyLogged(const PushKey& key, size_t record_bytes,
   LogRecordBuilder record(key, record_bytes);
   if (absl::Status s = apply(&record); !s.ok()) return done(s);
   if (!record.has_entries()) return done(absl::OkStatus());
-  std::string bytes = record.Finish();
+  std::shared_ptr<const std::string> bytes = record.FinishShared();
   if (exclusive) {
     // For the change journal (pod_storage_journal.cc); the record was just built whole.
-    if (absl::StatusOr<LogRecordView> rec = ParseLogRecord(bytes); rec.ok()) {
+    if (absl::StatusOr<LogRecordView> rec = ParseLogRecord(*bytes); rec.ok()) {
       NoteLoggedDeletes(*rec);
     }
   }

@@ -132,7 +132,8 @@ class PodStorage {
   // memory has its record below that number.
   //
   // `on_record`, when set, gets the encoded record just before it is appended, on this
-  // thread and under the apply lock (a replicated primary ships it to its followers).
+  // thread and under the apply lock (a replicated primary ships it to its followers): the
+  // log and it share the bytes, never copied.
   //
   // `exclusive`: a change that deletes rows (LogRecordBuilder::AddDelete) runs with the
   // apply lock held exclusively, so its record's place in the log orders it against
@@ -142,7 +143,8 @@ class PodStorage {
   void ApplyLogged(const PushKey& key, size_t record_bytes,
                    absl::FunctionRef<absl::Status(LogRecordBuilder* record)> apply,
                    DurableLog::Done done,
-                   const std::function<void(const std::string& record)>& on_record = nullptr,
+                   const std::function<void(const std::shared_ptr<const std::string>& record)>&
+                       on_record = nullptr,
                    bool exclusive = false);
   // Blocks until every change applied so far has its log record written (the source of a
   // move before its last copy); returns the log's write error, if any. Thread-safe.

@@ -15,6 +15,100 @@ PushKey Key(uint64_t worker, uint64_t incarnation, uint64_t seq) {
 
 using Claim = PushDedup::Claim;
 
+// Vshard v's piece of key (worker, incarnation, seq): PushKey.piece = v + 1.
+PushKey Piece(uint64_t worker, uint64_t incarnation, uint64_t seq, uint32_t v) {
+  PushKey k = Key(worker, incarnation, seq);
+  k.set_piece(v + 1);
+  return k;
+}
+
+// The split part: the pieces of one key reach a pod at different times (its vshards came
+// in several moves): each applies once, and a retry of each is a duplicate.
+TEST(PushDedupTest, EachPieceOfAKeyAppliesOnce) {
+  PushDedup d;
+  EXPECT_EQ(*d.Begin(Piece(1, 1, 7, 3)), Claim::kNew);
+  EXPECT_EQ(*d.Begin(Piece(1, 1, 7, 3)), Claim::kInProgress);
+  d.Finish(Piece(1, 1, 7, 3), true);
+  EXPECT_EQ(*d.Begin(Piece(1, 1, 7, 3)), Claim::kDuplicate);
+  EXPECT_EQ(d.Peek(Piece(1, 1, 7, 5)), Claim::kNew);
+  EXPECT_EQ(*d.Begin(Piece(1, 1, 7, 5)), Claim::kNew);  // the next piece: not a duplicate
+  d.Finish(Piece(1, 1, 7, 5), true);
+  EXPECT_EQ(*d.Begin(Piece(1, 1, 7, 5)), Claim::kDuplicate);
+  // A failed piece may be retried.
+  EXPECT_EQ(*d.Begin(Piece(1, 1, 7, 6)), Claim::kNew);
+  d.Finish(Piece(1, 1, 7, 6), false);
+  EXPECT_EQ(*d.Begin(Piece(1, 1, 7, 6)), Claim::kNew);
+  d.Finish(Piece(1, 1, 7, 6), false);
+  // A stale attempt of the whole part is never applied where its pieces were.
+  EXPECT_EQ(*d.Begin(Key(1, 1, 7)), Claim::kInProgress);
+  EXPECT_EQ(d.piece_sequences(), 1u);
+}
+
+// A key applied whole here (or copied from a pod that applied it whole) covers every piece.
+TEST(PushDedupTest, AWholeKeyCoversItsPieces) {
+  PushDedup d;
+  EXPECT_EQ(*d.Begin(Key(1, 1, 9)), Claim::kNew);
+  EXPECT_EQ(*d.Begin(Piece(1, 1, 9, 2)), Claim::kInProgress);  // the whole is being applied
+  d.Finish(Key(1, 1, 9), true);
+  EXPECT_EQ(*d.Begin(Piece(1, 1, 9, 2)), Claim::kDuplicate);
+  EXPECT_EQ(*d.Begin(Piece(1, 1, 9, 4)), Claim::kDuplicate);
+  PushDedup copy;
+  ASSERT_TRUE(copy.Merge(d.Serialize()).ok());
+  EXPECT_EQ(*copy.Begin(Piece(1, 1, 9, 4)), Claim::kDuplicate);
+}
+
+// A vshard copy carries exactly its vshards' pieces; the whole keys go everywhere.
+TEST(PushDedupTest, ACopyCarriesOnlyItsVShardsPieces) {
+  PushDedup d;
+  for (uint32_t v : {1u, 2u}) {
+    ASSERT_EQ(*d.Begin(Piece(1, 1, 5, v)), Claim::kNew);
+    d.Finish(Piece(1, 1, 5, v), true);
+  }
+  ASSERT_EQ(*d.Begin(Key(1, 1, 6)), Claim::kNew);
+  d.Finish(Key(1, 1, 6), true);
+  std::vector<bool> moving(8, false);
+  moving[2] = true;
+  PushDedup dest;
+  ASSERT_TRUE(dest.Merge(d.Serialize(&moving)).ok());
+  EXPECT_EQ(*dest.Begin(Piece(1, 1, 5, 2)), Claim::kDuplicate);
+  EXPECT_EQ(*dest.Begin(Piece(1, 1, 5, 1)), Claim::kNew);  // not moved: not known there
+  EXPECT_EQ(*dest.Begin(Key(1, 1, 6)), Claim::kDuplicate);
+  // Stored and restored whole.
+  PushDedup restored;
+  ASSERT_TRUE(restored.Restore(d.Serialize()).ok());
+  EXPECT_EQ(*restored.Begin(Piece(1, 1, 5, 1)), Claim::kDuplicate);
+  EXPECT_EQ(*restored.Begin(Piece(1, 1, 5, 2)), Claim::kDuplicate);
+  EXPECT_EQ(*restored.Begin(Piece(1, 1, 5, 3)), Claim::kNew);
+  // Bytes whose piece count does not match what they hold are refused.
+  std::string bytes = d.Serialize();
+  bytes.pop_back();
+  EXPECT_FALSE(restored.Restore(bytes).ok());
+}
+
+// Recovered pieces are held as whole keys are, then confirmed or forgotten; the window
+// forgets old pieces.
+TEST(PushDedupTest, PiecesAreHeldAndSlideOutOfTheWindow) {
+  PushDedupOptions o;
+  o.window = 64;
+  o.max_piece_sequences = 2;
+  PushDedup d(o);
+  d.Hold(Piece(1, 1, 3, 4));
+  d.Hold(Piece(1, 1, 4, 4));
+  EXPECT_EQ(d.held(), 2u);
+  EXPECT_EQ(*d.Begin(Piece(1, 1, 3, 4)), Claim::kInProgress);
+  d.Release(Piece(1, 1, 3, 4), /*applied=*/true);
+  d.Release(Piece(1, 1, 4, 4), /*applied=*/false);
+  EXPECT_EQ(*d.Begin(Piece(1, 1, 3, 4)), Claim::kDuplicate);
+  EXPECT_EQ(*d.Begin(Piece(1, 1, 4, 4)), Claim::kNew);
+  d.Finish(Piece(1, 1, 4, 4), true);
+  // Two sequences with pieces: a third is refused, not remembered without bound.
+  EXPECT_EQ(d.Begin(Piece(1, 1, 5, 0)).status().code(), absl::StatusCode::kResourceExhausted);
+  ASSERT_EQ(*d.Begin(Key(1, 1, 200)), Claim::kNew);  // the window moves past them
+  d.Finish(Key(1, 1, 200), true);
+  EXPECT_EQ(d.piece_sequences(), 0u);
+  EXPECT_EQ(*d.Begin(Piece(1, 1, 199, 0)), Claim::kNew);
+}
+
 TEST(PushDedupTest, AppliedOnceAcrossRetriesAndOutOfOrder) {
   PushDedup d;
   EXPECT_EQ(*d.Begin(Key(1, 1, 2)), Claim::kNew);
