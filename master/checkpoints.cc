@@ -2,7 +2,10 @@
 
 #include <glog/logging.h>
 
+#include <algorithm>
 #include <filesystem>
+#include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -11,8 +14,45 @@
 #include "common/base/status_macros.h"
 #include "master/keys.h"
 #include "master/operation_lock.h"
+#include "proto/master_state.pb.h"
 
 namespace ps {
+namespace {
+
+// Makes the master's copy in `dir` (just written) name one authoritative copy per vshard:
+// its primary's. The pods cut their databases one after another while pushes flow, so a
+// follower's copy of a vshard is cut at another moment than its primary's; restored as
+// they are, the replicas would differ (and replay skips records a row already holds, so
+// nothing would reconcile them). The copy's map keeps every primary and empties every ack
+// set (epoch + 1): at restore each pod drops the rows of vshards it no longer follows at
+// its first assignment, and re-replication (master/rereplicator.h) fills the followers
+// from the primaries, so every copy is the primary's checkpointed state. `owner` is the
+// map the pods were asked by; a copy whose primaries differ (a failover during the
+// checkpoint) is refused with ABORTED. Returns how many follower entries were removed.
+absl::StatusOr<size_t> KeepPrimariesOnly(const std::string& dir,
+                                         const std::vector<std::string>& owner) {
+  ASSIGN_OR_RETURN(std::unique_ptr<MasterStore> copy, MasterStore::Open(dir));
+  ASSIGN_OR_RETURN(std::optional<ShardMapRecord> map, GetRecord<ShardMapRecord>(*copy, keys::kMap));
+  if (!map.has_value()) return absl::DataLossError(absl::StrCat(dir, ": no shard map record"));
+  if (!std::equal(map->owner().begin(), map->owner().end(), owner.begin(), owner.end())) {
+    return absl::AbortedError(
+        "a vshard's primary changed while the pods copied their state (a failover); take the "
+        "checkpoint again");
+  }
+  size_t removed = 0;
+  for (ReplicaSet& set : *map->mutable_followers()) {
+    removed += set.pods_size();
+    set.clear_pods();
+  }
+  if (removed == 0) return removed;
+  map->set_epoch(map->epoch() + 1);
+  StoreBatch batch;
+  batch.Put(std::string(keys::kMap), *map);
+  RETURN_IF_ERROR(copy->Write(batch));
+  return removed;
+}
+
+}  // namespace
 
 absl::Status Checkpoints::Load() {
   CheckpointInfo last;
@@ -77,7 +117,25 @@ absl::Status Checkpoints::Checkpoint(const CheckpointRequest&, CheckpointRespons
   if (ec) {
     return absl::InternalError(absl::StrCat("cannot create ", info.dir(), ": ", ec.message()));
   }
-  RETURN_IF_ERROR(store_->Checkpoint(absl::StrCat(info.dir(), "/master")));
+  const std::string master_dir = absl::StrCat(info.dir(), "/master");
+  RETURN_IF_ERROR(store_->Checkpoint(master_dir));
+  if (view.replication > 1) {
+    absl::StatusOr<size_t> removed = KeepPrimariesOnly(master_dir, view.owner);
+    if (!removed.ok()) {
+      StoreBatch undo;  // the copy is unusable: the checkpoint was not taken
+      undo.Delete(keys::Checkpoint(info.checkpoint_id()));
+      if (absl::Status s = store_->Write(undo); !s.ok()) {
+        LOG(ERROR) << "checkpoint " << info.checkpoint_id()
+                   << " failed and its record stays: " << s;
+      }
+      return absl::Status(removed.status().code(),
+                          absl::StrCat("checkpoint ", info.checkpoint_id(), ": ", master_dir, ": ",
+                                       removed.status().message()));
+    }
+    LOG(INFO) << "checkpoint " << info.checkpoint_id() << ": the restored map keeps the primaries' "
+              << "copies only (" << *removed << " follower entries removed, epoch + 1); "
+              << "re-replication refills the followers after a restore";
+  }
   {
     absl::MutexLock lock(&mu_);
     last_ = info;

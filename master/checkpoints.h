@@ -3,6 +3,14 @@
 // copies the master's store into .../ckpt-<id>/master. It owns the store keys
 // `checkpoint/<id>` (and, in `counters`, next_checkpoint_id).
 //
+// With replication (R >= 2) the pods' copies are cut one after another while pushes flow,
+// so a vshard's copies on its primary and its followers are cut at different moments. The
+// checkpoint therefore takes each vshard's primary's copy as the authoritative one: the
+// master's copy of the map keeps the primaries and has empty ack sets (epoch + 1). After a
+// restore each pod drops the rows of the vshards it no longer follows, and re-replication
+// fills the followers from the primaries (a copy of every follower at restore time), so
+// every replica is the primary's checkpointed state, bit for bit.
+//
 // A checkpoint holds the operation lock (operation_lock.h): no drain or rebalance may change
 // the map while the pods copy their state. Thread-safety: every method is thread-safe; its
 // mutex guards only the last checkpoint, and nothing else is locked under it.
@@ -35,7 +43,8 @@ class Checkpoints {
 
   // The Checkpoint RPC of proto/master.proto: FAILED_PRECONDITION without a checkpoint_dir;
   // ABORTED while a drain or rebalance runs; UNAVAILABLE when a pod owning vshards is not
-  // live; a pod's error (with its code) when its copy failed.
+  // live; a pod's error (with its code) when its copy failed; at R >= 2, ABORTED when a
+  // vshard's primary changed while the pods copied (a failover: take it again).
   absl::Status Checkpoint(const CheckpointRequest& req, CheckpointResponse* resp)
       ABSL_LOCKS_EXCLUDED(mu_);
 

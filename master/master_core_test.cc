@@ -640,6 +640,60 @@ TEST_F(MasterCoreTest, ClusterCheckpointCopiesEveryOwnerAndTheMaster) {
   EXPECT_EQ(cp.checkpoint().checkpoint_id(), id + 1);
 }
 
+// At R = 2 the pods' copies are cut one after another while pushes flow, so a checkpoint
+// keeps each vshard's primary's copy only: the master's copy of the map names the same
+// primaries, no followers, at a newer epoch (the live map keeps its followers), and
+// re-replication refills the followers from the primaries after a restore.
+TEST_F(MasterCoreTest, ReplicatedCheckpointKeepsThePrimariesCopiesOnly) {
+  core_.reset();
+  std::filesystem::remove_all(dir_);  // a new cluster: R is fixed for the data dir
+  MasterOptions o = Options();
+  o.replication = 2;
+  o.rereplicate_interval = absl::ZeroDuration();  // rounds run when the test says
+  auto core = MasterCore::Open(o);
+  ASSERT_TRUE(core.ok()) << core.status();
+  core_ = *std::move(core);
+  AddPod("ps-0");
+  AddPod("ps-1");
+  auto map = [&] {
+    ShardMapResponse m;
+    EXPECT_TRUE(core_->GetShardMap(GetShardMapRequest(), &m).ok());
+    return m;
+  };
+  auto followers = [](const ShardMapResponse& m) {
+    int n = 0;
+    for (const Followers& f : m.followers()) n += f.pods_size();
+    return n;
+  };
+  const ShardMapResponse live = map();
+  ASSERT_EQ(followers(live), 16);
+  CheckpointResponse cp;
+  absl::Status s = core_->Checkpoint(CheckpointRequest(), &cp);
+  ASSERT_TRUE(s.ok()) << s;
+  EXPECT_EQ(pods_->checkpoints, (std::vector<std::string>{cp.checkpoint().dir() + "/ps-0",
+                                                          cp.checkpoint().dir() + "/ps-1"}));
+  EXPECT_EQ(map().epoch(), live.epoch());
+  EXPECT_EQ(followers(map()), 16);
+
+  core_.reset();
+  o.data_dir = cp.checkpoint().dir() + "/master";
+  core = MasterCore::Open(o);
+  ASSERT_TRUE(core.ok()) << core.status();
+  core_ = *std::move(core);
+  const ShardMapResponse restored = map();
+  EXPECT_EQ(restored.epoch(), live.epoch() + 1);
+  EXPECT_EQ(std::vector<uint32_t>(restored.owner().begin(), restored.owner().end()),
+            std::vector<uint32_t>(live.owner().begin(), live.owner().end()));
+  EXPECT_EQ(followers(restored), 0);
+  ASSERT_TRUE(core_->Rereplicate().ok());
+  const ShardMapResponse refilled = map();
+  EXPECT_EQ(followers(refilled), 16);
+  for (int v = 0; v < 16; ++v) {
+    ASSERT_EQ(refilled.followers(v).pods_size(), 1);
+    EXPECT_NE(refilled.followers(v).pods(0), refilled.owner(v)) << "vshard " << v;
+  }
+}
+
 TEST_F(MasterCoreTest, AutoRebalanceSpreadsVShardsOntoANewPod) {
   core_.reset();
   MasterOptions o = Options();

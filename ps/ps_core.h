@@ -417,7 +417,8 @@ class PsCore {
   // A move's copy: ABORTED unless every row and tensor of `in` is in a vshard this pod is
   // receiving.
   absl::Status CheckReceiving(const Installs& in) ABSL_SHARED_LOCKS_REQUIRED(migrate_mu_);
-  // Erases the rows of `vshards` from memory and storage.
+  // Erases the rows of `vshards` from memory and storage, except those of a vshard a copy
+  // began filling since (held_ again).
   absl::Status DropVShards(const std::vector<uint32_t>& vshards);
   // A refused push (FAILED_PRECONDITION): a key this pod already applied is a duplicate
   // even if it no longer owns the vshards; one being applied is ABORTED (retry).
@@ -431,7 +432,8 @@ class PsCore {
   // Vshards this pod may hold rows of (all of them until the first assignment).
   std::vector<bool> held_ ABSL_GUARDED_BY(migrate_mu_);
   bool assigned_ ABSL_GUARDED_BY(migrate_mu_) = false;
-  absl::Mutex drop_mu_;  // one drop at a time
+  // One drop at a time; BeginImport waits for it. Taken before migrate_mu_.
+  absl::Mutex drop_mu_;
   // The destination of a move: the first error of its chunks (applying, or writing their
   // log records), which ImportChunk and FinishImport return. Reset by BeginImport.
   absl::Mutex import_mu_;

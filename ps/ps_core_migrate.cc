@@ -283,10 +283,21 @@ absl::Status PsCore::ApplyAssignment(const Assignment& req, ApplyAssignmentRespo
   return absl::OkStatus();
 }
 
-absl::Status PsCore::DropVShards(const std::vector<uint32_t>& vshards) {
+absl::Status PsCore::DropVShards(const std::vector<uint32_t>& requested) {
   absl::MutexLock lock(&drop_mu_);
   const absl::Time start = absl::Now();
   const uint32_t n = ownership()->num_vshards();
+  // A copy may have begun filling a vshard since the assignment chose to drop it (a
+  // follower copy starts as soon as a restarted pod registers): its rows stay. BeginImport
+  // waits for a drop under way (drop_mu_), so no copied row is erased here.
+  std::vector<uint32_t> vshards;
+  {
+    absl::ReaderMutexLock fence(&migrate_mu_);
+    for (uint32_t v : requested) {
+      if (v < held_.size() && !held_[v]) vshards.push_back(v);
+    }
+  }
+  if (vshards.empty()) return absl::OkStatus();
   const std::vector<bool> bits = BitsOf(vshards, n);
   std::vector<std::pair<std::string, std::vector<int64_t>>> rows;
   size_t erased = 0;
@@ -525,6 +536,9 @@ absl::Status PsCore::BeginImport(uint64_t move_id, absl::Span<const uint32_t> vs
     return absl::UnavailableError(
         "this pod is still loading its stored rows (--lazy_start); retry the move later");
   }
+  // A drop of rows this pod no longer holds (DropVShards) finishes before a copy fills
+  // any vshard, so it never erases a copied row.
+  absl::MutexLock drop(&drop_mu_);
   absl::WriterMutexLock fence(&migrate_mu_);
   const uint32_t n = ownership()->num_vshards();
   if (incoming_.size() != n) incoming_.assign(n, false);
