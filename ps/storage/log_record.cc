@@ -185,7 +185,13 @@ absl::StatusOr<LogRecordView> ParseLogRecord(absl::string_view bytes) {
   rec.key.set_worker_id(r.Get<uint64_t>());
   rec.key.set_incarnation(r.Get<uint64_t>());
   rec.key.set_sequence(r.Get<uint64_t>());
-  if (version == kVersionPiece) rec.key.set_piece(r.Get<uint32_t>());
+  if (version == kVersionPiece) {
+    rec.key.set_piece(r.Get<uint32_t>());
+    // One encoding per record: a key without a piece is written as kVersion.
+    if (r.ok() && rec.key.piece() == 0) {
+      return absl::DataLossError("log record of a piece has piece 0");
+    }
+  }
   while (r.ok() && !r.done()) {
     const uint8_t tag = r.Get<uint8_t>();
     const absl::string_view name = r.GetView(r.Get<uint16_t>());
