@@ -82,7 +82,44 @@ struct PsCore::PreparedPush {
   absl::Span<const float> grads;
   std::vector<float> grad_scratch;
   float lr;
+  // Narrowed (Change::narrow): the rows kept; `rows.ids` and `grads` point here then.
+  std::vector<int64_t> narrowed_ids;
+  std::vector<float> narrowed_grads;
 };
+
+namespace {
+
+// The sorted, distinct vshards of a push request's rows (ids packed as TableGrads says);
+// a request it cannot read names none.
+std::vector<uint32_t> RequestVShards(const PushRequest& req, uint32_t n) {
+  std::vector<uint32_t> out;
+  for (const TableGrads& t : req.tables()) {
+    const uint64_t h = NameHash(t.table());
+    for (size_t k = 0; k + sizeof(int64_t) <= t.ids().size(); k += sizeof(int64_t)) {
+      int64_t id;
+      std::memcpy(&id, t.ids().data() + k, sizeof(id));
+      out.push_back(VShardOf(RouteHash(h, id), n));
+    }
+  }
+  std::sort(out.begin(), out.end());
+  out.erase(std::unique(out.begin(), out.end()), out.end());
+  return out;
+}
+
+}  // namespace
+
+std::vector<uint32_t> PsCore::VShardsOf(const Change& change) {
+  const uint32_t n = ownership()->num_vshards();
+  std::vector<uint32_t> out;
+  for (const auto& [table, ids] : change.rows) {
+    const uint64_t h = table->name_hash();
+    for (int64_t id : ids) out.push_back(VShardOf(RouteHash(h, id), n));
+  }
+  for (absl::string_view name : change.dense) out.push_back(DenseVShard(name, n));
+  std::sort(out.begin(), out.end());
+  out.erase(std::unique(out.begin(), out.end()), out.end());
+  return out;
+}
 
 absl::Status PsCore::PrepareIds(absl::string_view op, const std::string& table,
                                 const std::string& ids, const ShardOwnership& own, size_t* total,
@@ -478,7 +515,8 @@ void PsCore::PushAsync(const PushRequest& req, PushResponse* resp, Done done) {
                                               own->epoch(), ", older than the request's ",
                                               req.epoch(), ": not told the catalog yet; retry"));
     }
-    return done(RefusedOrDuplicate(req.key(), resp, std::move(s)));
+    auto vshards = [&] { return RequestVShards(req, own->num_vshards()); };
+    return done(RefusedOrDuplicate(req.key(), vshards, resp, std::move(s)));
   }
   if (const uint32_t piece = req.key().piece(); piece != 0) {
     // A re-routed piece holds the rows of its one vshard (ps/storage/push_dedup.h).
@@ -502,6 +540,31 @@ void PsCore::PushAsync(const PushRequest& req, PushResponse* resp, Done done) {
     change.record_bytes += LogRecordBuilder::TableBytes(p.rows.table->spec().name(),
                                                         p.rows.ids.size(), p.rows.table->dim());
   }
+  // The key applied here for some of these vshards already (a follower that kept part of
+  // its record, then led the rest): only the others' rows apply. change.rows keeps the
+  // whole request (a fence and a move's touched rows may name more than applies).
+  const uint32_t n = own->num_vshards();
+  const std::function<void(const std::vector<uint32_t>&)> narrow =
+      [&prepared, n](const std::vector<uint32_t>& vshards) {
+        for (PreparedPush& p : prepared) {
+          const uint32_t dim = p.rows.table->dim();
+          const uint64_t h = p.rows.table->name_hash();
+          p.narrowed_ids.clear();
+          p.narrowed_grads.clear();
+          for (size_t i = 0; i < p.rows.ids.size(); ++i) {
+            if (!std::binary_search(vshards.begin(), vshards.end(),
+                                    VShardOf(RouteHash(h, p.rows.ids[i]), n))) {
+              continue;
+            }
+            p.narrowed_ids.push_back(p.rows.ids[i]);
+            p.narrowed_grads.insert(p.narrowed_grads.end(), p.grads.begin() + i * dim,
+                                    p.grads.begin() + (i + 1) * dim);
+          }
+          p.rows.ids = p.narrowed_ids;
+          p.grads = p.narrowed_grads;
+        }
+      };
+  change.narrow = &narrow;
   auto apply = [&prepared](LogRecordBuilder* record) -> absl::Status {
     // Evicted rows (memory budget) are read back first, so that a failed read applies
     // nothing; eviction waits for the apply lock this runs under.
@@ -534,9 +597,10 @@ void PsCore::ApplyChange(const Change& change, ApplyFn apply, Done done) {
   // so that the client knows its fate: re-routed, it goes to the new owner under a new key,
   // not this one's, which a pod there may hold for another part of the call (a key kept
   // across a re-route names parts on several pods; de-duplication is per pod).
+  auto vshards = [&] { return VShardsOf(change); };
   auto refuse = [&](absl::Status refused) {
     if (change.key != nullptr) {
-      const PushDedup::Claim claim = dedup_.Peek(*change.key);
+      const PushDedup::Claim claim = dedup_.Peek(*change.key, vshards);
       if (claim == PushDedup::Claim::kDuplicate) {
         return done(Repeated(*change.key, PushDedup::Claim::kDuplicate, change.resp));
       }
@@ -552,7 +616,23 @@ void PsCore::ApplyChange(const Change& change, ApplyFn apply, Done done) {
     if (absl::Status s = CheckWriteLease(); !s.ok()) return refuse(s);
   }
   if (change.key != nullptr) {
-    absl::StatusOr<PushDedup::Claim> claim = dedup_.Begin(*change.key);
+    absl::StatusOr<PushDedup::Claim> claim = dedup_.Begin(*change.key, vshards, change.key_part);
+    if (claim.ok() && *claim == PushDedup::Claim::kPartial) {
+      // Applied here for some of the change's vshards: the others' rows apply alone.
+      if (change.narrow == nullptr) {
+        return done(absl::AbortedError(absl::StrCat(
+            "push ", change.key->worker_id(), "/", change.key->incarnation(), "/",
+            change.key->sequence(), " was applied here for some of its vshards only; retry")));
+      }
+      std::vector<uint32_t> rest;
+      claim = dedup_.BeginRest(*change.key, vshards, &rest);
+      if (claim.ok() && *claim == PushDedup::Claim::kNew) {
+        VLOG(1) << "push " << change.key->worker_id() << "/" << change.key->sequence()
+                << " applied here before for some vshards: applying the rows of " << rest.size()
+                << " others";
+        (*change.narrow)(rest);
+      }
+    }
     if (!claim.ok()) return done(claim.status());
     if (*claim != PushDedup::Claim::kNew) return done(Repeated(*change.key, *claim, change.resp));
   }
@@ -595,11 +675,12 @@ void PsCore::ApplyChange(const Change& change, ApplyFn apply, Done done) {
       }));
 }
 
-absl::Status PsCore::RefusedOrDuplicate(const PushKey& key, PushResponse* resp,
-                                        absl::Status refused) {
+absl::Status PsCore::RefusedOrDuplicate(const PushKey& key, PushDedup::VShardsFn vshards,
+                                        PushResponse* resp, absl::Status refused) {
   if (refused.code() != absl::StatusCode::kFailedPrecondition) return refused;
-  const PushDedup::Claim claim = dedup_.Peek(key);
+  PushDedup::Claim claim = dedup_.Peek(key, vshards);
   if (claim == PushDedup::Claim::kNew) return refused;
+  if (claim == PushDedup::Claim::kPartial) claim = PushDedup::Claim::kInProgress;
   return Repeated(key, claim, resp);
 }
 
@@ -701,7 +782,16 @@ void PsCore::PushDenseAsync(const DensePushRequest& req, PushResponse* resp, Don
   resp->set_epoch(own->epoch());
   std::vector<PreparedDense> prepared;
   if (absl::Status s = PrepareDensePush(req, *own, &prepared); !s.ok()) {
-    return done(RefusedOrDuplicate(req.key(), resp, std::move(s)));
+    auto vshards = [&] {
+      std::vector<uint32_t> out;
+      for (const DenseGrads& d : req.tensors()) {
+        out.push_back(DenseVShard(d.name(), own->num_vshards()));
+      }
+      std::sort(out.begin(), out.end());
+      out.erase(std::unique(out.begin(), out.end()), out.end());
+      return out;
+    };
+    return done(RefusedOrDuplicate(req.key(), vshards, resp, std::move(s)));
   }
   Change change;
   change.key = &req.key();

@@ -298,7 +298,16 @@ class PsCore {
     // It deletes rows: applied with the storage's apply lock held exclusively
     // (PodStorage::ApplyLogged).
     bool exclusive = false;
+    // The key's part holds rows this change does not (a follower that left some out): the
+    // key is recorded for this change's vshards only (PushDedup, "Per vshard").
+    bool key_part = false;
+    // Narrows the change, before `apply` runs, to the rows of the vshards given (sorted):
+    // its key was applied here for the others already. Null: such a change is refused
+    // (ABORTED, retried).
+    const std::function<void(const std::vector<uint32_t>&)>* narrow = nullptr;
   };
+  // The sorted, distinct vshards of a change's rows and tensors.
+  std::vector<uint32_t> VShardsOf(const Change& change);
   // Applies the change in memory and adds its entries to `record` (null on an in-memory
   // pod), or fails having applied nothing.
   using ApplyFn = absl::FunctionRef<absl::Status(LogRecordBuilder* record)>;
@@ -422,7 +431,9 @@ class PsCore {
   absl::Status DropVShards(const std::vector<uint32_t>& vshards);
   // A refused push (FAILED_PRECONDITION): a key this pod already applied is a duplicate
   // even if it no longer owns the vshards; one being applied is ABORTED (retry).
-  absl::Status RefusedOrDuplicate(const PushKey& key, PushResponse* resp, absl::Status refused);
+  // `vshards`: those of the request's rows (PushDedup::Begin).
+  absl::Status RefusedOrDuplicate(const PushKey& key, PushDedup::VShardsFn vshards,
+                                  PushResponse* resp, absl::Status refused);
   // The answer to a push whose key is not new: OK with resp->duplicate (applied before), or
   // ABORTED (being applied now: retry).
   absl::Status Repeated(const PushKey& key, PushDedup::Claim claim, PushResponse* resp);

@@ -1,20 +1,25 @@
-// A follower records a replicated push's key only if it keeps some of the record's rows
-// (ps_core_replicate.cc, ApplyReplicated): one that left them all out (vshards it does not
-// follow) does not hold the push, and must not answer its retry "duplicate" once it leads
-// those vshards. Re-routed pieces (PushKey.piece) keep their key on the follower too.
+// A follower records a replicated push's key only for the vshards whose rows it keeps
+// (ps_core_replicate.cc, ApplyReplicated; PushDedup, "Per vshard"): one that left them all
+// out (vshards it does not follow) does not hold the push, one that left some out holds it
+// for the others only, and neither may answer a retry of the rows it left out "duplicate"
+// once it leads their vshards. Its keys go with the rows it drops. Re-routed pieces
+// (PushKey.piece) keep their key on the follower too.
 #include <vector>
 
 #include "common/routing/hash.h"
 #include "gtest/gtest.h"
 #include "ps/ps_core.h"
 #include "ps/replica_test_pods.h"
+#include "ps/storage/log_record.h"
 
 namespace ps {
 namespace {
 
+using replica_test::kDim;
 using replica_test::kVShards;
 using replica_test::MakePush;
 using replica_test::Range;
+using replica_test::Replicate;
 using replica_test::Role;
 using replica_test::Rows;
 
@@ -81,6 +86,59 @@ TEST_P(FollowerKeysTest, AFollowerThatKeptRowsKnowsTheKeyAndItsPieces) {
   PushResponse applied;
   ASSERT_TRUE(b_->Push(other, &applied).ok());
   EXPECT_FALSE(applied.duplicate());
+}
+
+// A follower that kept only some of a record's rows (the vshards it follows) knows its key
+// for those vshards only: led by it after a failover, a retry of the whole part applies
+// the rows it left out, once, and not those it kept. (Before, it knew the key whole and
+// answered the retry "duplicate": the rows it left out were lost, as in migration_test at
+// R = 2, where ps-0 followed some of ps-2's vshards and later imported the others.)
+TEST_P(FollowerKeysTest, AFollowerThatKeptSomeRowsKnowsTheKeyForThoseVShardsOnly) {
+  std::vector<int64_t> ids = IdsIn(0, kVShards / 2, 3);
+  const std::vector<int64_t> upper = IdsIn(kVShards / 2, kVShards, 3);
+  ids.insert(ids.end(), upper.begin(), upper.end());
+  const PushRequest push = MakePush(ids, 0.5f, 11, 1);
+  PushResponse resp;
+  ASSERT_TRUE(a_->Push(push, &resp).ok());  // acknowledged: b answered the record
+  const auto kept = Rows(*b_);
+  ASSERT_EQ(kept.size(), 3u);
+  Promote();
+  PushResponse retry;
+  ASSERT_TRUE(b_->Push(push, &retry).ok());
+  EXPECT_FALSE(retry.duplicate());
+  auto rows = Rows(*b_);
+  EXPECT_EQ(rows.size(), 6u);
+  for (const auto& [id, row] : kept) EXPECT_EQ(rows[id], row) << id;  // not applied twice
+  const auto at_a = Rows(*a_);
+  for (int64_t id : upper) EXPECT_EQ(rows[id], at_a.at(id)) << id;  // applied once, the same
+  PushResponse again;
+  ASSERT_TRUE(b_->Push(push, &again).ok());
+  EXPECT_TRUE(again.duplicate());
+  EXPECT_EQ(Rows(*b_), rows);
+}
+
+// A follower's keys go with the rows it drops. Here a record its primary lost (shipped to
+// b, then the primary was SIGKILLed before its own log write, so it restarted without it):
+// b stops following those vshards (its rows are dropped), then leads them (promoted here;
+// in migration_test by a copy from that primary, which lacks the push too). The client's
+// retry must apply; b answered it "duplicate" before, from the key it kept.
+TEST_P(FollowerKeysTest, AKeyIsForgottenWithTheRowsAFollowerDrops) {
+  const std::vector<int64_t> ids = IdsIn(0, kVShards / 2, 4);
+  const PushRequest push = MakePush(ids, 0.25f, 11, 7);
+  LogRecordBuilder record(push.key(), 0);
+  const std::vector<uint64_t> steps(ids.size(), 1);
+  const std::vector<float> grads(ids.size() * kDim, 0.25f);
+  record.AddTable("emb", 0.1f, kDim, ids, steps, grads.data());
+  ASSERT_TRUE(Replicate(*b_, 2, "a", {record.Finish()}).ok());
+  ASSERT_EQ(Rows(*b_).size(), ids.size());
+  ApplyAssignmentResponse resp;
+  ASSERT_TRUE(b_->ApplyAssignment(Role(3, "b", {}, {}, {}), &resp).ok());  // follows nothing
+  EXPECT_TRUE(Rows(*b_).empty());
+  Promote();
+  PushResponse retry;
+  ASSERT_TRUE(b_->Push(push, &retry).ok());
+  EXPECT_FALSE(retry.duplicate());
+  EXPECT_EQ(Rows(*b_).size(), ids.size());
 }
 
 INSTANTIATE_TEST_SUITE_P(DurableAndInMemory, FollowerKeysTest, testing::Bool(),

@@ -316,6 +316,10 @@ absl::Status PsCore::DropVShards(const std::vector<uint32_t>& requested) {
   for (const auto& d : store_.DenseTensors()) {
     if (bits[DenseVShard(d->spec().name(), n)]) dense.push_back(d->spec().name());
   }
+  // Their push keys go with the rows: a retry of a push whose rows were dropped here
+  // applies again once this pod holds the vshards again (by a copy, which brings the
+  // source's keys of them).
+  dedup_.Forget(vshards);
   if (storage_ != nullptr && (!rows.empty() || !dense.empty())) {
     RETURN_IF_ERROR(storage_->DropRows(rows, dense));
   }
@@ -545,9 +549,17 @@ absl::Status PsCore::BeginImport(uint64_t move_id, absl::Span<const uint32_t> vs
   if (held_.size() != n) held_.assign(n, true);
   for (uint32_t v : vshards) {
     if (v >= n) return absl::InvalidArgumentError(absl::StrCat("vshard ", v, " out of range"));
+  }
+  for (uint32_t v : vshards) {
     incoming_[v] = true;
     held_[v] = true;
   }
+  // The copy replaces whatever this pod knew of these vshards, keys included: the FINAL
+  // chunk brings the source's keys of exactly them (PushDedup::Merge).
+  std::vector<uint32_t> sorted(vshards.begin(), vshards.end());
+  std::sort(sorted.begin(), sorted.end());
+  sorted.erase(std::unique(sorted.begin(), sorted.end()), sorted.end());
+  dedup_.Forget(sorted);
   {
     absl::MutexLock lock(&import_mu_);
     import_error_ = absl::OkStatus();

@@ -2,35 +2,137 @@
 
 #include <algorithm>
 #include <cstring>
+#include <iterator>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/base/status_macros.h"
 
 namespace ps {
 
 PushDedup::PushDedup(PushDedupOptions options) : options_(options) {}
 
-bool PushDedup::IsDone(const Writer& w, uint64_t seq) const {
-  const uint64_t slot = seq % options_.window;
-  return (w.done[slot >> 6] >> (slot & 63)) & 1;
+namespace {
+
+bool Has(const std::vector<uint32_t>& sorted, uint32_t v) {
+  return std::binary_search(sorted.begin(), sorted.end(), v);
 }
 
-void PushDedup::SetDone(Writer& w, uint64_t seq) {
+std::vector<uint32_t> Union(const std::vector<uint32_t>& a, const std::vector<uint32_t>& b) {
+  std::vector<uint32_t> out;
+  std::set_union(a.begin(), a.end(), b.begin(), b.end(), std::back_inserter(out));
+  return out;
+}
+
+std::vector<uint32_t> Minus(const std::vector<uint32_t>& a, const std::vector<uint32_t>& b) {
+  std::vector<uint32_t> out;
+  std::set_difference(a.begin(), a.end(), b.begin(), b.end(), std::back_inserter(out));
+  return out;
+}
+
+std::vector<uint32_t> Both(const std::vector<uint32_t>& a, const std::vector<uint32_t>& b) {
+  std::vector<uint32_t> out;
+  std::set_intersection(a.begin(), a.end(), b.begin(), b.end(), std::back_inserter(out));
+  return out;
+}
+
+bool AnyBit(const std::vector<uint64_t>& bits) {
+  for (uint64_t word : bits) {
+    if (word != 0) return true;
+  }
+  return false;
+}
+
+}  // namespace
+
+bool PushDedup::IsSet(const std::vector<uint64_t>& bits, uint64_t seq) const {
   const uint64_t slot = seq % options_.window;
-  w.done[slot >> 6] |= uint64_t{1} << (slot & 63);
+  return (bits[slot >> 6] >> (slot & 63)) & 1;
+}
+
+void PushDedup::SetBit(std::vector<uint64_t>& bits, uint64_t seq) const {
+  const uint64_t slot = seq % options_.window;
+  bits[slot >> 6] |= uint64_t{1} << (slot & 63);
+}
+
+void PushDedup::ClearBit(std::vector<uint64_t>& bits, uint64_t seq) const {
+  const uint64_t slot = seq % options_.window;
+  bits[slot >> 6] &= ~(uint64_t{1} << (slot & 63));
+}
+
+void PushDedup::ClearApplied(Writer& w, uint64_t seq) const {
+  ClearBit(w.done, seq);
+  for (Layer& l : w.layers) ClearBit(l.bits, seq);
+}
+
+bool PushDedup::HasPartialState(const Writer& w, uint64_t seq) const {
+  if (w.pieces.contains(seq)) return true;
+  for (const Layer& l : w.layers) {
+    if (IsSet(l.bits, seq)) return true;
+  }
+  return false;
+}
+
+bool PushDedup::AppliedFor(const Writer& w, uint64_t seq, uint32_t v) const {
+  if (IsDone(w, seq)) return true;
+  for (const Layer& l : w.layers) {
+    if (IsSet(l.bits, seq) && Has(l.vshards, v) != l.except) return true;
+  }
+  auto p = w.pieces.find(seq);
+  return p != w.pieces.end() && p->second.done.contains(v);
+}
+
+PushDedup::Layer& PushDedup::LayerFor(Writer& w, const std::vector<uint32_t>& vshards,
+                                      bool except) {
+  for (Layer& l : w.layers) {
+    if (l.except == except && l.vshards == vshards) return l;
+  }
+  Layer& added = w.layers.emplace_back();
+  added.bits.assign(w.done.size(), 0);
+  added.vshards = vshards;
+  added.except = except;
+  if (w.layers.size() > std::max<size_t>(options_.max_layers, 2)) {
+    // The two oldest become one that claims, for each of their keys, only the vshards both
+    // claim (their keys may then apply again on the others).
+    Layer& a = w.layers[0];
+    const Layer& b = w.layers[1];
+    if (a.except && b.except) {
+      a.vshards = Union(a.vshards, b.vshards);
+    } else if (!a.except && !b.except) {
+      a.vshards = Both(a.vshards, b.vshards);
+    } else {
+      a.vshards = a.except ? Minus(b.vshards, a.vshards) : Minus(a.vshards, b.vshards);
+      a.except = false;
+    }
+    for (size_t k = 0; k < a.bits.size(); ++k) a.bits[k] |= b.bits[k];
+    w.layers.erase(w.layers.begin() + 1);
+    ++layer_merges_;
+  }
+  return w.layers.back();
+}
+
+void PushDedup::SetInLayer(Writer& w, uint64_t seq, const std::vector<uint32_t>& vshards,
+                           bool except) {
+  if (!except && vshards.empty()) return;  // claims nothing
+  if (except && vshards.empty()) return SetDone(w, seq);
+  SetBit(LayerFor(w, vshards, except).bits, seq);
 }
 
 // Moves the window so that it ends at `seq`, clearing the slots that now stand for new,
 // not yet applied sequences.
 void PushDedup::Advance(Writer& w, uint64_t seq) {
   const uint64_t new_base = seq - options_.window + 1;
-  if (new_base - w.base >= options_.window) {
-    std::fill(w.done.begin(), w.done.end(), 0);
-  } else {
-    for (uint64_t s = w.base; s < new_base; ++s) {
-      const uint64_t slot = s % options_.window;
-      w.done[slot >> 6] &= ~(uint64_t{1} << (slot & 63));
+  auto clear = [&](std::vector<uint64_t>& bits) {
+    if (new_base - w.base >= options_.window) {
+      std::fill(bits.begin(), bits.end(), 0);
+      return;
     }
+    for (uint64_t s = w.base; s < new_base; ++s) ClearBit(bits, s);
+  };
+  clear(w.done);
+  for (auto it = w.layers.begin(); it != w.layers.end();) {
+    clear(it->bits);
+    it = AnyBit(it->bits) ? it + 1 : w.layers.erase(it);
   }
   w.base = new_base;
   for (auto it = w.held.begin(); it != w.held.end();) {
@@ -42,7 +144,7 @@ void PushDedup::Advance(Writer& w, uint64_t seq) {
   }
   for (auto it = w.pieces.begin(); it != w.pieces.end();) {
     // Claimed pieces stay until Finish, as claimed whole keys do.
-    if (it->first < new_base && it->second.in_progress.empty()) {
+    if (it->first < new_base && it->second.in_progress.empty() && it->second.claim.empty()) {
       w.pieces.erase(it++);
     } else {
       ++it;
@@ -68,32 +170,53 @@ PushDedup::Writer* PushDedup::WriterFor(uint64_t worker_id, uint64_t incarnation
     w.in_progress.clear();
     w.held.clear();
     w.pieces.clear();
+    w.layers.clear();
+    w.forgotten_claims.clear();
   }
   return &w;
 }
 
-PushDedup::Claim PushDedup::Look(const Writer& w, const PushKey& key) const {
+PushDedup::Claim PushDedup::Look(const Writer& w, const PushKey& key, const VShardsFn* vshards,
+                                 std::vector<uint32_t>* request_out,
+                                 std::vector<uint32_t>* applied_out) const {
   const uint64_t seq = key.sequence();
   if (w.held.contains(seq)) return Claim::kInProgress;
-  if (IsDone(w, seq)) return Claim::kDuplicate;
+  if (IsDone(w, seq)) return Claim::kDuplicate;  // applied whole: every vshard
   if (w.in_progress.contains(seq)) return Claim::kInProgress;
   auto p = w.pieces.find(seq);
-  if (key.piece() == 0) {
-    // A whole attempt of a part whose pieces were re-routed: never applied again here.
-    if (p != w.pieces.end() && !p->second.empty()) return Claim::kInProgress;
-    return Claim::kNew;
+  if (key.piece() != 0) {
+    const uint32_t v = key.piece() - 1;
+    if (p != w.pieces.end() && (p->second.held.contains(v) || p->second.in_progress.contains(v) ||
+                                Has(p->second.claim, v))) {
+      return Claim::kInProgress;
+    }
+    return AppliedFor(w, seq, v) ? Claim::kDuplicate : Claim::kNew;
   }
-  if (p == w.pieces.end()) return Claim::kNew;
-  const uint32_t v = key.piece() - 1;
-  if (p->second.held.contains(v) || p->second.in_progress.contains(v)) {
-    return Claim::kInProgress;
+  if (p != w.pieces.end() &&
+      (!p->second.in_progress.empty() || !p->second.claim.empty() || !p->second.held.empty())) {
+    return Claim::kInProgress;  // some vshards of it are being applied or confirmed now
   }
-  if (p->second.done.contains(v)) return Claim::kDuplicate;
-  return Claim::kNew;
+  if (!HasPartialState(w, seq)) return Claim::kNew;
+  // Applied here for some vshards: which of the request's?
+  if (vshards == nullptr) return Claim::kInProgress;
+  std::vector<uint32_t> request = (*vshards)();
+  std::vector<uint32_t> applied;
+  for (uint32_t v : request) {
+    if (AppliedFor(w, seq, v)) applied.push_back(v);
+  }
+  Claim claim = Claim::kPartial;
+  if (applied.empty()) {
+    claim = Claim::kNew;
+  } else if (applied.size() == request.size()) {
+    claim = Claim::kDuplicate;
+  }
+  if (request_out != nullptr) *request_out = std::move(request);
+  if (applied_out != nullptr) *applied_out = std::move(applied);
+  return claim;
 }
 
 absl::StatusOr<PushDedup::Claim> PushDedup::BeginPiece(Writer& w, const PushKey& key) {
-  const Claim claim = Look(w, key);
+  const Claim claim = Look(w, key, nullptr);
   if (claim != Claim::kNew) return claim;
   auto p = w.pieces.find(key.sequence());
   if (p == w.pieces.end()) {
@@ -108,13 +231,11 @@ absl::StatusOr<PushDedup::Claim> PushDedup::BeginPiece(Writer& w, const PushKey&
   return Claim::kNew;
 }
 
-absl::StatusOr<PushDedup::Claim> PushDedup::Begin(const PushKey& key) {
-  if (key.worker_id() == 0) return Claim::kNew;
+absl::StatusOr<PushDedup::Writer*> PushDedup::Claimable(const PushKey& key) {
   if (key.sequence() == 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("push from worker ", key.worker_id(), " has sequence 0 (must be > 0)"));
   }
-  absl::MutexLock lock(&mu_);
   Writer* found = WriterFor(key.worker_id(), key.incarnation());
   if (found == nullptr) {
     return absl::FailedPreconditionError(
@@ -129,22 +250,103 @@ absl::StatusOr<PushDedup::Claim> PushDedup::Begin(const PushKey& key) {
         options_.window, " remembered (from ", w.base, "); it cannot be de-duplicated"));
   }
   if (seq >= w.base + options_.window) Advance(w, seq);
+  return &w;
+}
+
+absl::StatusOr<PushDedup::Claim> PushDedup::Begin(const PushKey& key) {
+  if (key.worker_id() == 0) return Claim::kNew;
+  absl::MutexLock lock(&mu_);
+  ASSIGN_OR_RETURN(Writer * w, Claimable(key));
+  if (key.piece() != 0) return BeginPiece(*w, key);
+  const Claim claim = Look(*w, key, nullptr);
+  if (claim == Claim::kNew) w->in_progress.insert(key.sequence());
+  return claim;
+}
+
+absl::StatusOr<PushDedup::Claim> PushDedup::Begin(const PushKey& key, VShardsFn vshards,
+                                                  bool part) {
+  if (key.worker_id() == 0) return Claim::kNew;
+  absl::MutexLock lock(&mu_);
+  ASSIGN_OR_RETURN(Writer * found, Claimable(key));
+  Writer& w = *found;
   if (key.piece() != 0) return BeginPiece(w, key);
-  const Claim claim = Look(w, key);
+  const uint64_t seq = key.sequence();
+  std::vector<uint32_t> request;
+  bool asked = false;
+  auto counting = [&] {
+    asked = true;
+    return vshards();
+  };
+  const VShardsFn counted(counting);
+  const Claim claim = Look(w, key, &counted, &request);
   if (claim != Claim::kNew) return claim;
-  w.in_progress.insert(seq);
+  if (!part && !asked) {
+    w.in_progress.insert(seq);  // the common case: a bit when applied
+    return claim;
+  }
+  // Recorded per vshard: the key is known here for other vshards, or the request holds
+  // only some of its part.
+  if (!asked) request = vshards();
+  auto p = w.pieces.find(seq);
+  if (p == w.pieces.end()) {
+    if (w.pieces.size() >= options_.max_piece_sequences) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat("worker ", key.worker_id(), " has pushes applied for some vshards only in ",
+                       w.pieces.size(), " sequences of this pod's window already (max ",
+                       options_.max_piece_sequences, ")"));
+    }
+    p = w.pieces.emplace(seq, Pieces()).first;
+  }
+  p->second.claim = std::move(request);
+  return claim;
+}
+
+absl::StatusOr<PushDedup::Claim> PushDedup::BeginRest(const PushKey& key, VShardsFn vshards,
+                                                      std::vector<uint32_t>* rest) {
+  rest->clear();
+  if (key.worker_id() == 0 || key.piece() != 0) return Claim::kInProgress;
+  absl::MutexLock lock(&mu_);
+  ASSIGN_OR_RETURN(Writer * found, Claimable(key));
+  Writer& w = *found;
+  std::vector<uint32_t> request, applied;
+  const Claim claim = Look(w, key, &vshards, &request, &applied);
+  if (claim != Claim::kPartial) return claim == Claim::kNew ? Claim::kInProgress : claim;
+  *rest = Minus(request, applied);
+  auto p = w.pieces.find(key.sequence());
+  if (p == w.pieces.end()) {
+    if (w.pieces.size() >= options_.max_piece_sequences) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat("worker ", key.worker_id(), " has pushes applied for some vshards only in ",
+                       w.pieces.size(), " sequences of this pod's window already (max ",
+                       options_.max_piece_sequences, ")"));
+    }
+    p = w.pieces.emplace(key.sequence(), Pieces()).first;
+  }
+  p->second.claim = *rest;
   return Claim::kNew;
+}
+
+const PushDedup::Writer* PushDedup::Known(const PushKey& key) const {
+  auto it = writers_.find(key.worker_id());
+  if (it == writers_.end() || it->second.incarnation != key.incarnation()) return nullptr;
+  const Writer& w = it->second;
+  const uint64_t seq = key.sequence();
+  if (seq < w.base || seq >= w.base + options_.window) return nullptr;
+  return &w;
 }
 
 PushDedup::Claim PushDedup::Peek(const PushKey& key) const {
   if (key.worker_id() == 0) return Claim::kNew;
   absl::MutexLock lock(&mu_);
-  auto it = writers_.find(key.worker_id());
-  if (it == writers_.end() || it->second.incarnation != key.incarnation()) return Claim::kNew;
-  const Writer& w = it->second;
-  const uint64_t seq = key.sequence();
-  if (seq < w.base || seq >= w.base + options_.window) return Claim::kNew;
-  return Look(w, key);
+  const Writer* w = Known(key);
+  return w == nullptr ? Claim::kNew : Look(*w, key, nullptr);
+}
+
+PushDedup::Claim PushDedup::Peek(const PushKey& key, VShardsFn vshards) const {
+  if (key.worker_id() == 0) return Claim::kNew;
+  absl::MutexLock lock(&mu_);
+  const Writer* w = Known(key);
+  return w == nullptr ? Claim::kNew : Look(*w, key, &vshards);
 }
 
 void PushDedup::Finish(const PushKey& key, bool applied) {
@@ -153,17 +355,90 @@ void PushDedup::Finish(const PushKey& key, bool applied) {
   auto it = writers_.find(key.worker_id());
   if (it == writers_.end() || it->second.incarnation != key.incarnation()) return;
   Writer& w = it->second;
+  const uint64_t seq = key.sequence();
   if (key.piece() != 0) {
-    auto p = w.pieces.find(key.sequence());
+    auto p = w.pieces.find(seq);
     if (p == w.pieces.end()) return;
     const uint32_t v = key.piece() - 1;
-    p->second.in_progress.erase(v);
-    if (applied && key.sequence() >= w.base) p->second.done.insert(v);
+    // Not claimed any more: Forget dropped its vshard while it applied.
+    if (p->second.in_progress.erase(v) > 0 && applied && seq >= w.base) p->second.done.insert(v);
     if (p->second.empty()) w.pieces.erase(p);
     return;
   }
-  w.in_progress.erase(key.sequence());
-  if (applied && key.sequence() >= w.base) SetDone(w, key.sequence());
+  if (w.in_progress.erase(seq) > 0) {
+    auto f = w.forgotten_claims.find(seq);
+    if (applied && seq >= w.base) {
+      if (f == w.forgotten_claims.end()) {
+        SetDone(w, seq);
+      } else {
+        SetInLayer(w, seq, f->second, /*except=*/true);
+      }
+    }
+    if (f != w.forgotten_claims.end()) w.forgotten_claims.erase(f);
+    return;
+  }
+  auto p = w.pieces.find(seq);
+  if (p == w.pieces.end() || p->second.claim.empty()) return;
+  if (applied && seq >= w.base) {
+    for (uint32_t v : p->second.claim) {
+      if (v != UINT32_MAX) p->second.done.insert(v);  // UINT32_MAX: all forgotten (Forget)
+    }
+  }
+  p->second.claim.clear();
+  if (p->second.empty()) w.pieces.erase(p);
+}
+
+void PushDedup::Forget(const std::vector<uint32_t>& unsorted) {
+  std::vector<uint32_t> vshards = unsorted;
+  std::sort(vshards.begin(), vshards.end());
+  vshards.erase(std::unique(vshards.begin(), vshards.end()), vshards.end());
+  if (vshards.empty()) return;
+  absl::MutexLock lock(&mu_);
+  for (auto& [id, w] : writers_) {
+    for (auto it = w.layers.begin(); it != w.layers.end();) {
+      it->vshards = it->except ? Union(it->vshards, vshards) : Minus(it->vshards, vshards);
+      it = (!it->except && it->vshards.empty()) ? w.layers.erase(it) : it + 1;
+    }
+    // Layers that became alike are one.
+    for (size_t i = 0; i < w.layers.size(); ++i) {
+      for (size_t j = i + 1; j < w.layers.size();) {
+        if (w.layers[j].except == w.layers[i].except &&
+            w.layers[j].vshards == w.layers[i].vshards) {
+          for (size_t k = 0; k < w.done.size(); ++k) w.layers[i].bits[k] |= w.layers[j].bits[k];
+          w.layers.erase(w.layers.begin() + j);
+        } else {
+          ++j;
+        }
+      }
+    }
+    if (AnyBit(w.done)) {
+      Layer& l = LayerFor(w, vshards, /*except=*/true);
+      for (size_t k = 0; k < w.done.size(); ++k) l.bits[k] |= w.done[k];
+      std::fill(w.done.begin(), w.done.end(), 0);
+    }
+    for (uint64_t seq : w.in_progress) {
+      std::vector<uint32_t>& f = w.forgotten_claims[seq];
+      f = Union(f, vshards);
+    }
+    for (auto it = w.pieces.begin(); it != w.pieces.end();) {
+      Pieces& p = it->second;
+      for (uint32_t v : vshards) {
+        p.done.erase(v);
+        p.held.erase(v);
+        p.in_progress.erase(v);
+      }
+      if (!p.claim.empty()) {
+        p.claim = Minus(p.claim, vshards);
+        // Emptied: the claim stays as a marker with no vshard (Finish records nothing).
+        if (p.claim.empty()) p.claim.push_back(UINT32_MAX);
+      }
+      if (p.empty() && p.held.empty()) {
+        w.pieces.erase(it++);
+      } else {
+        ++it;
+      }
+    }
+  }
 }
 
 void PushDedup::Hold(const PushKey& key) {
@@ -198,8 +473,7 @@ void PushDedup::Release(const PushKey& key, bool applied) {
     return;
   }
   if (w.held.erase(key.sequence()) == 0 || applied) return;
-  const uint64_t slot = key.sequence() % options_.window;
-  w.done[slot >> 6] &= ~(uint64_t{1} << (slot & 63));
+  ClearApplied(w, key.sequence());
 }
 
 size_t PushDedup::ReleaseAll(bool applied) {
@@ -208,10 +482,7 @@ size_t PushDedup::ReleaseAll(bool applied) {
   for (auto& [id, w] : writers_) {
     n += w.held.size();
     if (!applied) {
-      for (uint64_t seq : w.held) {
-        const uint64_t slot = seq % options_.window;
-        w.done[slot >> 6] &= ~(uint64_t{1} << (slot & 63));
-      }
+      for (uint64_t seq : w.held) ClearApplied(w, seq);
     }
     w.held.clear();
     for (auto it = w.pieces.begin(); it != w.pieces.end();) {
@@ -248,6 +519,18 @@ size_t PushDedup::piece_sequences() const {
   return n;
 }
 
+size_t PushDedup::layers() const {
+  absl::MutexLock lock(&mu_);
+  size_t n = 0;
+  for (const auto& [id, w] : writers_) n += w.layers.size();
+  return n;
+}
+
+uint64_t PushDedup::layer_merges() const {
+  absl::MutexLock lock(&mu_);
+  return layer_merges_;
+}
+
 void PushDedup::EvictOldest() {
   auto oldest = writers_.begin();
   for (auto it = writers_.begin(); it != writers_.end(); ++it) {
@@ -274,45 +557,101 @@ bool Take(absl::string_view* in, T* v) {
 }  // namespace
 
 // Layout (host order, little-endian here): u32 window, u64 writers, then per writer
-// u64 worker_id, u64 incarnation, u64 base, window/64 u64 words of done bits. Then, only
-// when some piece is applied: u64 kPiecesTag, u64 count, per piece u64 worker_id,
-// u64 sequence, u32 vshard (of a writer listed before, within its window).
+// u64 worker_id, u64 incarnation, u64 base, window/64 u64 words of done bits. Then
+// sections, each only when not empty, in this order:
+//  - kPiecesTag, u64 count, per piece u64 worker_id, u64 sequence, u32 vshard (of a
+//    writer listed before, within its window);
+//  - kLayersTag, u64 count, per layer u64 worker_id, u32 except (0 or 1), u32 vshard
+//    count, the vshards (u32, sorted), window/64 u64 words of bits;
+//  - kOnlyTag, u64 vshard count, the vshards (u32, sorted): the state is of these vshards
+//    only (a copy's), so its done bits and layers claim no others.
 constexpr uint64_t kPiecesTag = 0x3153454345495050;  // "PPIECES1"
+constexpr uint64_t kLayersTag = 0x3153524559414c50;  // "PLAYERS1"
+constexpr uint64_t kOnlyTag = 0x31594c4e4f5f5f50;    // "P__ONLY1"
 
 std::string PushDedup::Serialize(const std::vector<bool>* only_vshards) const {
+  std::vector<uint32_t> only;
+  if (only_vshards != nullptr) {
+    for (uint32_t v = 0; v < only_vshards->size(); ++v) {
+      if ((*only_vshards)[v]) only.push_back(v);
+    }
+  }
+  auto in_copy = [&](uint32_t v) { return only_vshards == nullptr || Has(only, v); };
   absl::MutexLock lock(&mu_);
   std::string out;
   Append<uint32_t>(&out, options_.window);
   Append<uint64_t>(&out, writers_.size());
-  std::string pieces;
-  uint64_t count = 0;
+  std::string pieces, layers;
+  uint64_t piece_count = 0, layer_count = 0;
+  std::vector<uint64_t> done;
+  auto add_layer = [&](uint64_t id, bool except, const std::vector<uint32_t>& vshards,
+                       const std::vector<uint64_t>& bits) {
+    Append<uint64_t>(&layers, id);
+    Append<uint32_t>(&layers, except ? 1 : 0);
+    Append<uint32_t>(&layers, static_cast<uint32_t>(vshards.size()));
+    for (uint32_t v : vshards) Append<uint32_t>(&layers, v);
+    for (uint64_t word : bits) Append<uint64_t>(&layers, word);
+    ++layer_count;
+  };
+  // A copy's layers by what they claim of the copied vshards (several may claim the same).
+  std::vector<std::pair<std::vector<uint32_t>, std::vector<uint64_t>>> copied;
   for (const auto& [id, w] : writers_) {
+    done = w.done;
+    copied.clear();
+    for (const Layer& l : w.layers) {
+      if (only_vshards == nullptr) {
+        add_layer(id, l.except, l.vshards, l.bits);
+        continue;
+      }
+      // Of the copied vshards, those the layer claims.
+      std::vector<uint32_t> claimed = l.except ? Minus(only, l.vshards) : Both(only, l.vshards);
+      if (claimed.empty()) continue;
+      if (claimed.size() == only.size()) {
+        for (size_t k = 0; k < done.size(); ++k) done[k] |= l.bits[k];
+        continue;
+      }
+      auto same = std::find_if(copied.begin(), copied.end(),
+                               [&](const auto& c) { return c.first == claimed; });
+      if (same == copied.end()) {
+        copied.emplace_back(std::move(claimed), l.bits);
+      } else {
+        for (size_t k = 0; k < done.size(); ++k) same->second[k] |= l.bits[k];
+      }
+    }
+    for (const auto& [claimed, bits] : copied) add_layer(id, /*except=*/false, claimed, bits);
     Append<uint64_t>(&out, id);
     Append<uint64_t>(&out, w.incarnation);
     Append<uint64_t>(&out, w.base);
-    for (uint64_t word : w.done) Append<uint64_t>(&out, word);
+    for (uint64_t word : done) Append<uint64_t>(&out, word);
     for (const auto& [seq, p] : w.pieces) {
       for (uint32_t v : p.done) {
-        if (only_vshards != nullptr && (v >= only_vshards->size() || !(*only_vshards)[v])) {
-          continue;
-        }
+        if (!in_copy(v)) continue;
         Append<uint64_t>(&pieces, id);
         Append<uint64_t>(&pieces, seq);
         Append<uint32_t>(&pieces, v);
-        ++count;
+        ++piece_count;
       }
     }
   }
-  if (count > 0) {
+  if (piece_count > 0) {
     Append<uint64_t>(&out, kPiecesTag);
-    Append<uint64_t>(&out, count);
+    Append<uint64_t>(&out, piece_count);
     out += pieces;
+  }
+  if (layer_count > 0) {
+    Append<uint64_t>(&out, kLayersTag);
+    Append<uint64_t>(&out, layer_count);
+    out += layers;
+  }
+  if (only_vshards != nullptr) {
+    Append<uint64_t>(&out, kOnlyTag);
+    Append<uint64_t>(&out, only.size());
+    for (uint32_t v : only) Append<uint32_t>(&out, v);
   }
   return out;
 }
 
-absl::StatusOr<absl::flat_hash_map<uint64_t, PushDedup::Writer>> PushDedup::Parse(
-    absl::string_view bytes) const {
+absl::StatusOr<PushDedup::Parsed> PushDedup::Parse(absl::string_view bytes) const {
   uint32_t window = 0;
   uint64_t count = 0;
   if (!Take(&bytes, &window) || !Take(&bytes, &count)) {
@@ -328,7 +667,8 @@ absl::StatusOr<absl::flat_hash_map<uint64_t, PushDedup::Writer>> PushDedup::Pars
   if (count > bytes.size() / (24 + words * 8)) {
     return absl::InvalidArgumentError("push de-duplication state is truncated");
   }
-  absl::flat_hash_map<uint64_t, Writer> writers;
+  Parsed parsed;
+  absl::flat_hash_map<uint64_t, Writer>& writers = parsed.writers;
   for (uint64_t i = 0; i < count; ++i) {
     uint64_t id = 0;
     Writer w;
@@ -338,72 +678,145 @@ absl::StatusOr<absl::flat_hash_map<uint64_t, PushDedup::Writer>> PushDedup::Pars
     if (!ok) return absl::InvalidArgumentError("push de-duplication state is truncated");
     writers.emplace(id, std::move(w));
   }
-  if (!bytes.empty()) {
-    uint64_t tag = 0, pieces = 0;
-    if (!Take(&bytes, &tag) || tag != kPiecesTag || !Take(&bytes, &pieces)) {
+  // A vshard list of `n` entries, sorted and distinct.
+  auto take_vshards = [&](uint64_t n, std::vector<uint32_t>* out) -> absl::Status {
+    if (n > bytes.size() / 4) {
+      return absl::InvalidArgumentError("push de-duplication state's vshards are truncated");
+    }
+    out->resize(n);
+    for (uint64_t k = 0; k < n; ++k) Take(&bytes, &(*out)[k]);
+    for (uint64_t k = 1; k < n; ++k) {
+      if ((*out)[k - 1] >= (*out)[k]) {
+        return absl::InvalidArgumentError("push de-duplication state's vshards are not sorted");
+      }
+    }
+    return absl::OkStatus();
+  };
+  while (!bytes.empty()) {
+    uint64_t tag = 0, n = 0;
+    if (!Take(&bytes, &tag) || !Take(&bytes, &n)) {
       return absl::InvalidArgumentError("push de-duplication state has trailing bytes");
     }
-    if (pieces != bytes.size() / 20 || bytes.size() % 20 != 0) {
-      return absl::InvalidArgumentError("push de-duplication state's pieces are truncated");
-    }
-    for (uint64_t i = 0; i < pieces; ++i) {
-      uint64_t id = 0, seq = 0;
-      uint32_t v = 0;
-      Take(&bytes, &id);
-      Take(&bytes, &seq);
-      Take(&bytes, &v);
-      auto it = writers.find(id);
-      if (it == writers.end()) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "push de-duplication state has a piece of worker ", id, ", which it does not list"));
+    if (tag == kPiecesTag) {
+      if (n > bytes.size() / 20) {
+        return absl::InvalidArgumentError("push de-duplication state's pieces are truncated");
       }
-      Writer& w = it->second;
-      if (seq < w.base || seq >= w.base + window) continue;  // outside its window: moot
-      w.pieces[seq].done.insert(v);
+      for (uint64_t i = 0; i < n; ++i) {
+        uint64_t id = 0, seq = 0;
+        uint32_t v = 0;
+        Take(&bytes, &id);
+        Take(&bytes, &seq);
+        Take(&bytes, &v);
+        auto it = writers.find(id);
+        if (it == writers.end()) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              "push de-duplication state has a piece of worker ", id, ", which it does not list"));
+        }
+        Writer& w = it->second;
+        if (seq < w.base || seq >= w.base + window) continue;  // outside its window: moot
+        w.pieces[seq].done.insert(v);
+      }
+    } else if (tag == kLayersTag) {
+      for (uint64_t i = 0; i < n; ++i) {
+        uint64_t id = 0;
+        uint32_t except = 0, nv = 0;
+        if (!Take(&bytes, &id) || !Take(&bytes, &except) || !Take(&bytes, &nv) || except > 1) {
+          return absl::InvalidArgumentError("push de-duplication state's layers are truncated");
+        }
+        Layer l;
+        l.except = except == 1;
+        RETURN_IF_ERROR(take_vshards(nv, &l.vshards));
+        l.bits.resize(words);
+        for (size_t k = 0; k < words; ++k) {
+          if (!Take(&bytes, &l.bits[k])) {
+            return absl::InvalidArgumentError("push de-duplication state's layers are truncated");
+          }
+        }
+        auto it = writers.find(id);
+        if (it == writers.end()) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              "push de-duplication state has a layer of worker ", id, ", which it does not list"));
+        }
+        it->second.layers.push_back(std::move(l));
+      }
+    } else if (tag == kOnlyTag) {
+      parsed.only = true;
+      RETURN_IF_ERROR(take_vshards(n, &parsed.vshards));
+    } else {
+      return absl::InvalidArgumentError(
+          absl::StrCat("push de-duplication state has an unknown section ", tag));
     }
   }
-  return writers;
+  return parsed;
 }
 
 absl::Status PushDedup::Restore(absl::string_view bytes) {
-  absl::StatusOr<absl::flat_hash_map<uint64_t, Writer>> writers = Parse(bytes);
-  if (!writers.ok()) return writers.status();
+  absl::StatusOr<Parsed> parsed = Parse(bytes);
+  if (!parsed.ok()) return parsed.status();
+  if (parsed->only) {
+    return absl::InvalidArgumentError(
+        "push de-duplication state of a vshard copy cannot replace a pod's state");
+  }
   absl::MutexLock lock(&mu_);
-  writers_ = *std::move(writers);
+  writers_ = std::move(parsed->writers);
   return absl::OkStatus();
 }
 
+namespace {
+
+// The sequences whose bits are set in `bits` (a window ring from `base`), increasing.
+void SeqsOf(const std::vector<uint64_t>& bits, uint64_t base, uint64_t window,
+            std::vector<uint64_t>* out) {
+  for (size_t k = 0; k < bits.size(); ++k) {
+    for (uint64_t word = bits[k]; word != 0; word &= word - 1) {
+      const uint64_t slot = k * 64 + __builtin_ctzll(word);
+      if (slot >= window) continue;
+      out->push_back(base + (slot + window - base % window) % window);
+    }
+  }
+}
+
+}  // namespace
+
 absl::Status PushDedup::Merge(absl::string_view bytes) {
-  absl::StatusOr<absl::flat_hash_map<uint64_t, Writer>> theirs = Parse(bytes);
-  if (!theirs.ok()) return theirs.status();
+  absl::StatusOr<Parsed> parsed = Parse(bytes);
+  if (!parsed.ok()) return parsed.status();
   const uint64_t window = options_.window;
   absl::MutexLock lock(&mu_);
-  std::vector<uint64_t> seqs;
-  for (const auto& [id, t] : *theirs) {
+  // What each of their sequences claims: whole (-1), a layer of theirs (its index), or
+  // pieces only (-2).
+  std::vector<std::pair<uint64_t, int>> seqs;
+  std::vector<uint64_t> found;
+  for (const auto& [id, t] : parsed->writers) {
     Writer* w = WriterFor(id, t.incarnation);
     if (w == nullptr) continue;  // this pod has a newer incarnation of the writer
-    // Their applied sequences, in increasing order (the window only moves forward).
     seqs.clear();
-    for (size_t k = 0; k < t.done.size(); ++k) {
-      for (uint64_t word = t.done[k]; word != 0; word &= word - 1) {
-        const uint64_t slot = k * 64 + __builtin_ctzll(word);
-        if (slot >= window) continue;
-        seqs.push_back(t.base + (slot + window - t.base % window) % window);
-      }
+    found.clear();
+    SeqsOf(t.done, t.base, window, &found);
+    for (uint64_t seq : found) seqs.emplace_back(seq, -1);
+    for (size_t i = 0; i < t.layers.size(); ++i) {
+      found.clear();
+      SeqsOf(t.layers[i].bits, t.base, window, &found);
+      for (uint64_t seq : found) seqs.emplace_back(seq, static_cast<int>(i));
     }
-    // Their pieces: a piece adds to what this pod knows unless the key is whole here.
-    for (const auto& [seq, p] : t.pieces) seqs.push_back(seq);
-    std::sort(seqs.begin(), seqs.end());
-    seqs.erase(std::unique(seqs.begin(), seqs.end()), seqs.end());
-    for (uint64_t seq : seqs) {
+    for (const auto& [seq, p] : t.pieces) seqs.emplace_back(seq, -2);
+    std::sort(seqs.begin(), seqs.end());  // the window only moves forward
+    for (const auto& [seq, what] : seqs) {
       if (seq < w->base) continue;  // older than this pod remembers: refused here anyway
       if (seq >= w->base + window) Advance(*w, seq);
-      auto p = t.pieces.find(seq);
-      if (p == t.pieces.end() || IsDone(t, seq)) {
-        SetDone(*w, seq);
-        w->pieces.erase(seq);  // whole beats pieces
+      if (what == -1) {
+        // A copy's whole keys claim its vshards only.
+        if (parsed->only) {
+          SetInLayer(*w, seq, parsed->vshards, /*except=*/false);
+        } else {
+          SetDone(*w, seq);
+        }
+      } else if (what >= 0) {
+        const Layer& l = t.layers[what];
+        SetInLayer(*w, seq, l.vshards, l.except);
       } else if (!IsDone(*w, seq)) {
-        w->pieces[seq].done.insert(p->second.done.begin(), p->second.done.end());
+        const Pieces& p = t.pieces.at(seq);
+        w->pieces[seq].done.insert(p.done.begin(), p.done.end());
       }
     }
   }

@@ -6,16 +6,22 @@
 // acknowledged early. A newer incarnation of a worker replaces the older one, whose pushes
 // are refused from then on (that process is gone: the master gave its id a new incarnation).
 //
-// Pieces (PushKey.piece = v + 1). A client part whose fate is unknown is re-routed with its
-// key kept, one request per vshard v of its rows (client/sparse_push.cc): a pod that
-// applied the whole part (or holds a copy of state that did) knows the key whole and
-// answers every piece "duplicate"; any other pod applies each piece once, tracked as the
-// pair (sequence, v). A key applied whole names every vshard of its part: a pod applies a
-// whole part only while it owns all of its vshards, and every later copy of those vshards
-// descends from that state, so the whole bit is exact on any pod. A piece is exact for its
-// one vshard only, so a vshard copy exports only the pieces of the vshards it moves.
-// Pieces are rare (a pod's loss while a push was in flight) and kept in a small map per
-// writer beside the bits, so keys of the common case cost what they did.
+// Per vshard. A key counts as applied for exactly the vshards whose rows were applied
+// under it on this pod. Three forms hold that, cheapest first:
+//  - whole (a bit per sequence): applied for every vshard of its part. A pod applies a
+//    client's part only while it owns all of its vshards, a follower keeps a record whole
+//    only when it follows all of them, and a retry carries a subset of the part's rows: the
+//    common case costs a bit, as it always did.
+//  - layers (a bit per sequence, per layer): whole keys, but not for the vshards a layer
+//    names (Forget: this pod dropped those vshards' rows, or replaced them by an import,
+//    after applying the key), or only for the vshards a layer names (a copy's keys, Merge:
+//    exactly the copied vshards). Layers exist only after a drop or an import and leave
+//    with the window; a layer per writer per drop or import, at most max_layers each.
+//  - pieces (a small map by sequence, each a few vshards): a re-routed piece
+//    (PushKey.piece = v + 1), a follower's record of which it kept only some vshards, a
+//    retry of a key already partly applied here. Rare, bounded by max_piece_sequences.
+// Whether a key is a duplicate then depends on which vshards the request's rows are in:
+// Begin and Peek ask for them (VShardsFn), and only when the key has a layer or pieces.
 #pragma once
 
 #include <cstdint>
@@ -25,6 +31,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
+#include "absl/functional/function_ref.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "proto/ps.pb.h"
@@ -42,6 +49,11 @@ struct PushDedupOptions {
   // exist only for pushes in flight when a pod was lost. Beyond it a new piece is refused
   // (RESOURCE_EXHAUSTED) rather than grow without bound.
   size_t max_piece_sequences = 4096;
+  // Layers per writer (see the file comment): a layer stays while it has sequences in the
+  // window, so this many drops and imports within a writer's last `window` pushes. Beyond
+  // it the two oldest are merged, keeping for each sequence only the vshards both name
+  // (a retry of those old keys may then apply again on the others; counted and logged).
+  size_t max_layers = 16;
 };
 
 class PushDedup {
@@ -50,31 +62,58 @@ class PushDedup {
     kNew,         // apply it, then call Finish
     kDuplicate,   // already applied: acknowledge without applying
     kInProgress,  // the same key is being applied now: tell the client to retry
+    kPartial,     // applied here for some of the request's vshards only (nothing claimed)
   };
+  // The sorted, distinct vshards of the request's rows; called at most once per call, and
+  // only for a key with a layer or pieces here (rare).
+  using VShardsFn = absl::FunctionRef<std::vector<uint32_t>()>;
 
   explicit PushDedup(PushDedupOptions options = {});
 
   // Claims `key` for application. Anonymous keys (worker_id 0) are always kNew and need
   // no Finish. INVALID_ARGUMENT for sequence 0; FAILED_PRECONDITION for a superseded
   // incarnation or a sequence older than the window. A piece (key.piece() = v + 1) is a
-  // duplicate when its key was applied whole or vshard v's piece of it was; a whole key
-  // with pieces being applied or held is kInProgress (a stale attempt of a part whose
-  // pieces were re-routed must not apply again); RESOURCE_EXHAUSTED beyond
-  // max_piece_sequences. Thread-safe.
+  // duplicate when its key was applied for vshard v; a whole key (piece 0) when it was
+  // applied for every vshard `vshards` names, kPartial when for some (the caller applies
+  // the others' rows under BeginRest), kNew when for none. `part`: the request holds only
+  // some of its key's part (a follower that left rows out): recorded for its vshards only.
+  // RESOURCE_EXHAUSTED beyond max_piece_sequences. Thread-safe.
+  absl::StatusOr<Claim> Begin(const PushKey& key, VShardsFn vshards, bool part = false);
+  // Begin for a request whose vshards are not known: those of a whole key applied whole
+  // (kDuplicate), or never applied here (kNew); a key known for some vshards only is
+  // kInProgress (the caller cannot tell which it would apply).
   absl::StatusOr<Claim> Begin(const PushKey& key);
 
+  // After kPartial: claims the vshards of `vshards` the key was not applied for here
+  // (stored in *rest, sorted) as Begin's kNew would; the caller applies only their rows,
+  // then calls Finish. kInProgress (nothing claimed) if the key's state changed since.
+  // Thread-safe.
+  absl::StatusOr<Claim> BeginRest(const PushKey& key, VShardsFn vshards,
+                                  std::vector<uint32_t>* rest);
+
   // What Begin would answer for `key`, without claiming it or changing any state:
-  // kDuplicate (applied), kInProgress (claimed now) or kNew (neither, or unknown writer,
-  // superseded incarnation, sequence outside the window). Thread-safe.
+  // kDuplicate (applied), kInProgress (claimed now), kPartial, or kNew (neither, or
+  // unknown writer, superseded incarnation, sequence outside the window). Thread-safe.
+  Claim Peek(const PushKey& key, VShardsFn vshards) const;
   Claim Peek(const PushKey& key) const;
 
-  // Ends a kNew claim: `applied` marks the key done; false releases it so a retry applies
-  // it. Thread-safe.
+  // Ends a kNew claim: `applied` marks the key done (for the vshards claimed); false
+  // releases it so a retry applies it. Thread-safe.
   void Finish(const PushKey& key, bool applied);
+
+  // The rows of `vshards` are gone from this pod, or about to be replaced by an
+  // import (whose keys Merge brings): every key stops counting as applied for them. Keys
+  // claimed now count for them again only if applied after this call. Cost: one pass over
+  // the writers; memory: a layer per writer with whole keys (see the file comment).
+  // Thread-safe.
+  void Forget(const std::vector<uint32_t>& vshards);
 
   size_t writers() const;
   // Sequences with pieces remembered, over every writer. Thread-safe.
   size_t piece_sequences() const;
+  // Layers over every writer, and merges forced by max_layers so far. Thread-safe.
+  size_t layers() const;
+  uint64_t layer_merges() const;
 
   // Replication (docs/architecture.md, "Replication"). Hold marks `key` applied but not yet
   // confirmed: a record a replicated pod recovered from its log, which its followers may
@@ -92,25 +131,34 @@ class PushDedup {
 
   // Adds the applied keys of `bytes` (another pod's Serialize) to this state: per writer,
   // a newer incarnation replaces this pod's, the same one adds its applied sequences, an
-  // older one is ignored. A vshard copy carries its source's state (ps_core_migrate.cc),
-  // so a push applied there before the copy is a duplicate here too. INVALID_ARGUMENT as
+  // older one is ignored. A vshard copy carries its source's state for the copied vshards
+  // only (Serialize with `only_vshards`; ps_core_migrate.cc), so a push applied there
+  // before the copy is a duplicate here too, for those vshards. INVALID_ARGUMENT as
   // Restore, nothing changed then. Thread-safe.
   absl::Status Merge(absl::string_view bytes);
 
   // The applied keys (claims in progress are not included), as bytes for storage, and
-  // back. With `only_vshards` (indexed by vshard), the pieces of other vshards are left
-  // out: a vshard copy carries exactly its own pieces (whole keys are exact everywhere).
-  // Restore replaces the state; INVALID_ARGUMENT for bytes it cannot read (or of another
-  // window size). Bytes without pieces are the format before pieces. Thread-safe.
+  // back. With `only_vshards` (indexed by vshard): for those vshards only (a vshard copy
+  // carries exactly its own vshards' keys). Restore replaces the state; INVALID_ARGUMENT
+  // for bytes it cannot read (or of another window size). Bytes without pieces or layers
+  // are the format before them. Thread-safe.
   std::string Serialize(const std::vector<bool>* only_vshards = nullptr) const;
   absl::Status Restore(absl::string_view bytes);
 
  private:
   // The vshards of one sequence's pieces: applied (`done`, which includes `held`), held
-  // (Hold), claimed now.
+  // (Hold), claimed now; `claim`: the vshards a whole key's claim applies (Begin with
+  // vshards, on a key with a layer or pieces, or a part).
   struct Pieces {
     absl::flat_hash_set<uint32_t> done, held, in_progress;
-    bool empty() const { return done.empty() && in_progress.empty(); }
+    std::vector<uint32_t> claim;
+    bool empty() const { return done.empty() && in_progress.empty() && claim.empty(); }
+  };
+  // Keys applied for every vshard but `vshards` (`except`), or for `vshards` only.
+  struct Layer {
+    std::vector<uint64_t> bits;     // as Writer.done
+    std::vector<uint32_t> vshards;  // sorted
+    bool except = true;
   };
   struct Writer {
     uint64_t incarnation = 0;
@@ -120,20 +168,49 @@ class PushDedup {
     absl::flat_hash_set<uint64_t> in_progress;
     absl::flat_hash_set<uint64_t> held;            // applied, not yet confirmed (Hold)
     absl::flat_hash_map<uint64_t, Pieces> pieces;  // by sequence, within the window
+    std::vector<Layer> layers;                     // oldest first
+    // Whole claims in progress across a Forget: the vshards forgotten meanwhile.
+    absl::flat_hash_map<uint64_t, std::vector<uint32_t>> forgotten_claims;
+  };
+  struct Parsed {
+    absl::flat_hash_map<uint64_t, Writer> writers;
+    bool only = false;  // Serialize with only_vshards: `vshards` is what it covers
+    std::vector<uint32_t> vshards;
   };
   // Parses Serialize's bytes.
-  absl::StatusOr<absl::flat_hash_map<uint64_t, Writer>> Parse(absl::string_view bytes) const;
+  absl::StatusOr<Parsed> Parse(absl::string_view bytes) const;
   // The writer of `worker_id` at `incarnation` (created, or reset for a newer one); null
   // for an older incarnation.
   Writer* WriterFor(uint64_t worker_id, uint64_t incarnation) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The known, in-window writer of `key`, or null (Peek).
+  const Writer* Known(const PushKey& key) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The writer of `key` with its window moved to the key, or an error (Begin).
+  absl::StatusOr<Writer*> Claimable(const PushKey& key) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   // Begin for a piece (key.piece() != 0) of writer `w`, its window already moved.
   absl::StatusOr<Claim> BeginPiece(Writer& w, const PushKey& key)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // What Begin answers for a known, in-window key, without claiming it.
-  Claim Look(const Writer& w, const PushKey& key) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  bool IsDone(const Writer& w, uint64_t seq) const;
-  void SetDone(Writer& w, uint64_t seq);
+  // What Begin answers for a known, in-window key, without claiming it; `vshards` null:
+  // not known. With `applied_out`, the request's vshards and those applied (kPartial).
+  Claim Look(const Writer& w, const PushKey& key, const VShardsFn* vshards,
+             std::vector<uint32_t>* request_out = nullptr,
+             std::vector<uint32_t>* applied_out = nullptr) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Whether `seq` is in some layer, or has pieces: its duplicate test needs vshards.
+  bool HasPartialState(const Writer& w, uint64_t seq) const;
+  // Whether the key `seq` counts as applied here for vshard v.
+  bool AppliedFor(const Writer& w, uint64_t seq, uint32_t v) const;
+  bool IsDone(const Writer& w, uint64_t seq) const { return IsSet(w.done, seq); }
+  bool IsSet(const std::vector<uint64_t>& bits, uint64_t seq) const;
+  void SetDone(Writer& w, uint64_t seq) { SetBit(w.done, seq); }
+  void SetBit(std::vector<uint64_t>& bits, uint64_t seq) const;
+  void ClearBit(std::vector<uint64_t>& bits, uint64_t seq) const;
+  // Forgets `seq` everywhere (whole bit and layers).
+  void ClearApplied(Writer& w, uint64_t seq) const;
+  // Sets `seq` in the layer of this form (made if missing, merged beyond max_layers).
+  void SetInLayer(Writer& w, uint64_t seq, const std::vector<uint32_t>& vshards, bool except)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  Layer& LayerFor(Writer& w, const std::vector<uint32_t>& vshards, bool except)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Advance(Writer& w, uint64_t seq);
   void EvictOldest() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
@@ -142,6 +219,7 @@ class PushDedup {
   mutable absl::Mutex mu_;
   absl::flat_hash_map<uint64_t, Writer> writers_ ABSL_GUARDED_BY(mu_);
   uint64_t clock_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t layer_merges_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace ps

@@ -15,6 +15,12 @@ PushKey Key(uint64_t worker, uint64_t incarnation, uint64_t seq) {
 
 using Claim = PushDedup::Claim;
 
+// A request whose rows are in `vshards` (sorted), as PushDedup::Begin asks for them.
+struct In {
+  std::vector<uint32_t> vshards;
+  std::vector<uint32_t> operator()() const { return vshards; }
+};
+
 // Vshard v's piece of key (worker, incarnation, seq): PushKey.piece = v + 1.
 PushKey Piece(uint64_t worker, uint64_t incarnation, uint64_t seq, uint32_t v) {
   PushKey k = Key(worker, incarnation, seq);
@@ -72,7 +78,9 @@ TEST(PushDedupTest, ACopyCarriesOnlyItsVShardsPieces) {
   ASSERT_TRUE(dest.Merge(d.Serialize(&moving)).ok());
   EXPECT_EQ(*dest.Begin(Piece(1, 1, 5, 2)), Claim::kDuplicate);
   EXPECT_EQ(*dest.Begin(Piece(1, 1, 5, 1)), Claim::kNew);  // not moved: not known there
-  EXPECT_EQ(*dest.Begin(Key(1, 1, 6)), Claim::kDuplicate);
+  // A whole key copied claims the copied vshards only.
+  EXPECT_EQ(*dest.Begin(Key(1, 1, 6), In{{2}}), Claim::kDuplicate);
+  EXPECT_EQ(*dest.Begin(Key(1, 1, 6), In{{3}}), Claim::kNew);
   // Stored and restored whole.
   PushDedup restored;
   ASSERT_TRUE(restored.Restore(d.Serialize()).ok());
@@ -260,6 +268,114 @@ TEST(PushDedupTest, MergeAddsAnotherPodsAppliedKeys) {
       source.Serialize().substr(0, 4) + std::string("\xff\xff\xff\xff\xff\xff\xff\x0f", 8);
   EXPECT_EQ(dest.Merge(huge_count).code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(dest.Peek(Key(3, 1, 1)), Claim::kDuplicate);
+}
+
+// Per vshard (push_dedup.h): a key applied here stops counting for the vshards whose rows
+// this pod drops or replaces by an import; the others keep it. (Before, the key outlived
+// the rows: a retry of the dropped vshards' rows, once this pod held them again from a
+// copy without the push, was answered "duplicate" and lost; migration_test at R = 2.)
+TEST(PushDedupTest, ForgetDropsAKeyForTheForgottenVShardsOnly) {
+  PushDedup d;
+  ASSERT_EQ(*d.Begin(Key(1, 1, 4), In{{2, 5}}), Claim::kNew);
+  d.Finish(Key(1, 1, 4), true);
+  ASSERT_EQ(*d.Begin(Key(1, 1, 6), In{{7}}), Claim::kNew);
+  d.Finish(Key(1, 1, 6), true);
+  ASSERT_EQ(*d.Begin(Key(1, 1, 8), In{{2}}), Claim::kNew);  // in progress across the drop
+  d.Forget({5, 7});
+  d.Finish(Key(1, 1, 8), true);
+  EXPECT_EQ(*d.Begin(Key(1, 1, 4), In{{2}}), Claim::kDuplicate);
+  EXPECT_EQ(*d.Begin(Key(1, 1, 4), In{{5}}), Claim::kNew);  // its rows were dropped
+  d.Finish(Key(1, 1, 4), true);
+  EXPECT_EQ(*d.Begin(Key(1, 1, 4), In{{2, 5}}), Claim::kDuplicate);  // now both
+  EXPECT_EQ(*d.Begin(Key(1, 1, 6), In{{7}}), Claim::kNew);
+  d.Finish(Key(1, 1, 6), false);
+  // Claimed before the drop, applied after: not for the vshards dropped meanwhile.
+  EXPECT_EQ(*d.Begin(Key(1, 1, 8), In{{2}}), Claim::kDuplicate);
+  EXPECT_EQ(*d.Begin(Key(1, 1, 8), In{{7}}), Claim::kNew);
+  d.Finish(Key(1, 1, 8), false);
+  // Without the request's vshards a partly known key is not answered either way.
+  EXPECT_EQ(d.Peek(Key(1, 1, 4)), Claim::kInProgress);
+  EXPECT_EQ(d.Peek(Key(1, 1, 8)), Claim::kInProgress);
+  EXPECT_GE(d.layers(), 1u);
+  // Stored and restored with its layers and pieces.
+  PushDedup back;
+  ASSERT_TRUE(back.Restore(d.Serialize()).ok());
+  EXPECT_EQ(back.Peek(Key(1, 1, 8), In{{2}}), Claim::kDuplicate);
+  EXPECT_EQ(back.Peek(Key(1, 1, 8), In{{7}}), Claim::kNew);
+  EXPECT_EQ(back.Peek(Key(1, 1, 4), In{{2, 5}}), Claim::kDuplicate);
+}
+
+// A key known for some of a request's vshards is kPartial: BeginRest claims the others,
+// whose rows alone apply.
+TEST(PushDedupTest, APartlyAppliedKeyAppliesTheRestOnce) {
+  PushDedup d;
+  // A follower kept the rows of vshards 1 and 3 of a record (the part had more).
+  ASSERT_EQ(*d.Begin(Key(2, 1, 9), In{{1, 3}}, /*part=*/true), Claim::kNew);
+  d.Finish(Key(2, 1, 9), true);
+  EXPECT_EQ(*d.Begin(Key(2, 1, 9), In{{1, 3}}), Claim::kDuplicate);
+  EXPECT_EQ(*d.Begin(Key(2, 1, 9), In{{4}}), Claim::kNew);  // left out there: applies here
+  d.Finish(Key(2, 1, 9), false);
+  EXPECT_EQ(*d.Begin(Key(2, 1, 9), In{{3, 4}}), Claim::kPartial);
+  std::vector<uint32_t> rest;
+  ASSERT_EQ(*d.BeginRest(Key(2, 1, 9), In{{3, 4}}, &rest), Claim::kNew);
+  EXPECT_EQ(rest, std::vector<uint32_t>{4});
+  EXPECT_EQ(*d.Begin(Key(2, 1, 9), In{{4}}), Claim::kInProgress);
+  d.Finish(Key(2, 1, 9), true);
+  EXPECT_EQ(*d.Begin(Key(2, 1, 9), In{{1, 3, 4}}), Claim::kDuplicate);
+  EXPECT_EQ(*d.Begin(Key(2, 1, 9), In{{5}}), Claim::kNew);
+  d.Finish(Key(2, 1, 9), false);
+  // A part that is whole here still costs a bit and no piece.
+  ASSERT_EQ(*d.Begin(Key(2, 1, 10), In{{1}}), Claim::kNew);
+  d.Finish(Key(2, 1, 10), true);
+  EXPECT_EQ(*d.Begin(Key(2, 1, 10), In{{6}}), Claim::kDuplicate);
+  EXPECT_EQ(d.piece_sequences(), 1u);
+}
+
+// A copy carries its vshards' keys exactly: those the source dropped or forgot for some of
+// them do not claim those here, and the copy's keys claim no vshard this pod holds besides.
+TEST(PushDedupTest, ACopyCarriesExactlyItsVShardsKeys) {
+  PushDedup source, dest;
+  ASSERT_EQ(*source.Begin(Key(1, 1, 1), In{{2, 3}}), Claim::kNew);
+  source.Finish(Key(1, 1, 1), true);
+  ASSERT_EQ(*source.Begin(Key(1, 1, 2), In{{2}}), Claim::kNew);
+  source.Finish(Key(1, 1, 2), true);
+  source.Forget({3});  // key 1's rows of vshard 3 are gone there
+  std::vector<bool> moving(8, false);
+  moving[2] = moving[3] = true;
+  // The destination knew key 2 for vshard 5 (its own rows): that stays.
+  ASSERT_EQ(*dest.Begin(Key(1, 1, 2), In{{5}}), Claim::kNew);
+  dest.Finish(Key(1, 1, 2), true);
+  dest.Forget({2, 3});  // as BeginImport does
+  ASSERT_TRUE(dest.Merge(source.Serialize(&moving)).ok());
+  EXPECT_EQ(dest.Peek(Key(1, 1, 1), In{{2}}), Claim::kDuplicate);
+  EXPECT_EQ(dest.Peek(Key(1, 1, 1), In{{3}}), Claim::kNew);
+  EXPECT_EQ(dest.Peek(Key(1, 1, 1), In{{5}}), Claim::kNew);  // not the copy's
+  EXPECT_EQ(dest.Peek(Key(1, 1, 2), In{{2, 5}}), Claim::kDuplicate);
+  EXPECT_EQ(dest.Peek(Key(1, 1, 2), In{{3}}), Claim::kNew);
+  // A copy's bytes are not a pod's whole state.
+  PushDedup other;
+  EXPECT_EQ(other.Restore(source.Serialize(&moving)).code(), absl::StatusCode::kInvalidArgument);
+}
+
+// Layers are bounded per writer and leave with the window.
+TEST(PushDedupTest, LayersAreBoundedAndSlideOutOfTheWindow) {
+  PushDedupOptions o;
+  o.window = 64;
+  o.max_layers = 3;
+  PushDedup d(o);
+  for (uint32_t v = 0; v < 6; ++v) {
+    ASSERT_EQ(*d.Begin(Key(1, 1, v + 1), In{{v, 10}}), Claim::kNew);
+    d.Finish(Key(1, 1, v + 1), true);
+    d.Forget({v});
+  }
+  EXPECT_LE(d.layers(), 3u);
+  EXPECT_GT(d.layer_merges(), 0u);
+  // The newest keys are exact; every key still counts for vshard 10, which no layer names.
+  EXPECT_EQ(d.Peek(Key(1, 1, 6), In{{5}}), Claim::kNew);
+  for (uint64_t s = 1; s <= 6; ++s) EXPECT_EQ(d.Peek(Key(1, 1, s), In{{10}}), Claim::kDuplicate);
+  ASSERT_EQ(*d.Begin(Key(1, 1, 200)), Claim::kNew);
+  d.Finish(Key(1, 1, 200), true);
+  EXPECT_EQ(d.layers(), 0u);
 }
 
 }  // namespace
