@@ -144,5 +144,43 @@ TEST_P(FollowerKeysTest, AKeyIsForgottenWithTheRowsAFollowerDrops) {
 INSTANTIATE_TEST_SUITE_P(DurableAndInMemory, FollowerKeysTest, testing::Bool(),
                          replica_test::DurableOrInMemory);
 
+// The same after b restarts from its log alone (as after a SIGKILL: no round stored its
+// state), where its record holds the rows it kept but not which it left out: recovery
+// keeps the key for the record's vshards only (ResolveRecoveredLog).
+class RestartedFollowerKeysTest : public FollowerKeysTest {
+ protected:
+  replica_test::ReplicaPairOptions Options() override {
+    replica_test::ReplicaPairOptions options;
+    options.durable = true;
+    options.pod.storage.materialize_ms = 600000;
+    options.pod.storage.materialize_on_close = false;
+    return options;
+  }
+};
+
+TEST_F(RestartedFollowerKeysTest, KnowsItsLoggedRecordsKeysForTheirRowsOnly) {
+  std::vector<int64_t> ids = IdsIn(0, kVShards / 2, 3);
+  const std::vector<int64_t> upper = IdsIn(kVShards / 2, kVShards, 3);
+  ids.insert(ids.end(), upper.begin(), upper.end());
+  const PushRequest push = MakePush(ids, 0.5f, 11, 1);
+  PushResponse resp;
+  ASSERT_TRUE(a_->Push(push, &resp).ok());
+  const auto kept = Rows(*b_);
+  ASSERT_EQ(kept.size(), 3u);
+  Stop("b");
+  Restart("b");
+  ASSERT_EQ(Rows(*b_), kept);
+  ApplyAssignmentResponse assigned;
+  ASSERT_TRUE(
+      b_->ApplyAssignment(Role(3, "b", {}, {}, {{"a", Range(0, kVShards / 2)}}), &assigned).ok());
+  Promote();
+  PushResponse retry;
+  ASSERT_TRUE(b_->Push(push, &retry).ok());
+  EXPECT_FALSE(retry.duplicate());
+  auto rows = Rows(*b_);
+  EXPECT_EQ(rows.size(), 6u);
+  for (const auto& [id, row] : kept) EXPECT_EQ(rows[id], row) << id;
+}
+
 }  // namespace
 }  // namespace ps

@@ -630,9 +630,11 @@ void PsCore::ResolveRecoveredLog(const ShardOwnership& own) {
       storage_->ForEachRecoveredRecord([&](absl::string_view bytes) -> absl::Status {
         ASSIGN_OR_RETURN(LogRecordView rec, ParseLogRecord(bytes));
         bool leads = false, follows = false;
+        std::vector<uint32_t> touched;
         auto note = [&](uint32_t v) {
           leads = leads || own.Owns(v);
           follows = follows || (v < role_.primary_of.size() && !role_.primary_of[v].empty());
+          touched.push_back(v);
         };
         auto note_ids = [&](absl::string_view table, uint32_t count, auto id_of) {
           auto t = store_.FindTable(std::string(table));
@@ -657,7 +659,11 @@ void PsCore::ResolveRecoveredLog(const ShardOwnership& own) {
                             [finish, key = rec.key](absl::Status s) { finish(key, s); });
         } else if (follows) {
           ++kept;  // its primary logged it first
-          dedup_.Release(rec.key, /*applied=*/true);
+          // For the vshards of its rows only: the record holds the rows this pod kept of
+          // its part, perhaps not all (ApplyReplicated, key_part).
+          std::sort(touched.begin(), touched.end());
+          touched.erase(std::unique(touched.begin(), touched.end()), touched.end());
+          dedup_.ReleaseFor(rec.key, touched);
         } else {
           ++forgotten;  // its vshards' rows are dropped here: their primary decides
           dedup_.Release(rec.key, /*applied=*/false);

@@ -476,6 +476,23 @@ void PushDedup::Release(const PushKey& key, bool applied) {
   ClearApplied(w, key.sequence());
 }
 
+void PushDedup::ReleaseFor(const PushKey& key, const std::vector<uint32_t>& vshards) {
+  if (key.worker_id() == 0) return;
+  if (key.piece() != 0) return Release(key, /*applied=*/true);
+  absl::MutexLock lock(&mu_);
+  auto it = writers_.find(key.worker_id());
+  if (it == writers_.end() || it->second.incarnation != key.incarnation()) return;
+  Writer& w = it->second;
+  const uint64_t seq = key.sequence();
+  if (w.held.erase(seq) == 0) return;
+  auto p = w.pieces.find(seq);
+  if (p == w.pieces.end() && w.pieces.size() >= options_.max_piece_sequences) return;
+  ClearApplied(w, seq);
+  Pieces& pieces = w.pieces[seq];
+  pieces.done.insert(vshards.begin(), vshards.end());
+  if (pieces.empty()) w.pieces.erase(seq);
+}
+
 size_t PushDedup::ReleaseAll(bool applied) {
   absl::MutexLock lock(&mu_);
   size_t n = 0;

@@ -125,6 +125,10 @@ class PushDedup {
   // Thread-safe.
   void Hold(const PushKey& key);
   void Release(const PushKey& key, bool applied);
+  // Release with `applied`, for `vshards` (sorted) only: a follower's recovered record,
+  // whose rows are those it kept of its part. Beyond max_piece_sequences the key stays
+  // applied whole. Thread-safe.
+  void ReleaseFor(const PushKey& key, const std::vector<uint32_t>& vshards);
   // Releases every held key as Release does; returns how many there were. Thread-safe.
   size_t ReleaseAll(bool applied);
   size_t held() const;

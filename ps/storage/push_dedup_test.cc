@@ -357,6 +357,19 @@ TEST(PushDedupTest, ACopyCarriesExactlyItsVShardsKeys) {
   EXPECT_EQ(other.Restore(source.Serialize(&moving)).code(), absl::StatusCode::kInvalidArgument);
 }
 
+// A held key released for some vshards (a follower's recovered record: the rows it kept)
+// counts for those only.
+TEST(PushDedupTest, ReleaseForKeepsAHeldKeyForItsVShardsOnly) {
+  PushDedup d;
+  d.Hold(Key(1, 1, 3));
+  EXPECT_EQ(d.Peek(Key(1, 1, 3), In{{1}}), Claim::kInProgress);
+  d.ReleaseFor(Key(1, 1, 3), {1, 2});
+  EXPECT_EQ(d.held(), 0u);
+  EXPECT_EQ(d.Peek(Key(1, 1, 3), In{{1, 2}}), Claim::kDuplicate);
+  EXPECT_EQ(d.Peek(Key(1, 1, 3), In{{2, 6}}), Claim::kPartial);
+  EXPECT_EQ(d.Peek(Key(1, 1, 3), In{{6}}), Claim::kNew);
+}
+
 // Layers are bounded per writer and leave with the window.
 TEST(PushDedupTest, LayersAreBoundedAndSlideOutOfTheWindow) {
   PushDedupOptions o;
