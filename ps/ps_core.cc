@@ -616,7 +616,8 @@ void PsCore::ApplyChange(const Change& change, ApplyFn apply, Done done) {
     if (absl::Status s = CheckWriteLease(); !s.ok()) return refuse(s);
   }
   if (change.key != nullptr) {
-    absl::StatusOr<PushDedup::Claim> claim = dedup_.Begin(*change.key, vshards, change.key_part);
+    absl::StatusOr<PushDedup::Claim> claim =
+        dedup_.Begin(*change.key, vshards, change.key_part.get());
     if (claim.ok() && *claim == PushDedup::Claim::kPartial) {
       // Applied here for some of the change's vshards: the others' rows apply alone.
       if (change.narrow == nullptr) {
@@ -648,16 +649,17 @@ void PsCore::ApplyChange(const Change& change, ApplyFn apply, Done done) {
       return ApplyShipped(change, apply_and_track, AckWhenDurable(change, std::move(done)));
     }
     // As below: the key is marked applied once this pod and the ack set hold the change.
-    return ApplyShipped(
-        change, apply_and_track,
-        AckWhenDurable(change, [this, key = *change.key, done = std::move(done)](absl::Status s) {
-          dedup_.Finish(key, /*applied=*/s.ok());
-          done(s);
-        }));
+    return ApplyShipped(change, apply_and_track,
+                        AckWhenDurable(change, [this, key = *change.key, part = change.key_part,
+                                                done = std::move(done)](absl::Status s) {
+                          dedup_.Finish(key, /*applied=*/s.ok(), part.get());
+                          done(s);
+                        }));
   }
   if (storage_ == nullptr) {
     absl::Status s = apply_and_track(nullptr);
-    if (change.key != nullptr) dedup_.Finish(*change.key, /*applied=*/s.ok());
+    if (change.key != nullptr)
+      dedup_.Finish(*change.key, /*applied=*/s.ok(), change.key_part.get());
     return done(s);
   }
   if (change.key == nullptr) {
@@ -667,12 +669,12 @@ void PsCore::ApplyChange(const Change& change, ApplyFn apply, Done done) {
   }
   // The key is marked applied only once the record is durable, so a retry before then is
   // told to wait (ABORTED) rather than acknowledged early.
-  storage_->ApplyLogged(
-      *change.key, change.record_bytes, apply_and_track,
-      AckWhenDurable(change, [this, key = *change.key, done = std::move(done)](absl::Status s) {
-        dedup_.Finish(key, /*applied=*/s.ok());
-        done(s);
-      }));
+  storage_->ApplyLogged(*change.key, change.record_bytes, apply_and_track,
+                        AckWhenDurable(change, [this, key = *change.key, part = change.key_part,
+                                                done = std::move(done)](absl::Status s) {
+                          dedup_.Finish(key, /*applied=*/s.ok(), part.get());
+                          done(s);
+                        }));
 }
 
 absl::Status PsCore::RefusedOrDuplicate(const PushKey& key, PushDedup::VShardsFn vshards,

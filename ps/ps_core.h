@@ -299,8 +299,9 @@ class PsCore {
     // (PodStorage::ApplyLogged).
     bool exclusive = false;
     // The key's part holds rows this change does not (a follower that left some out): the
-    // key is recorded for this change's vshards only (PushDedup, "Per vshard").
-    bool key_part = false;
+    // key is recorded for these vshards only (those the follower follows from the sender;
+    // PushDedup, "Per vshard"). Null: for the whole part.
+    std::shared_ptr<const std::vector<uint32_t>> key_part;
     // Narrows the change, before `apply` runs, to the rows of the vshards given (sorted):
     // its key was applied here for the others already. Null: such a change is refused
     // (ABORTED, retried).

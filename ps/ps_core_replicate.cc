@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstring>
+#include <map>
 
 #include "absl/strings/str_cat.h"
 #include "common/base/status_macros.h"
@@ -400,6 +401,9 @@ uint64_t PsCore::ApplyReplicated(const std::shared_ptr<const ReplicateRecordsReq
   // Apply in order; the first failure stops the batch (later records may build on it).
   auto wait = std::make_shared<Gather>(1, std::move(done));
   uint64_t applied = 0;
+  // The vshards this pod follows from the sender: what a record of which it left rows out
+  // counts as applied for (made at the first such record).
+  std::shared_ptr<const std::vector<uint32_t>> followed_of_sender;
   for (ParsedRecord& p : records) {
     Change change;
     PushResponse ignored;
@@ -431,9 +435,19 @@ uint64_t PsCore::ApplyReplicated(const std::shared_ptr<const ReplicateRecordsReq
     // leads those vshards (or a copy carries its keys there).
     const bool keyed = p.view.key.worker_id() != 0 && KeptAny(p);
     change.key = keyed ? &p.view.key : nullptr;
-    // Some rows left out: the key counts here for the kept rows' vshards only, so that a
-    // retry of the others, once this pod leads them, applies (PushDedup, "Per vshard").
-    change.key_part = keyed && !p.whole;
+    // Some rows left out: the key counts here for the vshards this pod follows from the
+    // sender only (of the part's, those it kept), so that a retry of the others, once this
+    // pod leads them, applies (PushDedup, "Per vshard").
+    if (keyed && !p.whole) {
+      if (followed_of_sender == nullptr) {
+        auto followed = std::make_shared<std::vector<uint32_t>>();
+        for (uint32_t v = 0; v < n; ++v) {
+          if (Follows(v, req.primary())) followed->push_back(v);
+        }
+        followed_of_sender = std::move(followed);
+      }
+      change.key_part = followed_of_sender;
+    }
     change.resp = &ignored;
     // The key applied here before for some of the kept vshards (a primary that lost the
     // record re-applied its retry, and this pod now follows more of its vshards): only the
@@ -622,6 +636,7 @@ void PsCore::ResolveRecoveredLog(const ShardOwnership& own) {
     LOG(INFO) << "the followers hold every record of the recovered log";
   };
   uint64_t shipped = 0, kept = 0, forgotten = 0;
+  std::map<std::string, std::vector<uint32_t>> followed_of;  // by primary
   // Ordered before every change under this assignment (the caller holds migrate_mu_
   // exclusively): each follower receives the recovered records first, then the new ones,
   // each row's updates in step order; replay skips what a follower already holds.
@@ -659,11 +674,22 @@ void PsCore::ResolveRecoveredLog(const ShardOwnership& own) {
                             [finish, key = rec.key](absl::Status s) { finish(key, s); });
         } else if (follows) {
           ++kept;  // its primary logged it first
-          // For the vshards of its rows only: the record holds the rows this pod kept of
-          // its part, perhaps not all (ApplyReplicated, key_part).
-          std::sort(touched.begin(), touched.end());
-          touched.erase(std::unique(touched.begin(), touched.end()), touched.end());
-          dedup_.ReleaseFor(rec.key, touched);
+          // For the vshards it follows from the record's primary only: the record holds
+          // the rows this pod kept of its part, perhaps not all (ApplyReplicated, key_part).
+          std::string primary;
+          for (uint32_t v : touched) {
+            if (v < role_.primary_of.size() && !role_.primary_of[v].empty()) {
+              primary = role_.primary_of[v];
+              break;
+            }
+          }
+          std::vector<uint32_t>& followed = followed_of[primary];
+          if (followed.empty()) {
+            for (uint32_t v = 0; v < role_.primary_of.size(); ++v) {
+              if (role_.primary_of[v] == primary) followed.push_back(v);
+            }
+          }
+          dedup_.ReleaseFor(rec.key, followed);
         } else {
           ++forgotten;  // its vshards' rows are dropped here: their primary decides
           dedup_.Release(rec.key, /*applied=*/false);

@@ -264,7 +264,7 @@ absl::StatusOr<PushDedup::Claim> PushDedup::Begin(const PushKey& key) {
 }
 
 absl::StatusOr<PushDedup::Claim> PushDedup::Begin(const PushKey& key, VShardsFn vshards,
-                                                  bool part) {
+                                                  const std::vector<uint32_t>* part) {
   if (key.worker_id() == 0) return Claim::kNew;
   absl::MutexLock lock(&mu_);
   ASSIGN_OR_RETURN(Writer * found, Claimable(key));
@@ -280,13 +280,12 @@ absl::StatusOr<PushDedup::Claim> PushDedup::Begin(const PushKey& key, VShardsFn 
   const VShardsFn counted(counting);
   const Claim claim = Look(w, key, &counted, &request);
   if (claim != Claim::kNew) return claim;
-  if (!part && !asked) {
-    w.in_progress.insert(seq);  // the common case: a bit when applied
+  if (!asked) {
+    // The common case: a bit when applied (in a part's layer for a part, Finish).
+    w.in_progress.insert(seq);
     return claim;
   }
-  // Recorded per vshard: the key is known here for other vshards, or the request holds
-  // only some of its part.
-  if (!asked) request = vshards();
+  // Recorded per vshard: the key is known here for other vshards.
   auto p = w.pieces.find(seq);
   if (p == w.pieces.end()) {
     if (w.pieces.size() >= options_.max_piece_sequences) {
@@ -349,7 +348,7 @@ PushDedup::Claim PushDedup::Peek(const PushKey& key, VShardsFn vshards) const {
   return w == nullptr ? Claim::kNew : Look(*w, key, &vshards);
 }
 
-void PushDedup::Finish(const PushKey& key, bool applied) {
+void PushDedup::Finish(const PushKey& key, bool applied, const std::vector<uint32_t>* part) {
   if (key.worker_id() == 0) return;
   absl::MutexLock lock(&mu_);
   auto it = writers_.find(key.worker_id());
@@ -368,7 +367,10 @@ void PushDedup::Finish(const PushKey& key, bool applied) {
   if (w.in_progress.erase(seq) > 0) {
     auto f = w.forgotten_claims.find(seq);
     if (applied && seq >= w.base) {
-      if (f == w.forgotten_claims.end()) {
+      if (part != nullptr) {
+        SetInLayer(w, seq, f == w.forgotten_claims.end() ? *part : Minus(*part, f->second),
+                   /*except=*/false);
+      } else if (f == w.forgotten_claims.end()) {
         SetDone(w, seq);
       } else {
         SetInLayer(w, seq, f->second, /*except=*/true);
@@ -485,12 +487,8 @@ void PushDedup::ReleaseFor(const PushKey& key, const std::vector<uint32_t>& vsha
   Writer& w = it->second;
   const uint64_t seq = key.sequence();
   if (w.held.erase(seq) == 0) return;
-  auto p = w.pieces.find(seq);
-  if (p == w.pieces.end() && w.pieces.size() >= options_.max_piece_sequences) return;
   ClearApplied(w, seq);
-  Pieces& pieces = w.pieces[seq];
-  pieces.done.insert(vshards.begin(), vshards.end());
-  if (pieces.empty()) w.pieces.erase(seq);
+  SetInLayer(w, seq, vshards, /*except=*/false);
 }
 
 size_t PushDedup::ReleaseAll(bool applied) {

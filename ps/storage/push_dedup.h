@@ -17,9 +17,13 @@
 //    after applying the key), or only for the vshards a layer names (a copy's keys, Merge:
 //    exactly the copied vshards). Layers exist only after a drop or an import and leave
 //    with the window; a layer per writer per drop or import, at most max_layers each.
+//    A follower's record of which it kept only some rows is a key of a layer too: applied
+//    for the vshards it follows from that primary (`part`), which are exactly the part's
+//    vshards it kept (the part's vshards all had that primary), so a layer per writer per
+//    follower role, not a set per key.
 //  - pieces (a small map by sequence, each a few vshards): a re-routed piece
-//    (PushKey.piece = v + 1), a follower's record of which it kept only some vshards, a
-//    retry of a key already partly applied here. Rare, bounded by max_piece_sequences.
+//    (PushKey.piece = v + 1), a retry of a key already partly applied here. Rare, bounded
+//    by max_piece_sequences.
 // Whether a key is a duplicate then depends on which vshards the request's rows are in:
 // Begin and Peek ask for them (VShardsFn), and only when the key has a layer or pieces.
 #pragma once
@@ -75,10 +79,13 @@ class PushDedup {
   // incarnation or a sequence older than the window. A piece (key.piece() = v + 1) is a
   // duplicate when its key was applied for vshard v; a whole key (piece 0) when it was
   // applied for every vshard `vshards` names, kPartial when for some (the caller applies
-  // the others' rows under BeginRest), kNew when for none. `part`: the request holds only
-  // some of its key's part (a follower that left rows out): recorded for its vshards only.
-  // RESOURCE_EXHAUSTED beyond max_piece_sequences. Thread-safe.
-  absl::StatusOr<Claim> Begin(const PushKey& key, VShardsFn vshards, bool part = false);
+  // the others' rows under BeginRest), kNew when for none. `part` (sorted; null: the whole
+  // part): the request holds only its part's rows of these vshards (a follower that left
+  // rows out: the vshards it follows from the sender), recorded as applied for them only
+  // when Finish is given the same `part`. RESOURCE_EXHAUSTED beyond max_piece_sequences.
+  // Thread-safe.
+  absl::StatusOr<Claim> Begin(const PushKey& key, VShardsFn vshards,
+                              const std::vector<uint32_t>* part = nullptr);
   // Begin for a request whose vshards are not known: those of a whole key applied whole
   // (kDuplicate), or never applied here (kNew); a key known for some vshards only is
   // kInProgress (the caller cannot tell which it would apply).
@@ -97,9 +104,9 @@ class PushDedup {
   Claim Peek(const PushKey& key, VShardsFn vshards) const;
   Claim Peek(const PushKey& key) const;
 
-  // Ends a kNew claim: `applied` marks the key done (for the vshards claimed); false
-  // releases it so a retry applies it. Thread-safe.
-  void Finish(const PushKey& key, bool applied);
+  // Ends a kNew claim: `applied` marks the key done (for the vshards claimed: with Begin's
+  // `part`, for those); false releases it so a retry applies it. Thread-safe.
+  void Finish(const PushKey& key, bool applied, const std::vector<uint32_t>* part = nullptr);
 
   // The rows of `vshards` are gone from this pod, or about to be replaced by an
   // import (whose keys Merge brings): every key stops counting as applied for them. Keys
@@ -126,8 +133,8 @@ class PushDedup {
   void Hold(const PushKey& key);
   void Release(const PushKey& key, bool applied);
   // Release with `applied`, for `vshards` (sorted) only: a follower's recovered record,
-  // whose rows are those it kept of its part. Beyond max_piece_sequences the key stays
-  // applied whole. Thread-safe.
+  // whose rows are those it kept of its part (the vshards it follows from that record's
+  // primary, as Begin's `part`). Thread-safe.
   void ReleaseFor(const PushKey& key, const std::vector<uint32_t>& vshards);
   // Releases every held key as Release does; returns how many there were. Thread-safe.
   size_t ReleaseAll(bool applied);
@@ -151,8 +158,8 @@ class PushDedup {
 
  private:
   // The vshards of one sequence's pieces: applied (`done`, which includes `held`), held
-  // (Hold), claimed now; `claim`: the vshards a whole key's claim applies (Begin with
-  // vshards, on a key with a layer or pieces, or a part).
+  // (Hold), claimed now; `claim`: the vshards a whole key's claim applies (Begin on a key
+  // with a layer or pieces; BeginRest).
   struct Pieces {
     absl::flat_hash_set<uint32_t> done, held, in_progress;
     std::vector<uint32_t> claim;

@@ -309,9 +309,13 @@ TEST(PushDedupTest, ForgetDropsAKeyForTheForgottenVShardsOnly) {
 // whose rows alone apply.
 TEST(PushDedupTest, APartlyAppliedKeyAppliesTheRestOnce) {
   PushDedup d;
-  // A follower kept the rows of vshards 1 and 3 of a record (the part had more).
-  ASSERT_EQ(*d.Begin(Key(2, 1, 9), In{{1, 3}}, /*part=*/true), Claim::kNew);
-  d.Finish(Key(2, 1, 9), true);
+  // A follower kept the rows of vshards 1 and 3 of a record (the part had more): those it
+  // follows from that primary. A layer, not a piece per key.
+  const std::vector<uint32_t> followed = {1, 3};
+  ASSERT_EQ(*d.Begin(Key(2, 1, 9), In{{1, 3}}, &followed), Claim::kNew);
+  d.Finish(Key(2, 1, 9), true, &followed);
+  EXPECT_EQ(d.piece_sequences(), 0u);
+  EXPECT_EQ(d.layers(), 1u);
   EXPECT_EQ(*d.Begin(Key(2, 1, 9), In{{1, 3}}), Claim::kDuplicate);
   EXPECT_EQ(*d.Begin(Key(2, 1, 9), In{{4}}), Claim::kNew);  // left out there: applies here
   d.Finish(Key(2, 1, 9), false);
