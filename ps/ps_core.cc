@@ -535,6 +535,11 @@ void PsCore::PushAsync(const PushRequest& req, PushResponse* resp, Done done) {
   change.key = &req.key();
   change.resp = resp;
   change.ship = true;
+  // Routed under an older map (a re-routed part keeps its key): the rest of its part may
+  // have gone to other pods although this pod leads their vshards now. Before, the key
+  // counted here for every vshard, and a later piece of the part in one of those vshards
+  // was answered "duplicate" (migration_test at R = 2, after the drain).
+  change.key_exact = req.epoch() != 0 && req.epoch() < own->epoch();
   for (const PreparedPush& p : prepared) {
     change.rows.emplace_back(p.rows.table, p.rows.ids);
     change.record_bytes += LogRecordBuilder::TableBytes(p.rows.table->spec().name(),
@@ -617,7 +622,7 @@ void PsCore::ApplyChange(const Change& change, ApplyFn apply, Done done) {
   }
   if (change.key != nullptr) {
     absl::StatusOr<PushDedup::Claim> claim =
-        dedup_.Begin(*change.key, vshards, change.key_part.get());
+        dedup_.Begin(*change.key, vshards, change.key_part.get(), change.key_exact);
     if (claim.ok() && *claim == PushDedup::Claim::kPartial) {
       // Applied here for some of the change's vshards: the others' rows apply alone.
       if (change.narrow == nullptr) {

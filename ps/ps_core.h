@@ -302,6 +302,9 @@ class PsCore {
     // key is recorded for these vshards only (those the follower follows from the sender;
     // PushDedup, "Per vshard"). Null: for the whole part.
     std::shared_ptr<const std::vector<uint32_t>> key_part;
+    // The request was routed under an older shard map than this pod's: it may lack rows of
+    // its part in vshards this pod leads, so its key is recorded for its own vshards only.
+    bool key_exact = false;
     // Narrows the change, before `apply` runs, to the rows of the vshards given (sorted):
     // its key was applied here for the others already. Null: such a change is refused
     // (ABORTED, retried).

@@ -231,20 +231,11 @@ class MigrationTest : public integration::ClusterProcessTest,
   }
 };
 
+// At R = 2 a part in flight at ps-2 when it is SIGKILLed may have reached ps-2's followers
+// but not its log: a follower that kept some of its vshards, and imports the others from
+// ps-2 in the drain, must apply the client's retry of those (push keys per vshard,
+// ps/storage/push_dedup.h; it lost a push in about 1 run in 12-24 before).
 TEST_P(MigrationTest, ScaleOutThenDrainWhileClientsPushIsExact) {
-  if (GetParam() == 2) {
-    // Loses a push in about 1 run in 12 at R = 2 (run alone). A part in flight at ps-2 when
-    // it is SIGKILLed has an unknown fate and is re-routed as one piece per vshard under its
-    // key (PushKey.piece; the split-part loss that keys per pod caused is fixed:
-    // ps_core_copy_dedup_test). What is left: ps-2 shipped the part's record to its
-    // follower ps-0 and was killed before its own log write, so it restarts without the
-    // update while ps-0 holds it and knows the key. The drain then has ps-0 drop its
-    // follower rows and import those vshards from ps-2 (without the update); ps-0's key
-    // state outlives the rows it dropped, so the pieces are answered "duplicate" there and
-    // lost (traced: rows of vshards 23-25, whole key known at ps-0). Keys must be forgotten
-    // for vshards whose rows a pod drops or replaces by an import (open).
-    GTEST_SKIP() << "R = 2: a follower's keys outlive the rows it drops (open)";
-  }
   StartMaster(/*lease_ms=*/3000);
   StartPod(0);
   StartPod(1);

@@ -180,7 +180,7 @@ PushDedup::Claim PushDedup::Look(const Writer& w, const PushKey& key, const VSha
                                  std::vector<uint32_t>* request_out,
                                  std::vector<uint32_t>* applied_out) const {
   const uint64_t seq = key.sequence();
-  if (w.held.contains(seq)) return Claim::kInProgress;
+  if (!w.held.empty() && w.held.contains(seq)) return Claim::kInProgress;
   if (IsDone(w, seq)) return Claim::kDuplicate;  // applied whole: every vshard
   if (w.in_progress.contains(seq)) return Claim::kInProgress;
   auto p = w.pieces.find(seq);
@@ -196,7 +196,7 @@ PushDedup::Claim PushDedup::Look(const Writer& w, const PushKey& key, const VSha
       (!p->second.in_progress.empty() || !p->second.claim.empty() || !p->second.held.empty())) {
     return Claim::kInProgress;  // some vshards of it are being applied or confirmed now
   }
-  if (!HasPartialState(w, seq)) return Claim::kNew;
+  if ((p == w.pieces.end() && w.layers.empty()) || !HasPartialState(w, seq)) return Claim::kNew;
   // Applied here for some vshards: which of the request's?
   if (vshards == nullptr) return Claim::kInProgress;
   std::vector<uint32_t> request = (*vshards)();
@@ -264,13 +264,19 @@ absl::StatusOr<PushDedup::Claim> PushDedup::Begin(const PushKey& key) {
 }
 
 absl::StatusOr<PushDedup::Claim> PushDedup::Begin(const PushKey& key, VShardsFn vshards,
-                                                  const std::vector<uint32_t>* part) {
+                                                  const std::vector<uint32_t>* part, bool exact) {
   if (key.worker_id() == 0) return Claim::kNew;
   absl::MutexLock lock(&mu_);
   ASSIGN_OR_RETURN(Writer * found, Claimable(key));
   Writer& w = *found;
   if (key.piece() != 0) return BeginPiece(w, key);
   const uint64_t seq = key.sequence();
+  if (!exact && w.layers.empty() && w.pieces.empty() && w.held.empty()) {
+    // The common case, as before layers: a bit per key.
+    if (IsDone(w, seq)) return Claim::kDuplicate;
+    if (!w.in_progress.insert(seq).second) return Claim::kInProgress;
+    return Claim::kNew;
+  }
   std::vector<uint32_t> request;
   bool asked = false;
   auto counting = [&] {
@@ -280,12 +286,14 @@ absl::StatusOr<PushDedup::Claim> PushDedup::Begin(const PushKey& key, VShardsFn 
   const VShardsFn counted(counting);
   const Claim claim = Look(w, key, &counted, &request);
   if (claim != Claim::kNew) return claim;
-  if (!asked) {
+  if (!asked && !exact) {
     // The common case: a bit when applied (in a part's layer for a part, Finish).
     w.in_progress.insert(seq);
     return claim;
   }
-  // Recorded per vshard: the key is known here for other vshards.
+  // Recorded per vshard: the key is known here for other vshards, or the request's rows
+  // may be only some of those its part has in vshards this pod holds.
+  if (!asked) request = vshards();
   auto p = w.pieces.find(seq);
   if (p == w.pieces.end()) {
     if (w.pieces.size() >= options_.max_piece_sequences) {
@@ -365,7 +373,7 @@ void PushDedup::Finish(const PushKey& key, bool applied, const std::vector<uint3
     return;
   }
   if (w.in_progress.erase(seq) > 0) {
-    auto f = w.forgotten_claims.find(seq);
+    auto f = w.forgotten_claims.empty() ? w.forgotten_claims.end() : w.forgotten_claims.find(seq);
     if (applied && seq >= w.base) {
       if (part != nullptr) {
         SetInLayer(w, seq, f == w.forgotten_claims.end() ? *part : Minus(*part, f->second),

@@ -84,8 +84,11 @@ class PushDedup {
   // rows out: the vshards it follows from the sender), recorded as applied for them only
   // when Finish is given the same `part`. RESOURCE_EXHAUSTED beyond max_piece_sequences.
   // Thread-safe.
+  // `exact`: the request may lack rows of its part in vshards this pod holds (sent under
+  // an older shard map: a re-routed part keeps its key, and a stale map routes some of its
+  // rows elsewhere): recorded for the request's own vshards (a piece set), not whole.
   absl::StatusOr<Claim> Begin(const PushKey& key, VShardsFn vshards,
-                              const std::vector<uint32_t>* part = nullptr);
+                              const std::vector<uint32_t>* part = nullptr, bool exact = false);
   // Begin for a request whose vshards are not known: those of a whole key applied whole
   // (kDuplicate), or never applied here (kNew); a key known for some vshards only is
   // kInProgress (the caller cannot tell which it would apply).

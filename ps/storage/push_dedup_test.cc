@@ -374,6 +374,20 @@ TEST(PushDedupTest, ReleaseForKeepsAHeldKeyForItsVShardsOnly) {
   EXPECT_EQ(d.Peek(Key(1, 1, 3), In{{6}}), Claim::kNew);
 }
 
+// A request sent under an older map (a re-routed part keeps its key; a stale map sent the
+// rest of its rows to other pods) counts for its own vshards only: a later piece of the
+// part in another vshard this pod leads applies. (Before, it counted whole here and the
+// later piece was answered "duplicate": migration_test at R = 2, after the drain.)
+TEST(PushDedupTest, AnExactRequestCountsForItsOwnVShardsOnly) {
+  PushDedup d;
+  ASSERT_EQ(*d.Begin(Key(4, 1, 2), In{{22, 27}}, nullptr, /*exact=*/true), Claim::kNew);
+  d.Finish(Key(4, 1, 2), true);
+  EXPECT_EQ(d.Peek(Key(4, 1, 2), In{{22, 27}}), Claim::kDuplicate);
+  EXPECT_EQ(*d.Begin(Key(4, 1, 2), In{{31}}), Claim::kNew);
+  d.Finish(Key(4, 1, 2), true);
+  EXPECT_EQ(d.Peek(Key(4, 1, 2), In{{22, 27, 31}}), Claim::kDuplicate);
+}
+
 // Layers are bounded per writer and leave with the window.
 TEST(PushDedupTest, LayersAreBoundedAndSlideOutOfTheWindow) {
   PushDedupOptions o;
