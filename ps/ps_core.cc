@@ -614,8 +614,17 @@ void PsCore::ApplyChange(const Change& change, ApplyFn apply, Done done) {
 absl::Status PsCore::RefusedOrDuplicate(const PushKey& key, PushResponse* resp,
                                         absl::Status refused) {
   if (refused.code() != absl::StatusCode::kFailedPrecondition) return refused;
+  // A re-routed piece (replicated only) applied here is the vshard's owner's to decide: it holds
+  // every record acknowledged here (a promoted follower; a move's destination also merges
+  // this pod's keys), and its rows are the ones that count. This pod's key may name rows
+  // it no longer serves and the owner never got: a primary killed while shipping a push,
+  // back with its disk, confirms the recovered record's key when it still leads some of
+  // its vshards, and answering a piece of another of them "duplicate" lost it (a lost
+  // marker in ps-crash-test --replication=2; ps_core_truncation_keys_test). Refused, the
+  // client re-routes it under the new map. (One being applied here still waits: ABORTED.)
   const PushDedup::Claim claim = dedup_.Peek(key);
   if (claim == PushDedup::Claim::kNew) return refused;
+  if (claim == PushDedup::Claim::kDuplicate && key.piece() != 0) return refused;
   return Repeated(key, claim, resp);
 }
 
