@@ -434,8 +434,9 @@ class PsCore {
   // began filling since (held_ again).
   absl::Status DropVShards(const std::vector<uint32_t>& vshards);
   // A refused push (FAILED_PRECONDITION): a key this pod already applied is a duplicate
-  // even if it no longer owns the vshards; one being applied is ABORTED (retry).
-  // `vshards`: those of the request's rows (PushDedup::Begin).
+  // even if it no longer owns the vshards (for all of `vshards`, those of the request's
+  // rows), and one being applied is ABORTED (retry); a re-routed piece (PushKey.piece)
+  // applied here stays refused: the vshard's owner decides.
   absl::Status RefusedOrDuplicate(const PushKey& key, PushDedup::VShardsFn vshards,
                                   PushResponse* resp, absl::Status refused);
   // The answer to a push whose key is not new: OK with resp->duplicate (applied before), or

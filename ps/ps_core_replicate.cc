@@ -449,55 +449,6 @@ uint64_t PsCore::ApplyReplicated(const std::shared_ptr<const ReplicateRecordsReq
       change.key_part = followed_of_sender;
     }
     change.resp = &ignored;
-    // The key applied here before for some of the kept vshards (a primary that lost the
-    // record re-applied its retry, and this pod now follows more of its vshards): only the
-    // others' rows apply. Filtered in place, so change.rows still points at live ids.
-    const std::function<void(const std::vector<uint32_t>&)> narrow =
-        [&](const std::vector<uint32_t>& vshards) {
-          auto in = [&](uint32_t v) {
-            return std::binary_search(vshards.begin(), vshards.end(), v);
-          };
-          auto filter = [&](EmbeddingTable& table, uint32_t row_floats, const char* view_data,
-                            std::vector<int64_t>& ids, std::vector<uint64_t>* steps,
-                            std::vector<float>* data) {
-            const float* rows = data == nullptr ? nullptr : KeptData(*data, view_data);
-            std::vector<float> kept_data;
-            size_t out = 0;
-            for (size_t i = 0; i < ids.size(); ++i) {
-              if (!in(VShardOf(RouteHash(table.name_hash(), ids[i]), n))) continue;
-              ids[out] = ids[i];
-              if (steps != nullptr) (*steps)[out] = (*steps)[i];
-              if (rows != nullptr) {
-                kept_data.insert(kept_data.end(), rows + i * row_floats,
-                                 rows + (i + 1) * row_floats);
-              }
-              ++out;
-            }
-            ids.resize(out);
-            if (steps != nullptr) steps->resize(out);
-            if (data != nullptr) *data = std::move(kept_data);
-          };
-          for (size_t i = 0; i < tables.size(); ++i) {
-            filter(*tables[i], p.view.tables[i].dim, p.view.tables[i].grads, p.table_ids[i],
-                   &p.table_steps[i], &p.table_data[i]);
-          }
-          for (size_t i = 0; i < install_tables.size(); ++i) {
-            filter(*install_tables[i], p.view.installs[i].row_floats, p.view.installs[i].values,
-                   p.install_ids[i], &p.install_steps[i], &p.install_data[i]);
-          }
-          for (size_t i = 0; i < delete_tables.size(); ++i) {
-            filter(*delete_tables[i], 0, nullptr, p.delete_ids[i], nullptr, nullptr);
-          }
-          for (size_t i = 0; i < p.view.dense.size(); ++i) {
-            p.dense_kept[i] = p.dense_kept[i] && in(DenseVShard(p.view.dense[i].name, n));
-          }
-          for (size_t i = 0; i < p.view.dense_installs.size(); ++i) {
-            p.dense_install_kept[i] =
-                p.dense_install_kept[i] && in(DenseVShard(p.view.dense_installs[i].name, n));
-          }
-          p.whole = false;  // logged as what applied
-        };
-    change.narrow = &narrow;
     // The primary's updates at the primary's steps (Replay: the same kernels, and idempotent
     // when a batch comes again), logged here as the same entries.
     auto apply = [&](LogRecordBuilder* logged) -> absl::Status {
@@ -514,7 +465,10 @@ uint64_t PsCore::ApplyReplicated(const std::shared_ptr<const ReplicateRecordsReq
         const float* grads = KeptData(p.table_data[i], t.grads);
         const std::vector<int64_t>& ids = p.table_ids[i];
         table.ReplayRows(ids, grads, t.lr, p.table_steps[i]);
-        if (table.admission() != nullptr) {
+        // A record whose key was applied here before (mostly a batch sent again) has its
+        // rows replayed all the same (ApplyChange), but its admission counts are in already.
+        if (table.admission() != nullptr &&
+            !(keyed && dedup_.Peek(p.view.key) == PushDedup::Claim::kDuplicate)) {
           for (size_t k = 0; k < ids.size(); ++k) table.CountLogged(ids[k], p.table_steps[i][k]);
         }
         if (record != nullptr && !ids.empty()) {
