@@ -140,12 +140,11 @@ TEST_P(FollowerReplayTest, AKnownKeyDoesNotSkipAReplicatedRecordsRows) {
   EXPECT_EQ(Only(Rows(*b_), high), on_c);
 }
 
-// Not fixed yet (repl-exact's per-vshard keys): b records the part's key whole although it
-// kept only the lower rows, so when c is lost before the upper piece reaches it, b (its
-// follower, promoted) answers the re-routed piece "duplicate" without holding its rows: the
-// update is lost. A follower that keeps only some vshards of a record should record the
-// key's pieces of those vshards, not the whole key.
-TEST_P(FollowerReplayTest, DISABLED_AFollowerThatKeptSomeRowsDoesNotClaimTheOthers) {
+// b kept only the lower rows of the part: its key counts there for the vshards it follows
+// from a (push keys per vshard), so when c is lost before the upper piece reaches it, b
+// (promoted) applies the re-routed piece rather than answering it "duplicate" without its
+// rows (the update was lost while a follower recorded the key whole).
+TEST_P(FollowerReplayTest, AFollowerThatKeptSomeRowsDoesNotClaimTheOthers) {
   const std::vector<int64_t> low = IdsOf(kLow, 2);
   const std::vector<int64_t> high = IdsOf(kHigh, 2);
   std::vector<int64_t> part = low;
