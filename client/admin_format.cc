@@ -301,7 +301,8 @@ std::string FormatReplication(const StatusResponse& s) {
       "replication: R=", r.factor(), ", ack ", r.ack_leader() ? "leader" : "all", ", max lag ",
       r.max_lag_ms(), " ms; ", r.under_replicated_vshards(), " vshards under-replicated; ",
       r.failovers(), " failovers; followers removed from ack sets: ", r.removed_lease(),
-      " vshard copies lost (lease or data), ", r.removed_lag(), " lagging\n");
+      " vshard copies lost (lease or data), ", r.removed_lag(), " lagging, ", r.removed_failover(),
+      " left out by failovers (R>=3), ", r.removed_surplus(), " surplus trimmed\n");
   if (r.lags_size() > 0) absl::StrAppend(&out, FormatLags(s));
   return out;
 }

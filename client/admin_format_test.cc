@@ -184,6 +184,8 @@ TEST(AdminFormatTest, StatusShowsReplication) {
   r->set_failovers(2);
   r->set_removed_lease(8);
   r->set_removed_lag(4);
+  r->set_removed_failover(5);
+  r->set_removed_surplus(6);
   r->set_under_replicated_vshards(12);
   ReplicaLag* lag = r->add_lags();
   lag->set_primary("ps-0");
@@ -195,8 +197,9 @@ TEST(AdminFormatTest, StatusShowsReplication) {
   const std::string out = FormatStatus(s);
   for (const char* want :
        {"replication: R=2, ack all, max lag 3000 ms; 12 vshards under-replicated; 2 failovers",
-        "8 vshard copies lost (lease or data), 4 lagging", "PRIMARY", "ps-0", "ps-1", "3 records",
-        "100", "9", "120 ms ago"}) {
+        "8 vshard copies lost (lease or data), 4 lagging, 5 left out by failovers (R>=3), 6 "
+        "surplus trimmed",
+        "PRIMARY", "ps-0", "ps-1", "3 records", "100", "9", "120 ms ago"}) {
     EXPECT_NE(out.find(want), std::string::npos) << "missing '" << want << "' in:\n" << out;
   }
   EXPECT_EQ(out.find("its last report"), std::string::npos) << out;  // ps-0 is not listed

@@ -36,8 +36,11 @@ bool RpcRunner::AfterAttempt(RpcState* rpc, const grpc::Status& s, const std::sh
   // even after an earlier attempt's was unknown: a pod that still owns the vshards (a
   // deposed one refuses as not their owner) and neither applied nor is applying the key (a
   // restarted one holds the keys of its recovered log) means no copy holds it. Kept, the key
-  // would name every part a re-route splits the call into, and a pod that applied one part,
-  // or follows one that did, would answer another part "duplicate" (keys are per pod).
+  // would name every part a re-route splits the call into, but each pod's part of a call
+  // needs a key of its own (PushBatch draws one per part; docs/architecture.md, "Exactly
+  // once across map changes"): a follower holds its primary's records with their keys, so a
+  // pod that applied one part, or follows one that did, would answer another part under the
+  // same key "duplicate".
   if (IsNotApplied(FromGrpcStatus(s))) {
     rpc->fate_unknown = false;
   } else if (RetryPolicy::IsRetryable(code)) {

@@ -71,12 +71,14 @@ void AddMasterMetrics(MasterCore* core, MetricsRegistry* registry) {
     w->Family("ps_master_ack_set_removals_total",
               "Vshard copies taken out of ack sets since the master started, by cause: the "
               "follower was lost (its lease ran out, or it came back without its data), its "
-              "primary reported it lagging or unreachable, or the vshard had more than R "
-              "copies (surplus).",
+              "primary reported it lagging or unreachable, the vshard had more than R "
+              "copies (surplus), or its primary failed over to another follower (failover, "
+              "R >= 3).",
               C);
     w->Sample({{"cause", "lost"}}, r.removed_lease());
     w->Sample({{"cause", "lag"}}, r.removed_lag());
-    w->Sample({{"cause", "surplus"}}, core->ack_set_removals_surplus());
+    w->Sample({{"cause", "surplus"}}, r.removed_surplus());
+    w->Sample({{"cause", "failover"}}, r.removed_failover());
     w->Family("ps_master_under_replicated_vshards", "Vshards with fewer copies than the factor.",
               G);
     w->Sample({}, r.under_replicated_vshards());

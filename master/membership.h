@@ -80,6 +80,9 @@ class Membership {
   // unreachable follower (membership_reports.cc).
   uint64_t ack_set_removals_lease() const { return removed_lease_.load(); }
   uint64_t ack_set_removals_lag() const { return removed_lag_.load(); }
+  // At R >= 3, the followers a failover leaves out of a promoted vshard's ack set (they may
+  // lack records the new primary holds; re-replication copies them again).
+  uint64_t ack_set_removals_failover() const { return removed_failover_.load(); }
   // Registrations whose data was not what the pod had (a lost volume) since this master
   // started.
   uint64_t storage_losses() const { return storage_losses_.load(); }
@@ -245,7 +248,8 @@ class Membership {
   std::map<uint64_t, MoveRecord> moves_ ABSL_GUARDED_BY(mu_);  // in flight: at most one
   std::atomic<uint64_t> lease_losses_{0};
   std::atomic<uint64_t> failovers_{0};
-  std::atomic<uint64_t> removed_lease_{0}, removed_lag_{0}, removed_surplus_{0};
+  std::atomic<uint64_t> removed_lease_{0}, removed_lag_{0}, removed_surplus_{0},
+      removed_failover_{0};
   struct LagReport {
     absl::Time at;
     std::vector<FollowerLag> followers;

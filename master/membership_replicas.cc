@@ -137,6 +137,7 @@ absl::StatusOr<std::vector<std::string>> Membership::FailOver(const std::vector<
                  << "; those vshards have fewer copies until re-replication";
   }
   for (const auto& [pod, vshards] : resynced) {
+    removed_failover_.fetch_add(vshards.size());
     LOG(WARNING) << "ACK SET: " << pod << " removed from the ack sets of " << vshards.size()
                  << " vshards whose primary failed over at epoch " << map_.epoch()
                  << ": it may lack records the new primary holds; re-replication copies them "

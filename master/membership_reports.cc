@@ -86,6 +86,8 @@ void Membership::DescribeReplication(absl::Time now, ReplicationInfo* out) const
   out->set_failovers(failovers_.load());
   out->set_removed_lease(removed_lease_.load());
   out->set_removed_lag(removed_lag_.load());
+  out->set_removed_surplus(removed_surplus_.load());
+  out->set_removed_failover(removed_failover_.load());
   uint32_t under = 0;
   for (int v = 0; v < map_.owner_size(); ++v) {
     const int copies = 1 + (v < map_.followers_size() ? map_.followers(v).pods_size() : 0);

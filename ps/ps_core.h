@@ -226,6 +226,9 @@ class PsCore {
     // acknowledged only after an fsync of the log (periodic durability), in how many fsyncs.
     uint32_t sole_copy = 0;
     uint64_t sole_copy_synced_acks = 0, sole_copy_syncs = 0;
+    // The time those fsyncs took, and the acknowledgements' waits for them, summed
+    // (SyncedAcks::Stats).
+    absl::Duration sole_copy_sync_time, sole_copy_ack_wait;
     // A follower this far behind is to be reported to the master at once (the role's
     // max_lag_ms; zero: none given).
     absl::Duration max_lag;

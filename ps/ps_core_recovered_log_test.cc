@@ -5,7 +5,6 @@
 // push is told to wait; back as the primary it re-ships the record, answers the retry only
 // once `b` holds it, and both end bit-identical with the push applied once; deposed, it
 // forgets the key (the new primary decides) instead of answering "duplicate".
-#include <map>
 #include <memory>
 
 #include "gtest/gtest.h"
@@ -20,20 +19,14 @@ using replica_test::kVShards;
 using replica_test::PendingPush;
 using replica_test::Range;
 using replica_test::Rows;
+using replica_test::UnitPush;
 using replica_test::Weights;
 
 // `pod` owns every vshard (if `owns`) with `followers`, or follows every vshard of `primary`.
 Assignment Role(uint64_t epoch, const std::string& pod, bool owns,
                 const std::vector<std::string>& followers, const std::string& primary = "") {
-  std::map<std::string, std::vector<uint32_t>> following;
-  if (!primary.empty()) following[primary] = Range(0, kVShards);
   return replica_test::Role(epoch, pod, owns ? Range(0, kVShards) : std::vector<uint32_t>{},
-                            followers, following);
-}
-
-// A push of gradient -1 to every element of rows `ids` (SGD, lr 1: each application adds 1).
-PushRequest MakePush(const std::vector<int64_t>& ids, uint64_t seq) {
-  return replica_test::MakePush(ids, std::vector<float>(ids.size() * kDim, -1.0f), 7, seq);
+                            followers, replica_test::FollowingAll(primary));
 }
 
 class RecoveredLogTest : public replica_test::ReplicaPairFixture {
@@ -43,9 +36,7 @@ class RecoveredLogTest : public replica_test::ReplicaPairFixture {
     options.durable = true;
     options.pod.storage.materialize_ms = 1;  // rounds all the time: the log must survive them
     options.pod.eviction_interval_ms = 0;
-    options.emb.mutable_optimizer()->set_kind(OptimizerSpec::SGD);
-    options.emb.mutable_optimizer()->set_learning_rate(1.0f);
-    options.emb.mutable_initializer()->set_kind(InitializerSpec::ZEROS);
+    options.emb = replica_test::CountingSpec();
     return options;
   }
 
@@ -56,7 +47,7 @@ class RecoveredLogTest : public replica_test::ReplicaPairFixture {
     Apply(*a_, Role(2, "a", true, {"b"}));
     // Acknowledged: both hold it.
     PushResponse resp;
-    ASSERT_TRUE(a_->Push(MakePush({1, 2}, 1), &resp).ok());
+    ASSERT_TRUE(a_->Push(UnitPush({1, 2}, 1), &resp).ok());
     // Logged on `a` only: its follower never answers, and `a` stops (as if killed: the
     // push was never acknowledged).
     sender_->Close();
@@ -69,12 +60,7 @@ class RecoveredLogTest : public replica_test::ReplicaPairFixture {
     Restart("a");
   }
 
-  void Apply(PsCore& core, const Assignment& a) {
-    ApplyAssignmentResponse resp;
-    ASSERT_TRUE(core.ApplyAssignment(a, &resp).ok());
-  }
-
-  const PushRequest push_ = MakePush({2, 3}, 2);
+  const PushRequest push_ = UnitPush({2, 3}, 2);
   std::unique_ptr<PendingPush> pending_;
 };
 
@@ -100,7 +86,7 @@ TEST_F(RecoveredLogTest, PrimaryBackWithItsDiskReshipsBeforeAnsweringDuplicate) 
   EXPECT_EQ(Rows(*b_), rows);
   // The log of the re-shipped record may now be truncated, and a later push goes through.
   PushResponse later;
-  ASSERT_TRUE(a_->Push(MakePush({3}, 3), &later).ok());
+  ASSERT_TRUE(a_->Push(UnitPush({3}, 3), &later).ok());
   EXPECT_FALSE(later.duplicate());
   EXPECT_EQ(Rows(*b_), Rows(*a_));
 }

@@ -672,8 +672,11 @@ PsCore::ReplicationStats PsCore::replication_stats() const {
     for (bool sole : role_.sole_copy) out.sole_copy += sole;
   }
   if (synced_acks_ != nullptr) {
-    out.sole_copy_synced_acks = synced_acks_->acks();
-    out.sole_copy_syncs = synced_acks_->syncs();
+    const SyncedAcks::Stats acks = synced_acks_->stats();
+    out.sole_copy_synced_acks = acks.acks;
+    out.sole_copy_syncs = acks.syncs;
+    out.sole_copy_sync_time = acks.sync_time;
+    out.sole_copy_ack_wait = acks.ack_wait;
   }
   if (replicator_ != nullptr) out.followers = replicator_->Stats();
   out.records_received = counters_.replicated_received.load();

@@ -37,10 +37,7 @@ class SoleCopyTest : public replica_test::ReplicaPairFixture {
   replica_test::ReplicaPairOptions Options() override {
     replica_test::ReplicaPairOptions options;
     options.durable = true;
-    options.pod.storage.log.durability = Durability::kPeriodic;
-    options.pod.storage.log.flush_ms = 3600 * 1000;  // no timed fsync within the test
-    options.pod.storage.materialize_ms = 3600 * 1000;
-    options.pod.eviction_interval_ms = 0;
+    replica_test::SetPeriodicUntimed(&options.pod);  // no timed fsync within the test
     options.pod.storage.db.inject_write_error = [full = full_] { return full->load(); };
     return options;
   }

@@ -15,41 +15,24 @@
 #include "ps/ps_core.h"
 #include "ps/replica_test_pods.h"
 
-namespace ps {
+namespace ps::replica_test {
 namespace {
-
-using replica_test::kDim;
-using replica_test::kVShards;
-using replica_test::PendingPush;
-using replica_test::Range;
-using replica_test::Rows;
-using replica_test::Weights;
 
 // `pod`'s assignment at R = 3: it leads `owned` with `followers`, follows every vshard of
 // `primary` (if any), receives `in` and sends `out` (a follower copy).
 Assignment R3(uint64_t epoch, const std::string& pod, const std::vector<uint32_t>& owned,
               const std::vector<std::string>& followers, const std::string& primary = "",
               const std::vector<uint32_t>& in = {}, const std::vector<uint32_t>& out = {}) {
-  std::map<std::string, std::vector<uint32_t>> following;
-  if (!primary.empty()) following[primary] = Range(0, kVShards);
-  Assignment a = replica_test::Role(epoch, pod, owned, followers, following, in, out);
+  Assignment a = Role(epoch, pod, owned, followers, FollowingAll(primary), in, out);
   a.mutable_replication()->set_factor(3);
   return a;
 }
 
-// A push of gradient -1 to every element of rows `ids` (SGD, lr 1: each application adds 1
-// to every weight).
-PushRequest MakePush(const std::vector<int64_t>& ids, uint64_t seq) {
-  return replica_test::MakePush(ids, std::vector<float>(ids.size() * kDim, -1.0f), 7, seq);
-}
-
-class ThreeCopiesTest : public replica_test::ReplicaPairFixture {
+class ThreeCopiesTest : public ReplicaPairFixture {
  protected:
-  replica_test::ReplicaPairOptions Options() override {
-    replica_test::ReplicaPairOptions options;
-    options.emb.mutable_optimizer()->set_kind(OptimizerSpec::SGD);
-    options.emb.mutable_optimizer()->set_learning_rate(1.0f);
-    options.emb.mutable_initializer()->set_kind(InitializerSpec::ZEROS);
+  ReplicaPairOptions Options() override {
+    ReplicaPairOptions options;
+    options.emb = CountingSpec();
     return options;
   }
 
@@ -58,14 +41,14 @@ class ThreeCopiesTest : public replica_test::ReplicaPairFixture {
     if (HasFatalFailure()) return;
     c_ = Open("c");
     ASSERT_NE(c_, nullptr);
-    ASSERT_TRUE(replica_test::CreateTable(*c_, Options().emb).ok());
+    ASSERT_TRUE(CreateTable(*c_, Options().emb).ok());
     c_->RenewWriteLease(absl::Now() + absl::Hours(1));
     sender_->Add("c:1", c_.get());
     Apply(*b_, R3(1, "b", {}, {}, "a"));
     Apply(*c_, R3(1, "c", {}, {}, "a"));
     Apply(*a_, R3(1, "a", Range(0, kVShards), {"b", "c"}));
     PushResponse resp;
-    ASSERT_TRUE(a_->Push(MakePush({1, 2}, 1), &resp).ok());  // all three hold it
+    ASSERT_TRUE(a_->Push(UnitPush({1, 2}, 1), &resp).ok());  // all three hold it
     // `c` is cut off; the push reaches `b`, and `a` dies waiting for `c`: never acknowledged.
     sender_->Remove("c:1");
     const uint64_t applied = b_->replication_stats().records_applied;
@@ -84,10 +67,6 @@ class ThreeCopiesTest : public replica_test::ReplicaPairFixture {
     ReplicaPairFixture::TearDown();
   }
 
-  void Apply(PsCore& core, const Assignment& a) {
-    ApplyAssignmentResponse resp;
-    ASSERT_TRUE(core.ApplyAssignment(a, &resp).ok());
-  }
   // The client's retry of the push `a` never acknowledged, at `primary`: acknowledged as a
   // duplicate (it was applied there).
   void RetryAt(PsCore& primary) {
@@ -101,7 +80,7 @@ class ThreeCopiesTest : public replica_test::ReplicaPairFixture {
     return it == rows.end() ? 0.0f : Weights(it->second)[0];
   }
 
-  const PushRequest retried_ = MakePush({2, 3}, 2);
+  const PushRequest retried_ = UnitPush({2, 3}, 2);
   std::unique_ptr<PsCore> c_;
 };
 
@@ -111,7 +90,7 @@ TEST_F(ThreeCopiesTest, KeptInTheAckSetTheOtherFollowerNeverGetsARetriedPush) {
   Apply(*b_, R3(2, "b", Range(0, kVShards), {"c"}));
   RetryAt(*b_);
   PushResponse resp;
-  ASSERT_TRUE(b_->Push(MakePush({4}, 3), &resp).ok());  // `c` holds every later push
+  ASSERT_TRUE(b_->Push(UnitPush({4}, 3), &resp).ok());  // `c` holds every later push
   EXPECT_EQ(Applied(Rows(*c_), 4), 1.0f);
   // Acknowledged, on `b` only: the copies differ, and a failover to `c` would lose it.
   EXPECT_EQ(Applied(Rows(*b_), 3), 1.0f);
@@ -129,16 +108,16 @@ TEST_F(ThreeCopiesTest, RecopiedTheOtherFollowerHoldsItAndSurvivesTheNextFailove
   const std::vector<uint32_t> all = Range(0, kVShards);
   Apply(*c_, R3(3, "c", {}, {}, "", all));
   Apply(*b_, R3(3, "b", all, {}, "", {}, all));
-  ASSERT_TRUE(replica_test::BeginMove(*b_, *c_, 1, all).ok());
+  ASSERT_TRUE(BeginMove(*b_, *c_, 1, all).ok());
   for (auto phase :
        {MigrateExportRequest::SNAPSHOT, MigrateExportRequest::DELTA, MigrateExportRequest::FINAL}) {
-    ASSERT_TRUE(replica_test::CopyPhase(*b_, *c_, 1, phase).ok());
+    ASSERT_TRUE(CopyPhase(*b_, *c_, 1, phase).ok());
   }
   ASSERT_TRUE(c_->FinishImport().ok());
   Apply(*c_, R3(4, "c", {}, {}, "b"));
   Apply(*b_, R3(4, "b", all, {"c"}));
   PushResponse resp;
-  ASSERT_TRUE(b_->Push(MakePush({3, 4}, 3), &resp).ok());
+  ASSERT_TRUE(b_->Push(UnitPush({3, 4}, 3), &resp).ok());
   // Both copies hold every acknowledged push, bit-identical.
   const auto rows = Rows(*b_);
   EXPECT_EQ(Rows(*c_), rows);
@@ -156,4 +135,4 @@ TEST_F(ThreeCopiesTest, RecopiedTheOtherFollowerHoldsItAndSurvivesTheNextFailove
 }
 
 }  // namespace
-}  // namespace ps
+}  // namespace ps::replica_test

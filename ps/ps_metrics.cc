@@ -52,6 +52,21 @@ void AddReplication(const PsCore::ReplicationStats& r, MetricsWriter* w) {
       C, r.refused_batches);
   One(w, "ps_write_lease_refusals_total",
       "Changes refused because this primary's master lease ran out.", C, r.lease_refusals);
+  // Sole copies (periodic durability, a vshard led with an empty ack set): their changes
+  // are acknowledged only once the log is fsynced (ps/synced_acks.h).
+  One(w, "ps_sole_copy_vshards",
+      "Vshards this pod leads with no follower in their ack set (the only copy).", G, r.sole_copy);
+  One(w, "ps_sole_copy_synced_acks_total",
+      "Changes of sole-copy vshards acknowledged only after an fsync of the log.", C,
+      r.sole_copy_synced_acks);
+  One(w, "ps_sole_copy_syncs_total", "Log fsyncs those acknowledgements waited for (grouped).", C,
+      r.sole_copy_syncs);
+  One(w, "ps_sole_copy_sync_seconds_total", "Time spent in those fsyncs.", C,
+      absl::ToDoubleSeconds(r.sole_copy_sync_time));
+  One(w, "ps_sole_copy_ack_wait_seconds_total",
+      "Time those acknowledgements waited for their fsync, summed (divide by "
+      "ps_sole_copy_synced_acks_total for the mean).",
+      C, absl::ToDoubleSeconds(r.sole_copy_ack_wait));
 }
 
 }  // namespace

@@ -73,6 +73,12 @@ Assignment Placement(uint64_t epoch, const std::vector<uint32_t>& owned,
   return a;
 }
 
+std::map<std::string, std::vector<uint32_t>> FollowingAll(const std::string& primary) {
+  std::map<std::string, std::vector<uint32_t>> following;
+  if (!primary.empty()) following[primary] = Range(0, kVShards);
+  return following;
+}
+
 Assignment Role(uint64_t epoch, const std::string& pod, const std::vector<uint32_t>& owned,
                 const std::vector<std::string>& followers,
                 const std::map<std::string, std::vector<uint32_t>>& following,
@@ -92,6 +98,10 @@ Assignment Role(uint64_t epoch, const std::string& pod, const std::vector<uint32
     for (uint32_t v : vshards) f->add_vshards(v);
   }
   return a;
+}
+
+PushRequest UnitPush(const std::vector<int64_t>& ids, uint64_t seq) {
+  return MakePush(ids, std::vector<float>(ids.size() * kDim, -1.0f), 7, seq);
 }
 
 PushRequest MakePush(const std::vector<int64_t>& ids, float g, uint64_t worker, uint64_t seq) {
@@ -191,6 +201,15 @@ TableSpec EmbSpec() {
   return spec;
 }
 
+TableSpec CountingSpec() {
+  TableSpec spec = EmbSpec();
+  spec.mutable_optimizer()->set_kind(OptimizerSpec::SGD);
+  spec.mutable_optimizer()->set_learning_rate(1.0f);
+  spec.mutable_initializer()->Clear();
+  spec.mutable_initializer()->set_kind(InitializerSpec::ZEROS);
+  return spec;
+}
+
 TableSpec SpecOf(const std::string& name, OptimizerSpec::Kind optimizer) {
   TableSpec spec;
   spec.set_name(name);
@@ -226,6 +245,13 @@ std::vector<float> Weights(const std::string& row) {
   std::vector<float> w(kDim);
   if (row.size() >= kDim * sizeof(float)) std::memcpy(w.data(), row.data(), kDim * sizeof(float));
   return w;
+}
+
+void SetPeriodicUntimed(PsCoreOptions* pod) {
+  pod->storage.log.durability = Durability::kPeriodic;
+  pod->storage.log.flush_ms = 3600 * 1000;
+  pod->storage.materialize_ms = 3600 * 1000;
+  pod->eviction_interval_ms = 0;
 }
 
 void ReplicaPairFixture::SetUp() {
@@ -275,6 +301,12 @@ void ReplicaPairFixture::Restart(const std::string& name) {
   ASSERT_NE(pod, nullptr);
   sender_->Add(name + ":1", pod.get());
   pod->RenewWriteLease(absl::Now() + absl::Hours(1));
+}
+
+void ReplicaPairFixture::Apply(PsCore& core, const Assignment& a) {
+  ApplyAssignmentResponse resp;
+  const absl::Status s = core.ApplyAssignment(a, &resp);
+  ASSERT_TRUE(s.ok()) << s;
 }
 
 std::unique_ptr<PsCore>& ReplicaPairFixture::Pod(const std::string& name) {

@@ -54,6 +54,10 @@ std::vector<uint32_t> Range(uint32_t begin, uint32_t end);
 Assignment Placement(uint64_t epoch, const std::vector<uint32_t>& owned,
                      const std::vector<uint32_t>& in = {}, const std::vector<uint32_t>& out = {});
 
+// What a pod that follows every vshard of `primary` follows, by primary (Role's
+// `following`); nothing if `primary` is empty.
+std::map<std::string, std::vector<uint32_t>> FollowingAll(const std::string& primary);
+
 // Pod `pod`'s assignment at `epoch` (kVShards, factor 2): what it owns, receives and
 // sends, its followers (pod ids; address "<id>:1") and what it follows, by primary.
 Assignment Role(uint64_t epoch, const std::string& pod, const std::vector<uint32_t>& owned,
@@ -67,6 +71,10 @@ PushRequest MakePush(const std::vector<int64_t>& ids, float g, uint64_t worker, 
 // The same with the gradients given: ids.size() * kDim floats, row after row.
 PushRequest MakePush(const std::vector<int64_t>& ids, const std::vector<float>& grads,
                      uint64_t worker, uint64_t seq);
+
+// A push to "emb" of gradient -1 to every element of rows `ids` under key (7, 1, seq): on
+// a CountingSpec table each application adds 1 to every weight it touches.
+PushRequest UnitPush(const std::vector<int64_t>& ids, uint64_t seq);
 
 // A push sent with PsCore::PushAsync at construction, and its answer. The core answers
 // it once (on destruction at the latest), so the object must outlive the core or be
@@ -107,6 +115,8 @@ absl::Status CopyPhase(PsCore& from, PsCore& to, uint64_t move, MigrateExportReq
 
 // The fixture's "emb" table: Adam, dim kDim, normal init (stddev 0.1).
 TableSpec EmbSpec();
+// An "emb" table whose rows count pushes: dim kDim, SGD at learning rate 1, zero rows.
+TableSpec CountingSpec();
 // A table `name` of dim kDim with `optimizer` and the default initializer (a second table
 // beside "emb").
 TableSpec SpecOf(const std::string& name, OptimizerSpec::Kind optimizer);
@@ -133,6 +143,11 @@ struct ReplicaPairOptions {
   TableSpec emb = EmbSpec();
 };
 
+// Periodic durability (--durability=periodic) whose timed fsync and materialization never
+// come within a test (an hour), eviction off: an acknowledgement that waited for the log
+// waited for an fsync it asked for (ps/synced_acks.h).
+void SetPeriodicUntimed(PsCoreOptions* pod);
+
 // The fixture: pods a_ (address "a:1") and b_ ("b:1"), both known to sender_, both
 // holding "emb"; no assignment yet. Subclasses say how in Options().
 class ReplicaPairFixture : public testing::Test {
@@ -151,6 +166,8 @@ class ReplicaPairFixture : public testing::Test {
   // Opens pod `name` again on its data dir with what its disk recovered, reachable through
   // the sender again, with a write lease good for an hour. Call after Stop.
   void Restart(const std::string& name);
+  // Applies assignment `a` to `core` (a test failure if it is refused).
+  void Apply(PsCore& core, const Assignment& a);
 
   std::string root_;
   std::shared_ptr<InProcessSender> sender_;

@@ -24,6 +24,8 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 
 namespace ps {
 
@@ -31,8 +33,10 @@ class SyncedAcks {
  public:
   using Done = std::function<void(absl::Status)>;
   // `sync` makes every change applied so far durable, or returns why not
-  // (PodStorage::SyncApplied); it must stay callable until Stop returns.
-  explicit SyncedAcks(std::function<absl::Status()> sync);
+  // (PodStorage::SyncApplied); it must stay callable until Stop returns. `clock` times the
+  // waits (Stats); tests inject a fake one.
+  explicit SyncedAcks(std::function<absl::Status()> sync,
+                      std::function<absl::Time()> clock = absl::Now);
   // Stop.
   ~SyncedAcks();
   SyncedAcks(const SyncedAcks&) = delete;
@@ -47,18 +51,31 @@ class SyncedAcks {
   // Syncs done so far, and callbacks run after one.
   uint64_t syncs() const ABSL_LOCKS_EXCLUDED(mu_);
   uint64_t acks() const ABSL_LOCKS_EXCLUDED(mu_);
+  struct Stats {
+    uint64_t syncs = 0, acks = 0;  // as above
+    absl::Duration sync_time;      // spent in `sync`, over every call
+    // From each callback's Add to the end of the sync that covered it, summed over the
+    // callbacks run (ack_wait / acks: the mean wait an acknowledgement took).
+    absl::Duration ack_wait;
+  };
+  Stats stats() const ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
   void Run();
   bool Ready() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);  // something to do
 
+  struct Waiting {
+    Done done;
+    absl::Time added;
+  };
+
   const std::function<absl::Status()> sync_;
+  const std::function<absl::Time()> clock_;
 
   mutable absl::Mutex mu_;
-  std::vector<Done> waiting_ ABSL_GUARDED_BY(mu_);
+  std::vector<Waiting> waiting_ ABSL_GUARDED_BY(mu_);
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
-  uint64_t syncs_ ABSL_GUARDED_BY(mu_) = 0;
-  uint64_t acks_ ABSL_GUARDED_BY(mu_) = 0;
+  Stats stats_ ABSL_GUARDED_BY(mu_);
   std::thread thread_;  // started last: it reads the members above
 };
 

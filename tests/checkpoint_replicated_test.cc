@@ -23,22 +23,17 @@
 #include <filesystem>
 #include <iostream>
 #include <map>
-#include <set>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
-#include "common/routing/hash.h"
 #include "common/rpc/grpc_status.h"
 #include "gtest/gtest.h"
 #include "proto/master.grpc.pb.h"
 #include "tests/chaos_cluster.h"
 #include "tests/exact_push_load.h"
 #include "tests/process.h"
+#include "tests/replicated_pair.h"
 #include "tests/shard_map_watch.h"
-
-#if !defined(PS_MASTER_BINARY) || !defined(PS_SERVER_BINARY)
-#error "PS_MASTER_BINARY and PS_SERVER_BINARY must be defined"
-#endif
 
 namespace ps::integration {
 namespace {
@@ -50,11 +45,6 @@ constexpr int64_t kBulkBase = int64_t{1} << 40;
 constexpr int64_t kBulkRows = 200'000;
 constexpr size_t kBulkPage = 8192;
 
-std::string Binary(const char* env, const char* built) {
-  const char* v = std::getenv(env);
-  return v != nullptr && *v != '\0' ? v : built;
-}
-
 // Replaces `to` by a copy of `from` (a checkpoint's directory).
 void CopyDir(const std::string& from, const std::string& to) {
   std::error_code ec;
@@ -64,48 +54,21 @@ void CopyDir(const std::string& from, const std::string& to) {
   ASSERT_FALSE(ec) << from << " -> " << to << ": " << ec.message();
 }
 
-// Waits until both pods are live with each vshard on both, and ps-0 leads some.
-absl::StatusOr<ShardMapResponse> WaitReplicated(const ShardMapWatch& watch) {
-  return watch.WaitFor(
-      [](const ShardMapResponse& m) {
-        return FullyReplicated(m, 2) && !OwnedVShards(m, "ps-0").empty();
-      },
-      absl::Seconds(60), "both pods live, each vshard on both");
-}
-
 TEST(CheckpointReplicatedTest, RestoredReplicasHoldThePrimarysCheckpointedRows) {
   TempDir dir("ps-ckpt-r2");
   ASSERT_FALSE(dir.path().empty());
-  chaos::ClusterOptions co;
-  co.dir = dir.path();
-  co.master_binary = Binary("PS_MASTER_BINARY", PS_MASTER_BINARY);
-  co.server_binary = Binary("PS_SERVER_BINARY", PS_SERVER_BINARY);
-  co.pods = 2;
-  co.num_vshards = kVShards;
-  co.lease_ms = 60'000;  // no failover when ps-0 is killed at the end
-  co.replication = 2;
+  // No failover when ps-0 is killed at the end.
+  chaos::ClusterOptions co = ReplicatedPairOptions(dir.path(), kVShards, /*lease_ms=*/60'000);
   const std::string checkpoints = dir.path() + "/checkpoints";
   co.master_flags = {"--checkpoint_dir=" + checkpoints, "--replication_max_lag_ms=60000"};
   co.server_flags = {"--checkpoint_root=" + checkpoints};
   chaos::Cluster cluster(co);
-  ASSERT_TRUE(cluster.StartMaster().ok()) << cluster.Logs();
-  for (uint32_t i = 0; i < co.pods; ++i) ASSERT_TRUE(cluster.StartPod(i).ok()) << cluster.Logs();
-  ShardMapWatch watch(cluster.master_address());
-  ASSERT_TRUE(WaitReplicated(watch).ok()) << cluster.Logs();
-  // ps-0 registered before ps-1 had an address and would learn it only at its next
-  // heartbeat (20 s here): restarted in place, it gets it at registration.
-  cluster.KillPod(0);
-  ASSERT_TRUE(cluster.StartPod(0, /*same_port=*/true).ok()) << cluster.Logs();
-  auto before = WaitReplicated(watch);
+  // ps-0 is restarted in place once both are up, so that it knows ps-1's address.
+  auto before = StartReplicatedPair(cluster, /*restart_ps0=*/true);
   ASSERT_TRUE(before.ok()) << before.status() << cluster.Logs();
+  ShardMapWatch watch(cluster.master_address());
 
-  ClientOptions client;
-  client.master = cluster.master_address();
-  client.num_vshards = kVShards;
-  client.deadline_ms = 2000;
-  client.max_attempts = 100;
-  client.initial_backoff_ms = 10;
-  client.max_backoff_ms = 200;
+  ClientOptions client = PairClientOptions(cluster, kVShards);
   {
     auto admin = PsClient::Connect(client);
     ASSERT_TRUE(admin.ok()) << admin.status();
@@ -124,15 +87,7 @@ TEST(CheckpointReplicatedTest, RestoredReplicasHoldThePrimarysCheckpointedRows) 
   }
   auto load = ExactPushLoad::Start(client, kTable, /*threads=*/3, /*seed=*/9);
   ASSERT_TRUE(load.ok()) << load.status();
-  auto wait_acks = [&](uint64_t n) {
-    const uint64_t target = (*load)->acked() + n;
-    const absl::Time deadline = absl::Now() + absl::Seconds(60);
-    while ((*load)->acked() < target && absl::Now() < deadline) {
-      absl::SleepFor(absl::Milliseconds(10));
-    }
-    return (*load)->acked() >= target;
-  };
-  ASSERT_TRUE(wait_acks(100)) << cluster.Logs();
+  ASSERT_TRUE(WaitForAcks(**load, 100)) << cluster.Logs();
 
   // The checkpoint, taken while the load pushes.
   auto master = Master::NewStub(
@@ -147,7 +102,7 @@ TEST(CheckpointReplicatedTest, RestoredReplicasHoldThePrimarysCheckpointedRows) 
   }
   const absl::Time checkpoint_end = absl::Now();
   ASSERT_EQ(cp.checkpoint().pods_size(), 2);
-  ASSERT_TRUE(wait_acks(50)) << cluster.Logs();
+  ASSERT_TRUE(WaitForAcks(**load, 50)) << cluster.Logs();
   (*load)->Stop();
   const std::vector<LoadPush> pushes = (*load)->pushes();
   std::vector<int64_t> ids;
@@ -180,7 +135,7 @@ TEST(CheckpointReplicatedTest, RestoredReplicasHoldThePrimarysCheckpointedRows) 
   for (uint32_t i = 0; i < co.pods; ++i) {
     ASSERT_TRUE(cluster.StartPod(i, /*same_port=*/true).ok()) << cluster.Logs();
   }
-  auto restored = WaitReplicated(watch);
+  auto restored = WaitPairReplicated(watch);
   ASSERT_TRUE(restored.ok()) << restored.status() << cluster.Logs();
   // A figure for docs/architecture.md, not an assertion.
   std::cout << "restored and re-replicated " << kVShards << " vshards in "
@@ -189,15 +144,10 @@ TEST(CheckpointReplicatedTest, RestoredReplicasHoldThePrimarysCheckpointedRows) 
   // what it stored, not only what it holds in memory.
   cluster.KillPod(1);
   ASSERT_TRUE(cluster.StartPod(1, /*same_port=*/true).ok()) << cluster.Logs();
-  restored = WaitReplicated(watch);
+  restored = WaitPairReplicated(watch);
   ASSERT_TRUE(restored.ok()) << restored.status() << cluster.Logs();
   const std::vector<uint32_t> led = OwnedVShards(*restored, "ps-0");
-  const std::set<uint32_t> led_set(led.begin(), led.end());
-  const uint64_t name = NameHash(kTable);
-  std::vector<int64_t> of_ps0;
-  for (int64_t id : ids) {
-    if (led_set.count(VShardOf(RouteHash(name, id), kVShards)) > 0) of_ps0.push_back(id);
-  }
+  const std::vector<int64_t> of_ps0 = RowsOfVShards(ids, kTable, kVShards, led);
   ASSERT_FALSE(of_ps0.empty());
 
   auto reader = PsClient::Connect(client);
@@ -282,10 +232,7 @@ TEST(CheckpointReplicatedTest, RestoredReplicasHoldThePrimarysCheckpointedRows) 
     }
   }
   EXPECT_EQ(differ, 0u) << "of " << of_ps0.size() << " rows of ps-0's vshards:\n" << examples;
-  if (HasFailure()) {
-    ADD_FAILURE() << cluster.Logs() << "\nrun dir kept in " << dir.path() << ".kept";
-    std::filesystem::rename(dir.path(), dir.path() + ".kept");
-  }
+  if (HasFailure()) KeepRunDir(cluster, dir.path());
 }
 
 }  // namespace

@@ -11,22 +11,14 @@
 // Nothing is asserted on timing: the waits are for states of the master's map.
 #include <grpcpp/grpcpp.h>
 
-#include <filesystem>
-#include <set>
-
-#include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
-#include "common/routing/hash.h"
 #include "gtest/gtest.h"
 #include "proto/master.grpc.pb.h"
 #include "tests/chaos_cluster.h"
 #include "tests/exact_push_load.h"
 #include "tests/process.h"
+#include "tests/replicated_pair.h"
 #include "tests/shard_map_watch.h"
-
-#if !defined(PS_MASTER_BINARY) || !defined(PS_SERVER_BINARY)
-#error "PS_MASTER_BINARY and PS_SERVER_BINARY must be defined"
-#endif
 
 namespace ps::integration {
 namespace {
@@ -35,109 +27,58 @@ constexpr char kTable[] = "reads";
 constexpr uint32_t kVShards = 16;
 constexpr int64_t kRows = 256;
 
-std::string Binary(const char* env, const char* built) {
-  const char* v = std::getenv(env);
-  return v != nullptr && *v != '\0' ? v : built;
-}
-
-// The value pushed to element d of row `id` (SGD, lr 1, zero rows: the row's value).
-float Expected(int64_t id, int d) { return static_cast<float>(id * 10 + d); }
-
 TEST(FollowerReadTest, ReadOnlyPullsAreServedByFollowersWhileThePrimaryIsDown) {
   TempDir dir("ps-follower-read");
   ASSERT_FALSE(dir.path().empty());
-  chaos::ClusterOptions co;
-  co.dir = dir.path();
-  co.master_binary = Binary("PS_MASTER_BINARY", PS_MASTER_BINARY);
-  co.server_binary = Binary("PS_SERVER_BINARY", PS_SERVER_BINARY);
-  co.pods = 2;
-  co.num_vshards = kVShards;
-  co.lease_ms = 60'000;  // no failover while ps-0 is down: its followers serve the reads
-  co.replication = 2;
+  // No failover while ps-0 is down: its followers serve the reads.
+  chaos::ClusterOptions co = ReplicatedPairOptions(dir.path(), kVShards, /*lease_ms=*/60'000);
   // A follower slow to answer on a busy machine stays in the ack set (else pushes would be
   // acknowledged without it, and the reads below would rightly miss them).
   co.master_flags = {"--replication_max_lag_ms=60000"};
   chaos::Cluster cluster(co);
-  ASSERT_TRUE(cluster.StartMaster().ok()) << cluster.Logs();
-  for (uint32_t i = 0; i < co.pods; ++i) ASSERT_TRUE(cluster.StartPod(i).ok()) << cluster.Logs();
-  ShardMapWatch watch(cluster.master_address());
-  auto ready = watch.WaitFor([](const ShardMapResponse& m) { return FullyReplicated(m, 2); },
-                             absl::Seconds(60), "both pods live, each vshard on both");
-  ASSERT_TRUE(ready.ok()) << ready.status() << cluster.Logs();
-  // ps-0 registered before ps-1 had an address, and learns it only at its next heartbeat
-  // (a third of the lease: 20 s here); the master does not tell a primary at once when its
-  // follower registers. Restarted in place now, it gets ps-1's address at registration.
-  cluster.KillPod(0);
-  ASSERT_TRUE(cluster.StartPod(0, /*same_port=*/true).ok()) << cluster.Logs();
-  ready = watch.WaitFor(
-      [](const ShardMapResponse& m) {
-        return FullyReplicated(m, 2) && !OwnedVShards(m, "ps-0").empty();
-      },
-      absl::Seconds(60), "ps-0 back, each vshard on both");
+  // ps-0 is restarted in place once both are up, so that it knows ps-1's address.
+  auto ready = StartReplicatedPair(cluster, /*restart_ps0=*/true);
   ASSERT_TRUE(ready.ok()) << ready.status() << cluster.Logs();
   const std::vector<uint32_t> led = OwnedVShards(*ready, "ps-0");
   ASSERT_FALSE(led.empty());
 
-  ClientOptions options;
-  options.master = cluster.master_address();
-  options.num_vshards = kVShards;
-  options.deadline_ms = 2000;
+  ClientOptions options = PairClientOptions(cluster, kVShards);
   options.max_attempts = 3;
-  options.initial_backoff_ms = 10;
   options.max_backoff_ms = 100;
   auto client = PsClient::Connect(options);
   ASSERT_TRUE(client.ok()) << client.status();
   ASSERT_TRUE((*client)->CreateTable(ExactLoadTable(kTable)).ok());
-  std::vector<int64_t> ids;
-  std::vector<float> grads;
-  for (int64_t id = 1; id <= kRows; ++id) {
-    ids.push_back(id);
-    for (int d = 0; d < kLoadDim; ++d) grads.push_back(-Expected(id, d));
-  }
-  absl::Status pushed = (*client)->Push({{kTable, ids, grads.data()}});
+  const KnownRows known = MakeKnownRows(kRows);
+  const std::vector<int64_t>& ids = known.ids;
+  absl::Status pushed = (*client)->Push({{kTable, ids, known.grads.data()}});
   ASSERT_TRUE(pushed.ok()) << pushed << cluster.Logs();
 
   // Rows of both pods' vshards (so the pull needs ps-0's followers, and ps-1 as itself).
-  const uint64_t name = NameHash(kTable);
-  const std::set<uint32_t> led_set(led.begin(), led.end());
-  int64_t on_ps0 = 0;
-  for (int64_t id : ids) on_ps0 += led_set.count(VShardOf(RouteHash(name, id), kVShards));
-  ASSERT_GT(on_ps0, 0);
-  ASSERT_LT(on_ps0, kRows);
+  const std::vector<int64_t> on_ps0 = RowsOfVShards(ids, kTable, kVShards, led);
+  ASSERT_GT(on_ps0.size(), 0u);
+  ASSERT_LT(on_ps0.size(), ids.size());
 
   cluster.KillPod(0);
   const uint64_t fallbacks_before = (*client)->client_stats().read_fallbacks;
   std::vector<float> rows(ids.size() * kLoadDim, -1.0f);
   absl::Status read = (*client)->Pull({{kTable, ids, rows.data()}}, /*read_only=*/true);
   ASSERT_TRUE(read.ok()) << read << cluster.Logs();
-  for (size_t i = 0; i < ids.size(); ++i) {
-    for (int d = 0; d < kLoadDim; ++d) {
-      ASSERT_EQ(rows[i * kLoadDim + d], Expected(ids[i], d)) << "row " << ids[i] << "[" << d << "]";
-    }
-  }
+  ASSERT_EQ(KnownRowsMismatch(ids, rows), "");
   EXPECT_GT((*client)->client_stats().read_fallbacks, fallbacks_before);
   // Served by the followers, not by a failover: ps-0 still leads its vshards in the map.
+  ShardMapWatch watch(cluster.master_address());
   auto map = watch.Fetch();
   ASSERT_TRUE(map.ok()) << map.status();
   EXPECT_EQ(OwnedVShards(*map, "ps-0"), led);
   EXPECT_EQ(map->failovers(), 0u);
 
   // A training pull of a row ps-0 leads goes to the primary only: down, it fails.
-  int64_t probe = 0;
-  for (int64_t id : ids) {
-    if (led_set.count(VShardOf(RouteHash(name, id), kVShards)) > 0) {
-      probe = id;
-      break;
-    }
-  }
+  const int64_t probe = on_ps0[0];
   std::vector<float> one(kLoadDim);
   absl::Status train = (*client)->Pull({{kTable, absl::MakeConstSpan(&probe, 1), one.data()}},
                                        /*read_only=*/false);
   EXPECT_FALSE(train.ok()) << "a training pull was answered with ps-0 down";
-  if (HasFailure()) {
-    ADD_FAILURE() << cluster.Logs() << "\nrun dir kept in " << dir.path() << ".kept";
-    std::filesystem::rename(dir.path(), dir.path() + ".kept");
-  }
+  if (HasFailure()) KeepRunDir(cluster, dir.path());
 }
 
 // A new cluster's first primary learns its follower's address when the follower
@@ -152,39 +93,15 @@ TEST(FollowerReadTest, ReadOnlyPullsAreServedByFollowersWhileThePrimaryIsDown) {
 TEST(FollowerReadTest, AFirstPrimaryKnowsItsFollowerOnceTheFollowerRegisters) {
   TempDir dir("ps-follower-address");
   ASSERT_FALSE(dir.path().empty());
-  chaos::ClusterOptions co;
-  co.dir = dir.path();
-  co.master_binary = Binary("PS_MASTER_BINARY", PS_MASTER_BINARY);
-  co.server_binary = Binary("PS_SERVER_BINARY", PS_SERVER_BINARY);
-  co.pods = 2;
-  co.num_vshards = kVShards;
-  co.lease_ms = 30'000;
-  co.replication = 2;
-  chaos::Cluster cluster(co);
-  ASSERT_TRUE(cluster.StartMaster().ok()) << cluster.Logs();
-  for (uint32_t i = 0; i < co.pods; ++i) ASSERT_TRUE(cluster.StartPod(i).ok()) << cluster.Logs();
-  ShardMapWatch watch(cluster.master_address());
-  auto ready = watch.WaitFor([](const ShardMapResponse& m) { return FullyReplicated(m, 2); },
-                             absl::Seconds(60), "both pods live, each vshard on both");
+  chaos::Cluster cluster(ReplicatedPairOptions(dir.path(), kVShards, /*lease_ms=*/30'000));
+  auto ready = StartReplicatedPair(cluster, /*restart_ps0=*/false);
   ASSERT_TRUE(ready.ok()) << ready.status() << cluster.Logs();
 
-  ClientOptions options;
-  options.master = cluster.master_address();
-  options.num_vshards = kVShards;
-  options.deadline_ms = 2000;
-  options.max_attempts = 100;
-  options.initial_backoff_ms = 10;
-  options.max_backoff_ms = 200;
-  auto client = PsClient::Connect(options);
+  auto client = PsClient::Connect(PairClientOptions(cluster, kVShards));
   ASSERT_TRUE(client.ok()) << client.status();
   ASSERT_TRUE((*client)->CreateTable(ExactLoadTable(kTable)).ok());
-  std::vector<int64_t> ids;
-  std::vector<float> grads;
-  for (int64_t id = 1; id <= kRows; ++id) {
-    ids.push_back(id);
-    for (int d = 0; d < kLoadDim; ++d) grads.push_back(-Expected(id, d));
-  }
-  absl::Status pushed = (*client)->Push({{kTable, ids, grads.data()}});
+  const KnownRows known = MakeKnownRows(kRows);
+  absl::Status pushed = (*client)->Push({{kTable, known.ids, known.grads.data()}});
   ASSERT_TRUE(pushed.ok()) << pushed << cluster.Logs();
 
   auto master = Master::NewStub(
@@ -194,7 +111,7 @@ TEST(FollowerReadTest, AFirstPrimaryKnowsItsFollowerOnceTheFollowerRegisters) {
   StatusResponse status;
   ASSERT_TRUE(master->Status(&ctx, StatusRequest(), &status).ok());
   EXPECT_EQ(status.replication().removed_lag(), 0u) << cluster.Logs();
-  auto map = watch.Fetch();
+  auto map = ShardMapWatch(cluster.master_address()).Fetch();
   ASSERT_TRUE(map.ok()) << map.status();
   EXPECT_TRUE(FullyReplicated(*map, 2)) << cluster.Logs();
 }

@@ -8,7 +8,6 @@
 #include <grpcpp/grpcpp.h>
 #include <signal.h>
 
-#include <filesystem>
 #include <set>
 
 #include "absl/strings/str_cat.h"
@@ -20,30 +19,14 @@
 #include "tests/chaos_cluster.h"
 #include "tests/exact_push_load.h"
 #include "tests/process.h"
+#include "tests/replicated_pair.h"
 #include "tests/shard_map_watch.h"
-
-#if !defined(PS_MASTER_BINARY) || !defined(PS_SERVER_BINARY)
-#error "PS_MASTER_BINARY and PS_SERVER_BINARY must be defined"
-#endif
 
 namespace ps::integration {
 namespace {
 
 constexpr char kTable[] = "split";
 constexpr uint32_t kVShards = 16;
-
-std::string Binary(const char* env, const char* built) {
-  const char* v = std::getenv(env);
-  return v != nullptr && *v != '\0' ? v : built;
-}
-
-// Waits (up to a minute) until the load has `n` more acknowledged pushes than now.
-void WaitForAcks(const ExactPushLoad& load, uint64_t n) {
-  const uint64_t target = load.acked() + n;
-  const absl::Time deadline = absl::Now() + absl::Seconds(60);
-  while (load.acked() < target && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(10));
-  ASSERT_GE(load.acked(), target) << "pushes were not acknowledged";
-}
 
 // A push straight to `address` (no client logic: no retry, no re-route) of -1 to row `id`,
 // under map epoch `epoch`, with a key no load thread uses.
@@ -77,30 +60,13 @@ std::string AddressOf(const ShardMapResponse& map, const std::string& pod_id) {
 TEST(SplitBrainTest, PausedPrimaryIsDeposedAndItsWritesAreRefused) {
   TempDir dir("ps-split-brain");
   ASSERT_FALSE(dir.path().empty());
-  chaos::ClusterOptions co;
-  co.dir = dir.path();
-  co.master_binary = Binary("PS_MASTER_BINARY", PS_MASTER_BINARY);
-  co.server_binary = Binary("PS_SERVER_BINARY", PS_SERVER_BINARY);
-  co.pods = 2;
-  co.num_vshards = kVShards;
-  co.lease_ms = 1000;
-  co.replication = 2;
-  chaos::Cluster cluster(co);
-  ASSERT_TRUE(cluster.StartMaster().ok());
-  for (uint32_t i = 0; i < co.pods; ++i) ASSERT_TRUE(cluster.StartPod(i).ok());
+  chaos::Cluster cluster(ReplicatedPairOptions(dir.path(), kVShards, /*lease_ms=*/1000));
+  ASSERT_TRUE(StartReplicatedPair(cluster, /*restart_ps0=*/false).ok()) << cluster.Logs();
   ShardMapWatch watch(cluster.master_address());
-  auto ready = watch.WaitFor([](const ShardMapResponse& m) { return FullyReplicated(m, 2); },
-                             absl::Seconds(60), "both pods live");
-  ASSERT_TRUE(ready.ok()) << ready.status() << cluster.Logs();
 
-  ClientOptions client;
-  client.master = cluster.master_address();
-  client.num_vshards = kVShards;
-  client.deadline_ms = 2000;
+  ClientOptions client = PairClientOptions(cluster, kVShards);
   client.max_attempts = 1000;
   client.max_reroutes = 5000;
-  client.initial_backoff_ms = 10;
-  client.max_backoff_ms = 200;
   client.map_refresh_ms = 20;
   {
     auto admin = PsClient::Connect(client);
@@ -109,7 +75,7 @@ TEST(SplitBrainTest, PausedPrimaryIsDeposedAndItsWritesAreRefused) {
   }
   auto load = ExactPushLoad::Start(client, kTable, /*threads=*/3, /*seed=*/5);
   ASSERT_TRUE(load.ok()) << load.status();
-  WaitForAcks(**load, 50);
+  ASSERT_TRUE(WaitForAcks(**load, 50)) << "pushes were not acknowledged" << cluster.Logs();
 
   // Pause the primary ps-0 until the master has promoted ps-1 in its place.
   auto before = watch.Fetch();
@@ -126,7 +92,8 @@ TEST(SplitBrainTest, PausedPrimaryIsDeposedAndItsWritesAreRefused) {
   const absl::Time promoted_at = absl::Now();
   EXPECT_EQ(OwnedVShards(*promoted, "ps-1").size(), kVShards);
   EXPECT_GE(promoted->failovers(), 1u);
-  WaitForAcks(**load, 50);  // the load goes on at the new primary
+  // The load goes on at the new primary.
+  ASSERT_TRUE(WaitForAcks(**load, 50)) << "pushes were not acknowledged" << cluster.Logs();
 
   // ps-0 resumes. A write to it for a vshard it led is refused, before and after it has
   // heard from the master (no lease, then no ownership), under the epoch it led at.
@@ -151,7 +118,7 @@ TEST(SplitBrainTest, PausedPrimaryIsDeposedAndItsWritesAreRefused) {
   ASSERT_TRUE(back.ok()) << back.status() << cluster.Logs();
   absl::Status second = RawPush(old_address, before->epoch(), probes[1]);
   EXPECT_TRUE(refused(second)) << "the deposed primary's answer: " << second;
-  WaitForAcks(**load, 50);
+  ASSERT_TRUE(WaitForAcks(**load, 50)) << "pushes were not acknowledged" << cluster.Logs();
   (*load)->Stop();
 
   // Every row is the exact sum of the pushes applied; the refused writes are nowhere.
@@ -167,11 +134,10 @@ TEST(SplitBrainTest, PausedPrimaryIsDeposedAndItsWritesAreRefused) {
   EXPECT_EQ(check->torn, 0u);
   EXPECT_EQ(check->shared_mismatches, 0u);
   if (!check->pass()) {
-    ADD_FAILURE() << check->problems << "\nsigstop at " << absl::FormatTime(paused_at)
-                  << ", promoted seen at " << absl::FormatTime(promoted_at) << ", sigcont at "
-                  << absl::FormatTime(resumed_at) << "\n"
-                  << cluster.Logs() << "\nrun dir kept in " << dir.path() << ".kept";
-    std::filesystem::rename(dir.path(), dir.path() + ".kept");
+    KeepRunDir(cluster, dir.path(),
+               absl::StrCat(check->problems, "\nsigstop at ", absl::FormatTime(paused_at),
+                            ", promoted seen at ", absl::FormatTime(promoted_at), ", sigcont at ",
+                            absl::FormatTime(resumed_at)));
   }
   std::vector<float> probe_rows(probes.size() * kLoadDim, -1.0f);
   ASSERT_TRUE((*checker)->Pull({{kTable, probes, probe_rows.data()}}).ok());

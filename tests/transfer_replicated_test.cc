@@ -7,19 +7,19 @@
 // target's lease is a minute, so no failover happens meanwhile). Nothing is asserted on
 // timing.
 #include <filesystem>
-#include <set>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
-#include "common/routing/hash.h"
 #include "gtest/gtest.h"
 #include "tests/chaos_cluster.h"
+#include "tests/cluster_test_fixture.h"
 #include "tests/exact_push_load.h"
 #include "tests/process.h"
+#include "tests/replicated_pair.h"
 #include "tests/shard_map_watch.h"
 
-#if !defined(PS_MASTER_BINARY) || !defined(PS_SERVER_BINARY) || !defined(PS_TRANSFER_BINARY)
-#error "PS_MASTER_BINARY, PS_SERVER_BINARY and PS_TRANSFER_BINARY must be defined"
+#if !defined(PS_TRANSFER_BINARY)
+#error "PS_TRANSFER_BINARY must be defined"
 #endif
 
 namespace ps::integration {
@@ -29,16 +29,9 @@ constexpr char kTable[] = "moved";
 constexpr uint32_t kVShards = 16;
 constexpr int64_t kRows = 300;
 
-std::string Binary(const char* env, const char* built) {
-  const char* v = std::getenv(env);
-  return v != nullptr && *v != '\0' ? v : built;
-}
-
-float Expected(int64_t id, int d) { return static_cast<float>(id * 10 + d); }
-
 // ps-transfer with `args`; its exit code (negative: did not run or finish), output in *out.
 int RunTransfer(const std::vector<std::string>& args, const std::string& log, std::string* out) {
-  std::vector<std::string> argv = {Binary("PS_TRANSFER_BINARY", PS_TRANSFER_BINARY)};
+  std::vector<std::string> argv = {BinaryPath("PS_TRANSFER_BINARY", PS_TRANSFER_BINARY)};
   argv.insert(argv.end(), args.begin(), args.end());
   auto child = ChildProcess::Start(argv, log);
   if (!child.ok()) return -1;
@@ -54,47 +47,14 @@ int RunTransfer(const std::vector<std::string>& args, const std::string& log, st
 std::unique_ptr<chaos::Cluster> StartReplicated(const std::string& dir,
                                                 const std::string& export_root) {
   std::filesystem::create_directories(dir);
-  chaos::ClusterOptions co;
-  co.dir = dir;
-  co.master_binary = Binary("PS_MASTER_BINARY", PS_MASTER_BINARY);
-  co.server_binary = Binary("PS_SERVER_BINARY", PS_SERVER_BINARY);
-  co.pods = 2;
-  co.num_vshards = kVShards;
-  co.lease_ms = 60'000;  // no failover when a pod is killed at the end
-  co.replication = 2;
+  // No failover when a pod is killed at the end.
+  chaos::ClusterOptions co = ReplicatedPairOptions(dir, kVShards, /*lease_ms=*/60'000);
   co.master_flags = {"--replication_max_lag_ms=60000"};
   co.server_flags = {"--export_root=" + export_root};
   auto cluster = std::make_unique<chaos::Cluster>(co);
-  EXPECT_TRUE(cluster->StartMaster().ok()) << cluster->Logs();
-  for (uint32_t i = 0; i < co.pods; ++i) {
-    EXPECT_TRUE(cluster->StartPod(i).ok()) << cluster->Logs();
-  }
-  ShardMapWatch watch(cluster->master_address());
-  auto replicated = [&] {
-    return watch.WaitFor(
-        [](const ShardMapResponse& m) {
-          return FullyReplicated(m, 2) && !OwnedVShards(m, "ps-0").empty();
-        },
-        absl::Seconds(60), "both pods live, each vshard on both");
-  };
-  EXPECT_TRUE(replicated().ok()) << cluster->Logs();
-  // ps-0 registered before ps-1 had an address and would learn it only at its next
-  // heartbeat (a third of the lease): restarted in place, it gets it at registration.
-  cluster->KillPod(0);
-  EXPECT_TRUE(cluster->StartPod(0, /*same_port=*/true).ok()) << cluster->Logs();
-  EXPECT_TRUE(replicated().ok()) << cluster->Logs();
+  auto ready = StartReplicatedPair(*cluster, /*restart_ps0=*/true);
+  EXPECT_TRUE(ready.ok()) << ready.status() << cluster->Logs();
   return cluster;
-}
-
-ClientOptions Options(const chaos::Cluster& cluster) {
-  ClientOptions o;
-  o.master = cluster.master_address();
-  o.num_vshards = kVShards;
-  o.deadline_ms = 2000;
-  o.max_attempts = 100;
-  o.initial_backoff_ms = 10;
-  o.max_backoff_ms = 200;
-  return o;
 }
 
 TEST(TransferReplicatedTest, ExportOfAReplicatedClusterImportsIntoOneWithBothCopiesExact) {
@@ -104,17 +64,13 @@ TEST(TransferReplicatedTest, ExportOfAReplicatedClusterImportsIntoOneWithBothCop
   auto dst = StartReplicated(dir.path() + "/dst", dir.path());
   if (HasFailure()) return;
 
-  std::vector<int64_t> ids;
-  std::vector<float> grads;
-  for (int64_t id = 1; id <= kRows; ++id) {
-    ids.push_back(id);
-    for (int d = 0; d < kLoadDim; ++d) grads.push_back(-Expected(id, d));
-  }
+  const KnownRows known = MakeKnownRows(kRows);
+  const std::vector<int64_t>& ids = known.ids;
   {
-    auto client = PsClient::Connect(Options(*src));
+    auto client = PsClient::Connect(PairClientOptions(*src, kVShards));
     ASSERT_TRUE(client.ok()) << client.status();
     ASSERT_TRUE((*client)->CreateTable(ExactLoadTable(kTable)).ok());
-    absl::Status pushed = (*client)->Push({{kTable, ids, grads.data()}});
+    absl::Status pushed = (*client)->Push({{kTable, ids, known.grads.data()}});
     ASSERT_TRUE(pushed.ok()) << pushed << src->Logs();
   }
   const std::string export_dir = dir.path() + "/export";
@@ -130,18 +86,13 @@ TEST(TransferReplicatedTest, ExportOfAReplicatedClusterImportsIntoOneWithBothCop
             0)
       << out << dst->Logs();
 
-  auto reader = PsClient::Connect(Options(*dst));
+  auto reader = PsClient::Connect(PairClientOptions(*dst, kVShards));
   ASSERT_TRUE(reader.ok()) << reader.status();
   auto expect_rows = [&](const char* where) {
     std::vector<float> rows(ids.size() * kLoadDim, -1.0f);
     absl::Status read = (*reader)->Pull({{kTable, ids, rows.data()}}, /*read_only=*/true);
     ASSERT_TRUE(read.ok()) << where << ": " << read << dst->Logs();
-    for (size_t i = 0; i < ids.size(); ++i) {
-      for (int d = 0; d < kLoadDim; ++d) {
-        ASSERT_EQ(rows[i * kLoadDim + d], Expected(ids[i], d))
-            << where << ": row " << ids[i] << "[" << d << "]";
-      }
-    }
+    EXPECT_EQ(KnownRowsMismatch(ids, rows), "") << where;
   };
   expect_rows("at the primaries");
   EXPECT_EQ((*reader)->client_stats().read_fallbacks, 0u);
