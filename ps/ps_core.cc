@@ -125,10 +125,14 @@ absl::Status PsCore::PrepareIds(absl::string_view op, const std::string& table,
                                 const std::string& ids, const ShardOwnership& own, size_t* total,
                                 TableIdsView* out, bool followed_ok) {
   out->table = store_.FindTable(table);
+  ASSIGN_OR_RETURN(out->ids, PackedView<int64_t>(ids, &out->scratch, "ids of", table));
   if (out->table == nullptr) {
+    // Ids this pod does not own are refused as such first: a pod that lost its disk and
+    // owns nothing yet has no catalog either, and a client routed there by an older map
+    // must re-route (a permanent NOT_FOUND failed a push whose other parts applied).
+    if (!followed_ok) RETURN_IF_ERROR(CheckOwnedByName(own, table, NameHash(table), out->ids));
     return absl::NotFoundError(absl::StrCat("table '", table, "' does not exist"));
   }
-  ASSIGN_OR_RETURN(out->ids, PackedView<int64_t>(ids, &out->scratch, "ids of", table));
   if (out->ids.empty()) {
     return absl::InvalidArgumentError(absl::StrCat(op, " of '", table, "' has no ids"));
   }
@@ -239,17 +243,21 @@ std::shared_ptr<const ShardOwnership> PsCore::ownership() const {
 
 absl::Status PsCore::CheckOwned(const ShardOwnership& own, const EmbeddingTable& table,
                                 absl::Span<const int64_t> ids) {
+  return CheckOwnedByName(own, table.spec().name(), table.name_hash(), ids);
+}
+
+absl::Status PsCore::CheckOwnedByName(const ShardOwnership& own, absl::string_view table,
+                                      uint64_t name_hash, absl::Span<const int64_t> ids) {
   // A pod owning every vshard (a single pod, or a map of one) owns every id.
   if (own.owned_count() == own.num_vshards()) return absl::OkStatus();
-  const uint64_t h = table.name_hash();
+  const uint64_t h = name_hash;
   for (int64_t id : ids) {
     const uint32_t v = VShardOf(RouteHash(h, id), own.num_vshards());
     if (!own.Owns(v)) {
       counters_.rejected_wrong_shard.fetch_add(1, std::memory_order_relaxed);
-      return WrongShardError(
-          absl::StrCat("id ", id, " of table '", table.spec().name(), "' is in vshard ", v,
-                       ", which this pod does not own at epoch ", own.epoch()),
-          own.epoch(), v);
+      return WrongShardError(absl::StrCat("id ", id, " of table '", table, "' is in vshard ", v,
+                                          ", which this pod does not own at epoch ", own.epoch()),
+                             own.epoch(), v);
     }
   }
   return absl::OkStatus();

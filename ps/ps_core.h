@@ -263,6 +263,9 @@ class PsCore {
                              absl::Span<const int64_t> ids) ABSL_LOCKS_EXCLUDED(migrate_mu_);
   absl::Status CheckOwned(const ShardOwnership& own, const EmbeddingTable& table,
                           absl::Span<const int64_t> ids);
+  // The same check by the table's name, for a table this pod does not know.
+  absl::Status CheckOwnedByName(const ShardOwnership& own, absl::string_view table,
+                                uint64_t name_hash, absl::Span<const int64_t> ids);
   absl::Status CheckOwnedDense(const ShardOwnership& own, absl::string_view name);
   absl::Status PreparePush(const PushRequest& req, const ShardOwnership& own,
                            std::vector<PreparedPush>* prepared, size_t* total);

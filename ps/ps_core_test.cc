@@ -180,6 +180,25 @@ TEST_F(PsCoreTest, IdsOfVShardsNotOwnedAreRefused) {
   EXPECT_EQ(core_.Pull(pull, &presp).code(), absl::StatusCode::kFailedPrecondition);
 }
 
+// A pod that does not know a table (it lost its disk and owns nothing yet) refuses ids of
+// vshards it does not own as such, so the client re-routes them; a permanent NOT_FOUND
+// failed a push whose other parts had applied (crash_test_lazy_start_r2).
+TEST_F(PsCoreTest, UnknownTableIdsOfVShardsNotOwnedAreWrongShard) {
+  core_.SetOwnership(*ShardOwnership::Create(16, 3, {0, 1, 2, 3, 4, 5, 6, 7}));
+  int64_t foreign = 0;
+  while (VShardOf(RouteHash(NameHash("nope"), foreign), 16) < 8) ++foreign;
+  int64_t own = 0;
+  while (VShardOf(RouteHash(NameHash("nope"), own), 16) >= 8) ++own;
+  PushRequest unknown = MakePush({foreign}, {1, 1});
+  unknown.mutable_tables(0)->set_table("nope");
+  PushResponse resp;
+  absl::Status s = core_.Push(unknown, &resp);
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+  EXPECT_NE(s.message().find("'nope'"), std::string::npos) << s;
+  unknown.mutable_tables(0)->set_ids(Pack<int64_t>(std::vector<int64_t>{own}));
+  EXPECT_EQ(core_.Push(unknown, &resp).code(), absl::StatusCode::kNotFound);
+}
+
 TEST_F(PsCoreTest, DuplicateTableWithAnotherSpec) {
   CreateTableRequest req;
   req.mutable_spec()->set_name("emb");
