@@ -85,10 +85,12 @@ DEFINE_int32(materialize_ms, 1000,
              "With --data_dir: how often changed rows are written to the database and the "
              "push log truncated. Recovery replays about this much of the log.");
 DEFINE_int32(replicated_materialize_factor, 4,
-             "With --data_dir and a master replicating (--replication >= 2): rounds run every "
-             "this many --materialize_ms. Each pod then writes R times the rows (its followed "
-             "vshards too), and a restart's longer replay leaves copies on other pods; a round "
-             "also starts once the log holds half of --max_log_mb. 1: as without replication.");
+             "With --data_dir and a master replicating (--replication >= 2): materialization "
+             "rounds run every this many --materialize_ms, since each pod then writes R times "
+             "the rows (its followed vshards too). A crashed pod replays up to that much more "
+             "log at restart (a clean stop materializes first), while its vshards have "
+             "copies on other pods. Whatever the interval, a round starts once the log holds "
+             "half of --max_log_mb. 1: rounds as without replication.");
 DEFINE_int64(change_journal_mb, 1024,
              "With --data_dir: MB of change journal kept (about 13 bytes per changed row per "
              "materialization round): which rows changed when, for incremental exports "
