@@ -551,10 +551,26 @@ void PsCore::ApplyChange(const Change& change, ApplyFn apply, Done done) {
   if (change.ship) {
     if (absl::Status s = CheckWriteLease(); !s.ok()) return refuse(s);
   }
-  if (change.key != nullptr) {
-    absl::StatusOr<PushDedup::Claim> claim = dedup_.Begin(*change.key);
+  // The key claimed for this change (null: none, or already applied here).
+  const PushKey* key = change.key;
+  if (key != nullptr) {
+    absl::StatusOr<PushDedup::Claim> claim = dedup_.Begin(*key);
     if (!claim.ok()) return done(claim.status());
-    if (*claim != PushDedup::Claim::kNew) return done(Repeated(*change.key, *claim, change.resp));
+    if (*claim == PushDedup::Claim::kDuplicate && !change.ship) {
+      // A follower's record from its primary whose key this pod already applied. Its rows
+      // are replayed all the same, by their steps (an update already in a row changes
+      // nothing): the key may be known here without these rows, since a follower records
+      // a part's key when it keeps some of its rows, and a copy carries its source's keys.
+      // Skipped, the rows of another vshard's piece of that part, applied later by that
+      // vshard's new primary, were missing on this replica (their steps hid the gap) and
+      // a failover to it lost them (ps_core_follower_replay_test).
+      VLOG(1) << "replicated record of push " << key->worker_id() << "/" << key->incarnation()
+              << "/" << key->sequence() << " (piece " << key->piece()
+              << ") already applied here: its rows are replayed by their steps";
+      key = nullptr;
+    } else if (*claim != PushDedup::Claim::kNew) {
+      return done(Repeated(*key, *claim, change.resp));
+    }
   }
   auto apply_and_track = [&](LogRecordBuilder* record) -> absl::Status {
     RETURN_IF_ERROR(apply(record));
@@ -564,23 +580,23 @@ void PsCore::ApplyChange(const Change& change, ApplyFn apply, Done done) {
     return absl::OkStatus();
   };
   if (change.ship && replicator_ != nullptr && replicator_->active()) {
-    if (change.key == nullptr) {
+    if (key == nullptr) {
       return ApplyShipped(change, apply_and_track, AckWhenDurable(change, std::move(done)));
     }
     // As below: the key is marked applied once this pod and the ack set hold the change.
     return ApplyShipped(
         change, apply_and_track,
-        AckWhenDurable(change, [this, key = *change.key, done = std::move(done)](absl::Status s) {
+        AckWhenDurable(change, [this, key = *key, done = std::move(done)](absl::Status s) {
           dedup_.Finish(key, /*applied=*/s.ok());
           done(s);
         }));
   }
   if (storage_ == nullptr) {
     absl::Status s = apply_and_track(nullptr);
-    if (change.key != nullptr) dedup_.Finish(*change.key, /*applied=*/s.ok());
+    if (key != nullptr) dedup_.Finish(*key, /*applied=*/s.ok());
     return done(s);
   }
-  if (change.key == nullptr) {
+  if (key == nullptr) {
     return storage_->ApplyLogged(PushKey(), change.record_bytes, apply_and_track,
                                  AckWhenDurable(change, std::move(done)), nullptr,
                                  change.exclusive);
@@ -588,8 +604,8 @@ void PsCore::ApplyChange(const Change& change, ApplyFn apply, Done done) {
   // The key is marked applied only once the record is durable, so a retry before then is
   // told to wait (ABORTED) rather than acknowledged early.
   storage_->ApplyLogged(
-      *change.key, change.record_bytes, apply_and_track,
-      AckWhenDurable(change, [this, key = *change.key, done = std::move(done)](absl::Status s) {
+      *key, change.record_bytes, apply_and_track,
+      AckWhenDurable(change, [this, key = *key, done = std::move(done)](absl::Status s) {
         dedup_.Finish(key, /*applied=*/s.ok());
         done(s);
       }));
@@ -598,8 +614,17 @@ void PsCore::ApplyChange(const Change& change, ApplyFn apply, Done done) {
 absl::Status PsCore::RefusedOrDuplicate(const PushKey& key, PushResponse* resp,
                                         absl::Status refused) {
   if (refused.code() != absl::StatusCode::kFailedPrecondition) return refused;
+  // A re-routed piece (replicated only) applied here is the vshard's owner's to decide: it holds
+  // every record acknowledged here (a promoted follower; a move's destination also merges
+  // this pod's keys), and its rows are the ones that count. This pod's key may name rows
+  // it no longer serves and the owner never got: a primary killed while shipping a push,
+  // back with its disk, confirms the recovered record's key when it still leads some of
+  // its vshards, and answering a piece of another of them "duplicate" lost it (a lost
+  // marker in ps-crash-test --replication=2; ps_core_truncation_keys_test). Refused, the
+  // client re-routes it under the new map. (One being applied here still waits: ABORTED.)
   const PushDedup::Claim claim = dedup_.Peek(key);
   if (claim == PushDedup::Claim::kNew) return refused;
+  if (claim == PushDedup::Claim::kDuplicate && key.piece() != 0) return refused;
   return Repeated(key, claim, resp);
 }
 

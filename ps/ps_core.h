@@ -421,7 +421,8 @@ class PsCore {
   // began filling since (held_ again).
   absl::Status DropVShards(const std::vector<uint32_t>& vshards);
   // A refused push (FAILED_PRECONDITION): a key this pod already applied is a duplicate
-  // even if it no longer owns the vshards; one being applied is ABORTED (retry).
+  // even if it no longer owns the vshards, and one being applied is ABORTED (retry); a
+  // re-routed piece (PushKey.piece) applied here stays refused: the vshard's owner decides.
   absl::Status RefusedOrDuplicate(const PushKey& key, PushResponse* resp, absl::Status refused);
   // The answer to a push whose key is not new: OK with resp->duplicate (applied before), or
   // ABORTED (being applied now: retry).

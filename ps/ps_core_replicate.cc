@@ -450,7 +450,10 @@ uint64_t PsCore::ApplyReplicated(const std::shared_ptr<const ReplicateRecordsReq
         const float* grads = KeptData(p.table_data[i], t.grads);
         const std::vector<int64_t>& ids = p.table_ids[i];
         table.ReplayRows(ids, grads, t.lr, p.table_steps[i]);
-        if (table.admission() != nullptr) {
+        // A record whose key was applied here before (mostly a batch sent again) has its
+        // rows replayed all the same (ApplyChange), but its admission counts are in already.
+        if (table.admission() != nullptr &&
+            !(keyed && dedup_.Peek(p.view.key) == PushDedup::Claim::kDuplicate)) {
           for (size_t k = 0; k < ids.size(); ++k) table.CountLogged(ids[k], p.table_steps[i][k]);
         }
         if (record != nullptr && !ids.empty()) {

@@ -296,7 +296,15 @@ absl::Status Replicator::WaitHeld(absl::Time deadline) {
     }
     return true;
   };
-  if (mu_.AwaitWithDeadline(absl::Condition(&all_held), deadline)) return absl::OkStatus();
+  if (mu_.AwaitWithDeadline(absl::Condition(&all_held), deadline)) {
+    // Every record is held; the callbacks of the batches that made them so have returned.
+    const uint64_t before = next_callbacks_;
+    auto returned = [this, before]() ABSL_NO_THREAD_SAFETY_ANALYSIS {
+      return running_callbacks_.empty() || *running_callbacks_.begin() >= before;
+    };
+    if (mu_.AwaitWithDeadline(absl::Condition(&returned), deadline)) return absl::OkStatus();
+    return absl::DeadlineExceededError("callbacks of held records still running");
+  }
   for (const Target& t : targets) {
     if (!t.stream->stop && t.stream->held < t.shipped) {
       return absl::DeadlineExceededError(absl::StrCat(
@@ -374,6 +382,7 @@ void Replicator::Run(Stream* stream) {
     absl::Status s = sender_->SendRecords(peer, req, batch, &resp);
     batch.clear();  // the sender may still hold them until they are on the wire
     std::vector<std::shared_ptr<Join>> held;
+    uint64_t ticket = 0;
     {
       absl::MutexLock lock(&mu_);
       if (stream->stop) {  // whoever stopped the stream released its queue
@@ -428,8 +437,15 @@ void Replicator::Run(Stream* stream) {
         }
       }
       stream->next_send = std::max(stream->next_send, stream->held);
+      if (!held.empty()) {
+        ticket = next_callbacks_++;
+        running_callbacks_.insert(ticket);
+      }
     }
+    if (held.empty()) continue;
     for (auto& join : held) join->Finish(absl::OkStatus());
+    absl::MutexLock lock(&mu_);
+    running_callbacks_.erase(ticket);
   }
 }
 

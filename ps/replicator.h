@@ -27,6 +27,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -108,7 +109,9 @@ class Replicator {
   // streams hold references until their followers hold it, never a copy.
   void Ship(std::shared_ptr<const std::string> record, Done done) ABSL_LOCKS_EXCLUDED(mu_);
   // Waits until every record shipped before the call is held by every follower whose
-  // stream is still running (a stream stopped meanwhile no longer counts). OK, or
+  // stream is still running (a stream stopped meanwhile no longer counts), and the `done`
+  // callbacks of the records it held have returned (so a push's key is marked applied by
+  // then: the materializer stores the key state after this, ps_core_replicate.cc). OK, or
   // DEADLINE_EXCEEDED at `deadline` naming the follower that lags. A primary's vshard
   // move calls it under its fence, so the followers hold all the copy holds.
   absl::Status WaitHeld(absl::Time deadline) ABSL_LOCKS_EXCLUDED(mu_);
@@ -150,6 +153,10 @@ class Replicator {
   uint64_t epoch_ ABSL_GUARDED_BY(mu_) = 0;
   std::map<std::string, std::shared_ptr<Stream>> streams_ ABSL_GUARDED_BY(mu_);
   int threads_ ABSL_GUARDED_BY(mu_) = 0;  // sender threads not yet returned
+  // Held records' callbacks run outside mu_, a batch at a time: each batch takes a ticket
+  // (from next_callbacks_) while they run, so WaitHeld can wait for those before it.
+  uint64_t next_callbacks_ ABSL_GUARDED_BY(mu_) = 0;
+  std::set<uint64_t> running_callbacks_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace ps

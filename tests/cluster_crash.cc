@@ -212,7 +212,8 @@ int RunClusterCrash(const ClusterCrashOptions& o) {
   for (const LoadPush& p : pushes) {
     if (!p.acked) LOG(ERROR) << "push " << p.marker << " failed: " << p.error;
   }
-  if (!check->problems.empty()) LOG(ERROR) << "lost or duplicated:\n" << check->problems;
+  if (!check->problems.empty())
+    LOG(ERROR) << "lost, duplicated or mismatched:\n" << check->problems;
   // Periodic durability may lose what was acknowledged within --flush_ms of a kill, with
   // one copy; at R >= 2 the other copy holds it, unless pushes were acknowledged on the
   // primary alone (ack leader: a lost pod part of a push shows as a lost marker or as a

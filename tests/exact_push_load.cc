@@ -56,8 +56,13 @@ void ExactPushLoad::Run(PsClient* client, int thread, uint64_t seed) {
     std::vector<int64_t> ids = {p.marker};
     ids.insert(ids.end(), p.shared.begin(), p.shared.end());
     p.sent_at = absl::Now();
+    const ClientStats before = client->client_stats();
     const absl::Status s = client->Push({{table_, ids, minus_one.data()}});
+    const ClientStats after = client->client_stats();
     p.done_at = absl::Now();
+    p.reroutes = after.reroutes - before.reroutes;
+    p.retries = after.retries - before.retries;
+    p.duplicates = after.duplicate_pushes - before.duplicate_pushes;
     p.acked = s.ok();
     if (!s.ok()) p.error = s.ToString();
     if (s.ok()) acked_.fetch_add(1);
@@ -116,6 +121,20 @@ absl::StatusOr<LoadCheck> CheckPushLoad(PsClient& client, const std::string& tab
     const float* row = values.data() + (pushes.size() + i) * kLoadDim;
     for (int d = 0; d < kLoadDim; ++d) {
       check.shared_mismatches += row[d] != static_cast<float>(expected[i]);
+    }
+    if (row[0] != static_cast<float>(expected[i]) && check.problems.size() < 20000) {
+      absl::StrAppend(&check.problems, "shared row ", i, ": ", row[0], " ", row[1], " ", row[2],
+                      " ", row[3], ", expected ", expected[i], "; its pushes that met a fault:\n");
+      const float* markers = values.data();
+      for (size_t k = 0; k < pushes.size(); ++k) {
+        const LoadPush& p = pushes[k];
+        if (p.reroutes + p.retries + p.duplicates == 0 || !p.acked) continue;
+        if (std::find(p.shared.begin(), p.shared.end(), i) == p.shared.end()) continue;
+        absl::StrAppend(&check.problems, "  push ", p.marker >> 32, ":", p.marker & 0xffffffff,
+                        " marker ", markers[k * kLoadDim], " reroutes ", p.reroutes, " retries ",
+                        p.retries, " duplicates ", p.duplicates, " (", absl::FormatTime(p.sent_at),
+                        " .. ", absl::FormatTime(p.done_at), ")\n");
+      }
     }
   }
   return check;

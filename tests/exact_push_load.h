@@ -37,6 +37,9 @@ struct LoadPush {
   absl::Time sent_at, done_at;  // the call's start and end
   bool acked = false;           // the client's Push returned OK
   std::string error;            // otherwise, why
+  // The client's re-routes, retries and "duplicate" answers during this push (each load
+  // thread has its own client and one push in flight): which pushes met a failover.
+  uint64_t reroutes = 0, retries = 0, duplicates = 0;
 };
 
 class ExactPushLoad {
@@ -73,7 +76,10 @@ struct LoadCheck {
   uint64_t duplicated = 0;         // marker >= 2
   uint64_t torn = 0;               // marker rows whose elements differ
   uint64_t shared_mismatches = 0;  // shared row elements != the sum of their pushes
-  std::string problems;            // the first few lost or duplicated pushes, for the log
+  // For the log: the first few lost or duplicated pushes, and each shared row that differs
+  // from its sum with the acknowledged pushes that touched it and met a fault (re-routed,
+  // retried or answered "duplicate"): where to look in the client's and pods' logs.
+  std::string problems;
   bool pass() const {
     return failed == 0 && lost == 0 && duplicated == 0 && torn == 0 && shared_mismatches == 0;
   }

@@ -129,17 +129,23 @@ absl::Status PodStorage::MaterializeLocked() {
   // stored key whose record was then lost would turn the client's retry into a false
   // "duplicate". Pushes are acknowledged under apply_mu (shared), so every key in a
   // snapshot taken under it exclusively has a record below `dedup_lsn`.
-  std::string dedup;
-  uint64_t dedup_lsn;
-  {
-    absl::WriterMutexLock lock(&apply_mu_);
-    dedup_lsn = log_->next_lsn();
-    dedup = dedup_->Serialize();
-  }
-  RETURN_IF_ERROR(log_->WaitWritten(dedup_lsn));
+  // It is read after the truncation gate: every key of a record below `cut` must be in it
+  // (the rows written above hold their updates, the truncation drops their records), and
+  // a replicated primary marks a key applied only once its followers hold the record,
+  // which the gate waits for (Replicator::WaitHeld). Read before the gate, it lacked the
+  // keys the gate waited for; a crash then left their updates in the rows with their keys
+  // forgotten, and a retry applied the push twice (ps_core_truncation_keys_test).
   // During a lazy replay the recovered records are the only copy of the updates of rows
   // not loaded yet: the log stays whole until ApplyPending has stored those rows.
   if (pending() == nullptr && MayTruncate()) {
+    std::string dedup;
+    uint64_t dedup_lsn;
+    {
+      absl::WriterMutexLock lock(&apply_mu_);
+      dedup_lsn = log_->next_lsn();
+      dedup = dedup_->Serialize();
+    }
+    RETURN_IF_ERROR(log_->WaitWritten(dedup_lsn));
     RETURN_IF_ERROR(
         db_->TruncateLog(cut, dedup, options_.log.durability != Durability::kProcess, admission));
     log_->Truncated(cut);
