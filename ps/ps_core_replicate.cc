@@ -165,6 +165,8 @@ PsCore::RoleChange PsCore::ApplyRole(const Assignment& req, const ShardOwnership
   }
   role_.pod_id = r.pod_id();
   role_.factor = std::max(1u, r.factor());
+  // Its rows have copies elsewhere: materialization rounds may be further apart.
+  if (storage_ != nullptr) storage_->SetReplicated(role_.factor >= 2);
   role_.ack_leader = r.ack_leader();
   role_.max_lag = absl::Milliseconds(r.max_lag_ms());
   role_.primary_of = std::move(primary_of);

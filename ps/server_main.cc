@@ -4,7 +4,9 @@
 #include <signal.h>
 
 #include <algorithm>
+#include <cstdint>
 #include <cstdio>
+#include <limits>
 #include <memory>
 #include <optional>
 #include <string>
@@ -82,6 +84,13 @@ DEFINE_int32(max_log_mb, 1024,
 DEFINE_int32(materialize_ms, 1000,
              "With --data_dir: how often changed rows are written to the database and the "
              "push log truncated. Recovery replays about this much of the log.");
+DEFINE_int32(replicated_materialize_factor, 4,
+             "With --data_dir and a master replicating (--replication >= 2): materialization "
+             "rounds run every this many --materialize_ms, since each pod then writes R times "
+             "the rows (its followed vshards too). A crashed pod replays up to that much more "
+             "log at restart (a clean stop materializes first), while its vshards have "
+             "copies on other pods. Whatever the interval, a round starts once the log holds "
+             "half of --max_log_mb. 1: rounds as without replication.");
 DEFINE_int64(change_journal_mb, 1024,
              "With --data_dir: MB of change journal kept (about 13 bytes per changed row per "
              "materialization round): which rows changed when, for incremental exports "
@@ -184,12 +193,19 @@ int BadFlags(const absl::Status& status) {
 // first group's is the one logged.
 
 // --data_dir, --durability, --flush_ms, --max_log_mb, --materialize_ms,
+// --replicated_materialize_factor,
 // --change_journal_mb, --change_journal_keep_rounds, --change_journal_merge_kb,
 // --memory_budget_mb, --lazy_start, --lazy_start_rows.
 absl::StatusOr<ps::PodStorageOptions> StorageOptionsFromFlags() {
   ps::PodStorageOptions storage;
   storage.db.dir = FLAGS_data_dir;
   storage.materialize_ms = FLAGS_materialize_ms;
+  if (FLAGS_replicated_materialize_factor < 1 || FLAGS_replicated_materialize_factor > 1000) {
+    return absl::InvalidArgumentError("--replicated_materialize_factor must be in [1, 1000]");
+  }
+  storage.replicated_materialize_ms =
+      int(std::min<int64_t>(int64_t{FLAGS_materialize_ms} * FLAGS_replicated_materialize_factor,
+                            std::numeric_limits<int>::max()));
   storage.log.max_log_bytes = uint64_t(std::max(FLAGS_max_log_mb, 0)) << 20;
   storage.log.flush_ms = FLAGS_flush_ms;
   if (FLAGS_change_journal_mb < 0 || FLAGS_change_journal_mb > (int64_t{1} << 30)) {

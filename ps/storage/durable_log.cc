@@ -126,6 +126,16 @@ void DurableLog::SetMaxLogBytes(uint64_t bytes) {
   max_log_bytes_ = bytes;
 }
 
+uint64_t DurableLog::live_bytes() const {
+  absl::MutexLock lock(&mu_);
+  return marks_.empty() ? 0 : appended_ - marks_.front().second;
+}
+
+uint64_t DurableLog::max_log_bytes() const {
+  absl::MutexLock lock(&mu_);
+  return max_log_bytes_;
+}
+
 absl::Status DurableLog::health() const {
   absl::MutexLock lock(&mu_);
   if (failed_.ok()) return absl::OkStatus();

@@ -73,6 +73,11 @@ class DurableLog {
   // Changes max_log_bytes (0: no bound), e.g. none while a lazy replay keeps the log.
   // Records appended while there was no bound do not count against a later one.
   void SetMaxLogBytes(uint64_t bytes);
+  // The bytes WaitForRoom weighs against max_log_bytes: of the records appended since the
+  // last Truncated (0 while there is no bound). The materializer starts a round early
+  // when they reach half the bound, so pushes do not wait for its timer. Thread-safe.
+  uint64_t live_bytes() const;
+  uint64_t max_log_bytes() const;
 
   // OK, or UNAVAILABLE once a write has failed (see Append). Thread-safe.
   absl::Status health() const;

@@ -56,6 +56,14 @@ struct PodStorageOptions {
   // How often changed rows are written out and the log truncated. Recovery replays at
   // most about this much of the log; 1 s keeps restarts fast at a small write cost.
   int materialize_ms = 1000;
+  // The same interval while the pod is replicated (SetReplicated; R >= 2); 0: materialize_ms.
+  // Each pod then holds and writes R times the rows (its followed vshards too), while a
+  // restart replays a longer log only on a pod whose vshards have copies elsewhere:
+  // ps-server sets 4 x materialize_ms (--replicated_materialize_factor). Either way a
+  // round also starts once the log holds half of log.max_log_bytes (which bounds
+  // recovery), so pushes never wait for the timer. Not used with a memory budget, whose
+  // rounds are what evicts.
+  int replicated_materialize_ms = 0;
   // Row bytes gathered before the materializer writes a group: one sorted table file,
   // ingested into the rows column family (no memtable, no flush).
   size_t materialize_group_bytes = size_t{64} << 20;
@@ -164,6 +172,10 @@ class PodStorage {
 
   // One materialization round now (the background thread calls it too). Thread-safe.
   absl::Status Materialize();
+  // Whether the pod's vshards have copies on other pods (R >= 2): the background rounds
+  // then run every options.replicated_materialize_ms. Takes effect within 100 ms.
+  // Thread-safe.
+  void SetReplicated(bool replicated);
   // A consistent copy of the pod's database into `dir` (see StorageDb::Checkpoint).
   absl::Status Checkpoint(const std::string& dir);
 
@@ -272,6 +284,10 @@ class PodStorage {
 
   // The materializer and eviction (pod_storage_materialize.cc).
   void RunMaterializer();
+  // Waits until the next background round is due (its interval passed, or the log grew by
+  // half its bound since the last round, which left `live_after` bytes); true when
+  // stopping.
+  bool WaitForRound(uint64_t live_after);
   absl::Status MaterializeLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(materialize_mu_);
   // Evicts rows down to the budget; after a successful round (every dirty row written).
   void EvictToBudget();
@@ -329,6 +345,7 @@ class PodStorage {
   std::function<absl::Status()> truncate_gate_ ABSL_GUARDED_BY(materialize_mu_);
   bool MayTruncate() ABSL_EXCLUSIVE_LOCKS_REQUIRED(materialize_mu_);
 
+  std::atomic<bool> replicated_{false};  // SetReplicated
   std::thread materializer_;
   std::thread loader_;
   std::atomic<bool> loaded_{false};

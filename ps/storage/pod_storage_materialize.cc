@@ -2,6 +2,8 @@
 // log truncated below them) and, under a memory budget, eviction after each round.
 #include <glog/logging.h>
 
+#include <algorithm>
+
 #include "absl/time/clock.h"
 #include "common/base/status_macros.h"
 #include "ps/storage/pod_storage.h"
@@ -18,19 +20,41 @@ std::vector<std::pair<uint32_t, std::shared_ptr<EmbeddingTable>>> PodStorage::Nu
   return tables;
 }
 
-void PodStorage::RunMaterializer() {
+void PodStorage::SetReplicated(bool replicated) { replicated_.store(replicated); }
+
+bool PodStorage::WaitForRound(uint64_t live_after) {
+  const absl::Time start = absl::Now();
   for (;;) {
-    {
-      absl::MutexLock lock(&mu_);
-      if (mu_.AwaitWithTimeout(absl::Condition(&stop_),
-                               absl::Milliseconds(options_.materialize_ms))) {
-        return;
-      }
+    // Read each slice: SetReplicated may change it meanwhile. A memory budget keeps the
+    // plain interval: its rounds are what evicts.
+    const int ms = replicated_.load() && options_.replicated_materialize_ms > 0 &&
+                           options_.memory_budget_bytes == 0
+                       ? options_.replicated_materialize_ms
+                       : options_.materialize_ms;
+    const absl::Time due = start + absl::Milliseconds(ms);
+    const absl::Time now = absl::Now();
+    // Pushes wait once the log passes its bound: start a round at half of it. Measured
+    // from what the last round left, so a round that could not truncate (a follower not
+    // holding the records yet, a lazy replay) is not repeated back to back.
+    const uint64_t bound = log_->max_log_bytes();
+    const bool due_now = now >= due || (bound > 0 && log_->live_bytes() >= live_after + bound / 2);
+    absl::MutexLock lock(&mu_);
+    if (due_now) return stop_;
+    if (mu_.AwaitWithTimeout(absl::Condition(&stop_),
+                             std::min(due - now, absl::Milliseconds(100)))) {
+      return true;
     }
+  }
+}
+
+void PodStorage::RunMaterializer() {
+  uint64_t live_after = 0;
+  while (!WaitForRound(live_after)) {
     absl::Status s = Materialize();
     if (!s.ok()) {
       LOG_EVERY_N(ERROR, 10) << "materialization failed (will retry): " << s;
     }
+    live_after = log_->live_bytes();
   }
 }
 
