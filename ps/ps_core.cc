@@ -717,10 +717,13 @@ absl::Status PsCore::RefusedOrDuplicate(const PushKey& key, PushDedup::VShardsFn
   // its vshards, and answering a piece of another of them "duplicate" lost it (a lost
   // marker in ps-crash-test --replication=2; ps_core_truncation_keys_test). Refused, the
   // client re-routes it under the new map. (One being applied here still waits: ABORTED.)
-  // A whole key counts here for the request's vshards only if applied for all of them.
-  PushDedup::Claim claim = dedup_.Peek(key, vshards);
-  if (claim == PushDedup::Claim::kNew) return refused;
-  if (claim == PushDedup::Claim::kPartial) claim = PushDedup::Claim::kInProgress;
+  // A whole key counts here for the request's vshards only if applied for all of them; one
+  // applied for some of them only is refused too: a non-owner never completes it, and
+  // answering "being applied now" kept a client retrying a stale route for good (a
+  // re-replicated follower holding the copied key of some of the part's vshards, in
+  // crash_test_periodic_r2; FollowerReplayTest.ANonOwnerThatKeptSomeRowsRefusesTheWholePart).
+  const PushDedup::Claim claim = dedup_.Peek(key, vshards);
+  if (claim == PushDedup::Claim::kNew || claim == PushDedup::Claim::kPartial) return refused;
   if (claim == PushDedup::Claim::kDuplicate && key.piece() != 0) return refused;
   return Repeated(key, claim, resp);
 }

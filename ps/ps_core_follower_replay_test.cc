@@ -171,6 +171,35 @@ TEST_P(FollowerReplayTest, AFollowerThatKeptSomeRowsDoesNotClaimTheOthers) {
   EXPECT_EQ(Only(Rows(*b_), high).size(), high.size());
 }
 
+// b kept only the lower rows of the part and leads nothing. A client on a stale map sends
+// it the whole part again: b refuses it as wrong shard (the owners decide), rather than
+// answering "being applied now" (ABORTED) for a key it will never complete, which kept the
+// client retrying the stale route until it gave up (crash_test_periodic_r2 in CI).
+TEST_P(FollowerReplayTest, ANonOwnerThatKeptSomeRowsRefusesTheWholePart) {
+  const std::vector<int64_t> low = IdsOf(kLow, 2);
+  const std::vector<int64_t> high = IdsOf(kHigh, 2);
+  std::vector<int64_t> part = low;
+  part.insert(part.end(), high.begin(), high.end());
+  sender_->Remove("c:1");
+  {
+    PendingPush pending(*a_, MakePush(part, 0.5f, 11, 1));
+    for (int i = 0; i < 6000 && Only(Rows(*b_), low).size() < low.size(); ++i) {
+      absl::SleepFor(absl::Milliseconds(5));
+    }
+    ASSERT_EQ(Only(Rows(*b_), low).size(), low.size()) << "b never held the part";
+    Stop("a");
+  }
+  PushResponse resp;
+  const absl::Status s = b_->Push(MakePush(part, 0.5f, 11, 1), &resp);
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+  EXPECT_FALSE(resp.duplicate());
+  // A piece of the rows it holds is the owner's to answer as well.
+  PushRequest low_piece = MakePush(low, 0.5f, 11, 1);
+  low_piece.mutable_key()->set_piece(kLow + 1);
+  PushResponse low_resp;
+  EXPECT_EQ(b_->Push(low_piece, &low_resp).code(), absl::StatusCode::kFailedPrecondition);
+}
+
 INSTANTIATE_TEST_SUITE_P(DurableAndInMemory, FollowerReplayTest, testing::Bool(),
                          replica_test::DurableOrInMemory);
 
