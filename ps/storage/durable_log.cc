@@ -212,6 +212,9 @@ void DurableLog::Run() {
       absl::MutexLock lock(&mu_);
       if (!failed_.ok()) s = failed_;
     }
+    if (s.ok() && options_.test_before_write && !options_.test_before_write()) {
+      s = absl::UnavailableError("the log writer stopped before this write (test kill point)");
+    }
     if (s.ok()) s = db_->AppendLog(records, sync);
 
     if (!s.ok()) LOG(ERROR) << "push log write failed: " << s;

@@ -42,6 +42,12 @@ struct DurableLogOptions {
   // WaitForRoom blocks: when materialization falls behind the pushes, pushes slow down to
   // its pace instead of the log (and so recovery) growing without bound. 0: no bound.
   uint64_t max_log_bytes = uint64_t{1} << 30;
+  // Test only (a kill point, as RocksDB's): when set, the writer calls it before it writes
+  // each group, outside its lock. false leaves the group unwritten, as if the process had
+  // died just then: the log fails (every record queued then or later gets UNAVAILABLE,
+  // nothing more is written), so a close leaves the disk as a SIGKILL before that write
+  // would have (ps/ps_core_ship_order_test.cc).
+  std::function<bool()> test_before_write;
 };
 
 class DurableLog {
