@@ -99,9 +99,8 @@ class PsService final : public ParameterServer::WithRawCallbackMethod_Pull<
  private:
   // Runs `work` (inline if request_bytes <= inline_request_bytes, else on `pool`, the
   // request pool when null) once the caller may call `method` (its full name); the call
-  // finishes with the status
-  // `work` passes to its callback, whenever it does (a durable push calls back once its
-  // log record is written).
+  // finishes with the status `work` passes to its callback, whenever it does (a durable
+  // push calls back once its log record is written).
   grpc::ServerUnaryReactor* Submit(grpc::CallbackServerContext* ctx, const char* method,
                                    std::function<void(PsCore::Done)> work, size_t request_bytes,
                                    WorkPool* pool = nullptr);
