@@ -3,6 +3,8 @@
 //
 // Tiny pulls and pushes (see inline_request_bytes) run on gRPC's thread: for them the
 // hand-off to the pool costs more than the work, and adds a thread wake-up to latency.
+// A primary's ReplicateRecords batches run on the follower's own lane (replicate_pool),
+// never behind the pod's pushes: those wait for other pods' followers in turn.
 //
 // Pull and Push are raw methods: their requests are parsed on the pool thread that then
 // uses them (so the gradients are in that core's cache), and a pull's response is written
