@@ -39,7 +39,9 @@ struct PsServiceOptions {
   // The follower's own lane for its primaries' ReplicateRecords batches: they never wait
   // behind the pod's pushes and pulls in the request pool, whose acknowledgements (R >= 2,
   // ack all) wait for the other pods' follower lanes. One thread: a primary's batches run
-  // one at a time anyway (ps/replica_order.h), and each primary ships one stream.
+  // one at a time anyway (ps/replica_order.h), and each primary ships one stream. 64
+  // queued: the windows (ReplicatorOptions::window, 4 calls) of 16 primaries, each call
+  // holding up to 4 MiB of records; beyond that the primary resends with backoff.
   WorkPoolOptions replicate_pool{/*threads=*/1, /*max_queued=*/64};
 };
 
