@@ -22,6 +22,7 @@
 #include "proto/packed.h"
 #include "proto/value_type.h"
 #include "proto/wrong_shard.h"
+#include "ps/deposed_outcome.h"
 
 namespace ps {
 namespace {
@@ -685,7 +686,7 @@ void PsCore::ApplyChange(const Change& change, ApplyFn apply, Done done) {
     return ApplyShipped(change, apply_and_track,
                         AckWhenDurable(change, [this, key = *key, part = change.key_part,
                                                 done = std::move(done)](absl::Status s) {
-                          dedup_.Finish(key, /*applied=*/s.ok(), part.get());
+                          FinishPushKey(dedup_, key, s, part.get());
                           done(s);
                         }));
   }
@@ -704,7 +705,7 @@ void PsCore::ApplyChange(const Change& change, ApplyFn apply, Done done) {
   storage_->ApplyLogged(*key, change.record_bytes, apply_and_track,
                         AckWhenDurable(change, [this, key = *key, part = change.key_part,
                                                 done = std::move(done)](absl::Status s) {
-                          dedup_.Finish(key, /*applied=*/s.ok(), part.get());
+                          FinishPushKey(dedup_, key, s, part.get());
                           done(s);
                         }));
 }

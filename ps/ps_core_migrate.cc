@@ -32,6 +32,7 @@
 #include "common/base/status_macros.h"
 #include "common/routing/hash.h"
 #include "proto/packed.h"
+#include "ps/deposed_outcome.h"
 #include "ps/ps_core.h"
 
 namespace ps {
@@ -262,19 +263,26 @@ absl::Status PsCore::ApplyAssignment(const Assignment& req, ApplyAssignmentRespo
                  << ") from memory and disk. Expected only when the pod was drained.";
   }
   if (replicator_ != nullptr) {
-    // A deposed primary's changes still waiting for followers fail: the new primary may
-    // not hold them (their clients retry there with the same keys).
+    // A deposed primary's changes still waiting for followers fail for the vshards it no
+    // longer leads: the new primary may not hold them (their clients retry there with the
+    // same keys). For those it still leads (its sole copies, kept when the others fail
+    // over) its rows are the ones that count: they stay applied under their keys, so a
+    // retry is a duplicate here, not applied twice; the followers it keeps still get them.
     if (role.deposed && failed_over) {
       // Records applied before this assignment are shipped once written: wait for that,
-      // or one shipped after Abandon would find no stream and count as held.
+      // or one shipped after Depose would get no outcome from it.
       if (storage_ != nullptr) {
         if (absl::Status s = storage_->WaitApplied(); !s.ok()) {
           LOG(WARNING) << "deposed with a failed log (its unwritten records are not shipped): "
                        << s;
         }
       }
-      replicator_->Abandon(absl::UnavailableError(
-          absl::StrCat("this pod is no longer the primary at epoch ", req.epoch(), "; retry")));
+      const absl::Status why = absl::UnavailableError(
+          absl::StrCat("this pod is no longer the primary at epoch ", req.epoch(), "; retry"));
+      replicator_->Depose(req.replication().pod_id(), req.epoch(), role.followers,
+                          [own = ownership(), why](const std::string& record) {
+                            return DeposedOutcome(record, *own, why);
+                          });
       // Recovered records still waiting for followers (ResolveRecoveredLog): their rows go
       // with the vshards, so their keys are forgotten; the new primary decides.
       if (storage_ != nullptr && storage_->holds_recovered_log()) {
@@ -283,8 +291,9 @@ absl::Status PsCore::ApplyAssignment(const Assignment& req, ApplyAssignmentRespo
         LOG(WARNING) << "deposed before the followers held the recovered log: " << keys
                      << " push keys forgotten";
       }
+    } else {
+      replicator_->SetFollowers(req.replication().pod_id(), req.epoch(), role.followers);
     }
-    replicator_->SetFollowers(req.replication().pod_id(), req.epoch(), role.followers);
   }
   if (!drop.empty()) RETURN_IF_ERROR(DropVShards(drop));
   resp->set_epoch(ownership()->epoch());

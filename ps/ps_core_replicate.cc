@@ -13,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/base/status_macros.h"
 #include "common/routing/hash.h"
+#include "ps/deposed_outcome.h"
 #include "ps/ps_core.h"
 
 namespace ps {
@@ -226,8 +227,10 @@ PsCore::Done PsCore::AckWhenDurable(const Change& change, Done done) {
   }
   if (!touches) return done;
   return [acks = synced_acks_.get(), done = std::move(done)](absl::Status s) mutable {
-    if (!s.ok()) return done(s);
-    acks->Add(std::move(done));
+    if (s.ok()) return acks->Add(std::move(done));
+    if (!KeptVShards(s).has_value()) return done(s);
+    // A deposed primary's kept rows count as applied (FinishPushKey): once fsynced.
+    acks->Add([s, done = std::move(done)](absl::Status synced) { done(synced.ok() ? s : synced); });
   };
 }
 

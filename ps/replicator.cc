@@ -110,6 +110,11 @@ std::shared_ptr<ReplicaSender> NewGrpcReplicaSender(ChannelMaker channels, absl:
 // One shipped record's wait for its followers.
 struct Replicator::Join {
   Join(int followers, Done d) : remaining(followers), done(std::move(d)) {}
+  // Its `done` gets `s` (if not OK) whatever the followers answer (Depose).
+  void Poison(const absl::Status& s) {
+    absl::MutexLock lock(&mu);
+    if (error.ok()) error = s;
+  }
   void Finish(const absl::Status& s) {
     if (!s.ok()) {
       absl::MutexLock lock(&mu);
@@ -177,7 +182,25 @@ Replicator::~Replicator() {
 
 void Replicator::SetFollowers(const std::string& pod_id, uint64_t epoch,
                               const std::vector<ReplicaPeer>& followers) {
+  Reassign(pod_id, epoch, followers, nullptr);
+}
+
+void Replicator::Depose(const std::string& pod_id, uint64_t epoch,
+                        const std::vector<ReplicaPeer>& followers, const Outcome& outcome) {
+  Reassign(pod_id, epoch, followers, &outcome);
+}
+
+void Replicator::Reassign(const std::string& pod_id, uint64_t epoch,
+                          const std::vector<ReplicaPeer>& followers, const Outcome* outcome) {
   std::vector<std::pair<std::string, std::deque<Entry>>> removed;
+  // Deposed: each queued record's outcome, computed once (its streams share its Join).
+  absl::flat_hash_map<const Join*, absl::Status> outcomes;
+  auto outcome_of = [&](const Entry& e) -> const absl::Status& {
+    auto [it, added] = outcomes.try_emplace(e.join.get());
+    if (added) it->second = (*outcome)(*e.record);
+    return it->second;
+  };
+  size_t failed = 0;
   {
     absl::MutexLock lock(&mu_);
     pod_id_ = pod_id;
@@ -188,6 +211,13 @@ void Replicator::SetFollowers(const std::string& pod_id, uint64_t epoch,
     for (auto it = streams_.begin(); it != streams_.end();) {
       auto peer = std::find_if(followers.begin(), followers.end(),
                                [&](const ReplicaPeer& p) { return p.pod_id() == it->first; });
+      if (outcome != nullptr && peer != followers.end()) {
+        // Still in the ack set (here or at a new address): its records keep waiting for it.
+        for (const Entry& e : it->second->queue) {
+          const absl::Status& s = outcome_of(e);
+          if (!s.ok()) e.join->Poison(s);
+        }
+      }
       if (peer != followers.end() && peer->address() == it->second->peer.address()) {
         ++it;
         continue;
@@ -200,11 +230,25 @@ void Replicator::SetFollowers(const std::string& pod_id, uint64_t epoch,
       it = streams_.erase(it);
     }
     AddStreamsLocked(epoch, followers, &readdressed);
+    if (outcome != nullptr) {
+      for (auto& [id, queue] : removed) {
+        for (const Entry& e : queue) outcome_of(e);
+      }
+      for (const auto& [join, s] : outcomes) failed += !s.ok();
+    }
+  }
+  if (outcome != nullptr && !outcomes.empty()) {
+    LOG(WARNING) << "deposed at epoch " << epoch << " with " << outcomes.size()
+                 << " records not yet held by every follower: " << failed
+                 << " of them fail (they hold rows of vshards this pod no longer leads), the "
+                    "others complete here";
   }
   for (auto& [id, queue] : removed) {
     LOG(WARNING) << "follower " << id << " left the ack set with " << queue.size()
                  << " records not acknowledged by it: they no longer wait for it";
-    for (Entry& e : queue) e.join->Finish(absl::OkStatus());
+    for (Entry& e : queue) {
+      e.join->Finish(outcome != nullptr ? outcomes.at(e.join.get()) : absl::OkStatus());
+    }
   }
 }
 

@@ -13,13 +13,15 @@
 // first batch carries `restart` and goes alone until answered), with backoff, until the
 // follower answers or the master takes it out of the ack set (SetFollowers without it):
 // its queued records then count as held, since the master durably stopped waiting for
-// it. Abandon fails every queued record instead (this pod is no longer the primary).
+// it. Depose decides each queued record's outcome instead (this pod is no longer the
+// primary of some vshards), and Abandon fails every one (the pod is stopping).
 // Memory: the records queued for a follower that does not answer grow until its lag
 // (Stats) gets it out of the ack set (the master's --replication_max_lag_ms); what is in
 // flight is bounded by the window and max_inflight_bytes.
 //
 // Thread-safety: every method is thread-safe. `done` runs on a sender thread or on the
-// caller's (SetFollowers, Abandon, Ship with no followers), never under this class's lock.
+// caller's (SetFollowers, Depose, Abandon, Ship with no followers), never under this class's
+// lock.
 #pragma once
 
 #include <cstdint>
@@ -118,6 +120,19 @@ class Replicator {
   // Fails every queued record with `why` and stops every stream.
   void Abandon(const absl::Status& why) ABSL_LOCKS_EXCLUDED(mu_);
 
+  // A queued record's outcome when its pod is deposed, from its bytes: OK when this pod
+  // still leads all its vshards. Runs under this class's lock, once per record: it must
+  // not block nor call this object.
+  using Outcome = std::function<absl::Status(const std::string& record)>;
+  // This pod, deposed of some vshards at `epoch`, now has `followers`: SetFollowers, but
+  // in one step, so that no record shipped meanwhile finds no stream and counts as held,
+  // and each queued record's `done` gets outcome(record) rather than OK. A follower still
+  // in the ack set keeps its stream: a record queued for it still waits until it holds it
+  // (the kept vshards' rows of the record must reach it), then gets its outcome; for one
+  // that left, the record's `done` gets its outcome at once.
+  void Depose(const std::string& pod_id, uint64_t epoch, const std::vector<ReplicaPeer>& followers,
+              const Outcome& outcome) ABSL_LOCKS_EXCLUDED(mu_);
+
   struct FollowerStats {
     std::string pod_id;
     uint64_t queued_records = 0;  // shipped, not yet held by it (its lag)
@@ -142,6 +157,10 @@ class Replicator {
   void AddStreamsLocked(uint64_t epoch, const std::vector<ReplicaPeer>& followers,
                         std::map<std::string, std::deque<Entry>>* queues)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // SetFollowers (null `outcome`) and Depose.
+  void Reassign(const std::string& pod_id, uint64_t epoch,
+                const std::vector<ReplicaPeer>& followers, const Outcome* outcome)
+      ABSL_LOCKS_EXCLUDED(mu_);
   // Stops `stream` and returns its queued records, for the caller to finish outside mu_.
   std::deque<Entry> StopLocked(Stream* stream) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 

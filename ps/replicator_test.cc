@@ -1,6 +1,7 @@
 // Replicator: a follower that the ack set lists at a new address (it registered late, or
 // restarted elsewhere) still holds the primary's acknowledgements back: its queued records
 // go to the new address, and a record is acknowledged only once the follower there has it.
+// A deposed pod's records get their outcomes (Depose).
 #include "ps/replicator.h"
 
 #include <map>
@@ -83,6 +84,52 @@ TEST(ReplicatorTest, FollowerLeavingTheAckSetReleasesItsRecords) {
   });
   replicator.SetFollowers("ps-0", 2, {});  // the master dropped it
   acked.WaitForNotification();
+}
+
+// A deposed pod (Depose): each queued record gets its outcome (from its bytes); a follower
+// still in the ack set keeps its stream, so its records wait for it first, and a record
+// shipped after the call goes to it (never counted held for want of a stream).
+TEST(ReplicatorTest, DeposeGivesEachRecordItsOutcomeOnceKeptFollowersHoldIt) {
+  auto sender = std::make_shared<FakeSender>();
+  sender->SetDown("gone:1", true);
+  sender->SetDown("kept:1", true);
+  ReplicatorOptions options;
+  options.min_backoff = absl::Milliseconds(1);
+  options.max_backoff = absl::Milliseconds(5);
+  Replicator replicator(sender, options);
+  replicator.SetFollowers("ps-0", 1, {Peer("ps-1", "gone:1"), Peer("ps-2", "kept:1")});
+  struct Answer {
+    absl::Notification done;
+    absl::Status status;
+  };
+  std::map<std::string, Answer> answers;
+  for (const std::string r : {"lost", "kept", "after"}) answers[r];  // before any callback
+  auto ship = [&](const std::string& r) {
+    replicator.Ship(r, [&answers, r](absl::Status s) {
+      answers.at(r).status = s;
+      answers.at(r).done.Notify();
+    });
+  };
+  ship("lost");
+  ship("kept");
+  int outcomes = 0;
+  replicator.Depose("ps-0", 2, {Peer("ps-2", "kept:1")}, [&](const std::string& record) {
+    ++outcomes;
+    return record == "lost" ? absl::UnavailableError("deposed") : absl::OkStatus();
+  });
+  EXPECT_EQ(outcomes, 2);  // once per record, not per stream
+  ship("after");
+  for (const std::string r : {"lost", "kept", "after"}) {
+    EXPECT_FALSE(answers[r].done.WaitForNotificationWithTimeout(absl::Milliseconds(20)))
+        << r << " answered before ps-2, still a follower, held it";
+  }
+  sender->SetDown("kept:1", false);
+  for (const std::string r : {"lost", "kept", "after"}) answers[r].done.WaitForNotification();
+  EXPECT_EQ(answers["lost"].status.code(), absl::StatusCode::kUnavailable);
+  EXPECT_TRUE(answers["kept"].status.ok()) << answers["kept"].status;
+  EXPECT_TRUE(answers["after"].status.ok()) << answers["after"].status;
+  EXPECT_EQ(sender->Received("kept:1"), (std::vector<std::string>{"lost", "kept", "after"}));
+  EXPECT_TRUE(sender->Received("gone:1").empty());
 }
 
 }  // namespace

@@ -391,7 +391,9 @@ void PushDedup::Finish(const PushKey& key, bool applied, const std::vector<uint3
   if (p == w.pieces.end() || p->second.claim.empty()) return;
   if (applied && seq >= w.base) {
     for (uint32_t v : p->second.claim) {
-      if (v != UINT32_MAX) p->second.done.insert(v);  // UINT32_MAX: all forgotten (Forget)
+      // UINT32_MAX: all forgotten (Forget); with `part`, only those vshards applied.
+      if (v == UINT32_MAX || (part != nullptr && !Has(*part, v))) continue;
+      p->second.done.insert(v);
     }
   }
   p->second.claim.clear();

@@ -108,7 +108,8 @@ class PushDedup {
   Claim Peek(const PushKey& key) const;
 
   // Ends a kNew claim: `applied` marks the key done (for the vshards claimed: with Begin's
-  // `part`, for those); false releases it so a retry applies it. Thread-safe.
+  // `part`, for those; with another `part`, for the claimed ones it names: a deposed
+  // primary's kept vshards); false releases it so a retry applies it. Thread-safe.
   void Finish(const PushKey& key, bool applied, const std::vector<uint32_t>* part = nullptr);
 
   // The rows of `vshards` are gone from this pod, or about to be replaced by an
