@@ -310,6 +310,8 @@ class PsCore {
     std::shared_ptr<const std::vector<uint32_t>> key_part;
     // The request was routed under an older shard map than this pod's: it may lack rows of
     // its part in vshards this pod leads, so its key is recorded for its own vshards only.
+    // Its log record says so (LogRecordBuilder::SetKeyExact), and a follower's change of
+    // such a record is exact too.
     bool key_exact = false;
     // Narrows the change, before `apply` runs, to the rows of the vshards given (sorted):
     // its key was applied here for the others already. Null: such a change is refused

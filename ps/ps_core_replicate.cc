@@ -437,6 +437,10 @@ uint64_t PsCore::ApplyReplicated(const std::shared_ptr<const ReplicateRecordsReq
     // leads those vshards (or a copy carries its keys there).
     const bool keyed = p.view.key.worker_id() != 0 && KeptAny(p);
     change.key = keyed ? &p.view.key : nullptr;
+    // Recorded exactly by the primary (sent under an older map): the same here, for the
+    // vshards of the rows kept (before, whole: this pod claimed it for vshards whose rows
+    // the push never held, and led by it, answered their retry "duplicate").
+    change.key_exact = keyed && p.view.key_exact;
     // Some rows left out: the key counts here for the vshards this pod follows from the
     // sender only (of the part's, those it kept), so that a retry of the others, once this
     // pod leads them, applies (PushDedup, "Per vshard").
