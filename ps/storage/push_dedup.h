@@ -157,6 +157,15 @@ class PushDedup {
   // for bytes it cannot read (or of another window size). Bytes without pieces or layers
   // are the format before them. Thread-safe.
   std::string Serialize(const std::vector<bool>* only_vshards = nullptr) const;
+  // Serialize's state cut in parts of at most `max_part_bytes` each, for a message of
+  // bounded size (a copy's keys may hold max_layers layers and many pieces per writer).
+  // Each part is a whole state Merge accepts (a writer whose layers and pieces span parts
+  // is listed in each, with its done bits in the first only), and merging every part, in
+  // any order, merges the whole state. A part exceeds the bound only if one writer's entry
+  // and one of its layers alone do: 40 + window / 4 + 4 * vshards bytes (1.1 KiB with
+  // the default window of 4096 and a few vshards). At least one part. Thread-safe.
+  std::vector<std::string> SerializeParts(const std::vector<bool>* only_vshards,
+                                          size_t max_part_bytes) const;
   absl::Status Restore(absl::string_view bytes);
 
  private:
