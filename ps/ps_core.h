@@ -507,6 +507,10 @@ class PsCore {
   // keys of vshards it follows and forgets the others (their rows are dropped).
   void StartReplicatedStorage();
   void ResolveRecoveredLog(const ShardOwnership& own) ABSL_EXCLUSIVE_LOCKS_REQUIRED(migrate_mu_);
+  // Without followers: confirms every recovered key and releases the recovered log. A key
+  // recorded exactly (LogRecordView::key_exact) counts for its record's vshards only
+  // (those of `num_vshards`; 0: not known, then whole as every other key).
+  void ConfirmRecoveredKeys(uint32_t num_vshards);
   bool recovered_unresolved_ ABSL_GUARDED_BY(migrate_mu_) = false;
 
   // Feature eviction: one pass at a time; the thread and its stop signal.

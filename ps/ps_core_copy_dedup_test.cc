@@ -228,6 +228,36 @@ TEST_F(CopyDedupTest, TheSourcesKeysGoInPartsOfAChunksSize) {
   EXPECT_EQ(Rows(*b_), before);
 }
 
+// Without replication, a push routed under an older map than the pod's is recorded for
+// the vshards of its rows only, and stays so across a restart from the log alone (as
+// after a SIGKILL): the rest of its part, re-routed here under the same key, applies.
+// Before, recovery released every recovered key whole: the rest was answered "duplicate"
+// and never applied (a lost push).
+TEST_F(CopyDedupTest, AStaleRoutedPushsKeyStaysExactAcrossARestart) {
+  a_.reset();
+  a_ = Open("a", /*killable=*/true);
+  ASSERT_NE(a_, nullptr);
+  Apply(*a_, Owning(2, true));
+  PushRequest first = MakePush(IdsOf(1, 2), 5, 1);
+  first.set_epoch(1);  // routed under the map before the pod's
+  PushResponse resp;
+  ASSERT_TRUE(a_->Push(first, &resp).ok());
+  a_.reset();
+  a_ = Open("a", /*killable=*/true);
+  ASSERT_NE(a_, nullptr);
+  Apply(*a_, Owning(3, true));
+  PushRequest rest = MakePush(IdsOf(2, 2), 5, 1);
+  rest.set_epoch(3);
+  PushResponse applied;
+  ASSERT_TRUE(a_->Push(rest, &applied).ok());
+  EXPECT_FALSE(applied.duplicate());
+  EXPECT_EQ(Rows(*a_).size(), 4u);
+  PushResponse again;
+  ASSERT_TRUE(a_->Push(first, &again).ok());
+  EXPECT_TRUE(again.duplicate());
+  EXPECT_EQ(Rows(*a_).size(), 4u);
+}
+
 // A replicated primary without a write lease (the master unreachable) refuses a push it
 // never saw with the NotApplied detail, so that the client knows its fate: without it, the
 // client took the refusal as "maybe applied" and re-routed the push after a move with its

@@ -6,6 +6,7 @@
 // (PushKey.piece) keep their key on the follower too.
 #include <vector>
 
+#include "absl/time/clock.h"
 #include "common/routing/hash.h"
 #include "gtest/gtest.h"
 #include "ps/ps_core.h"
@@ -186,6 +187,48 @@ TEST_P(ExactKeysTest, AFollowerRecordsAStaleRoutedPushExactlyAsItsPrimary) {
 
 INSTANTIATE_TEST_SUITE_P(DurableAndInMemory, ExactKeysTest, testing::Bool(),
                          replica_test::DurableOrInMemory);
+
+// The same after the primary restarts from its log alone (as after a SIGKILL): recovery
+// reads the mark and keeps the key exact (ResolveRecoveredLog). Before, it released every
+// recovered key whole, and answered the retry of the rest of the part "duplicate".
+class RestartedExactKeysTest : public ExactKeysTest {
+ protected:
+  replica_test::ReplicaPairOptions Options() override {
+    replica_test::ReplicaPairOptions options;
+    options.durable = true;
+    options.pod.storage.materialize_ms = 600000;
+    options.pod.storage.materialize_on_close = false;
+    return options;
+  }
+};
+
+TEST_F(RestartedExactKeysTest, APrimaryKeepsAStaleRoutedPushExactAcrossARestart) {
+  PushRequest lower = MakePush(IdsIn(0, kVShards / 2, 3), 0.5f, 11, 1);
+  lower.set_epoch(1);
+  PushResponse resp;
+  ASSERT_TRUE(a_->Push(lower, &resp).ok());
+  Stop("a");
+  Restart("a");
+  ApplyAssignmentResponse assigned;
+  ASSERT_TRUE(a_->ApplyAssignment(Role(3, "a", Range(0, kVShards), {"b"}, {}), &assigned).ok());
+  PushRequest upper = MakePush(IdsIn(kVShards / 2, kVShards, 2), 0.5f, 11, 1);
+  upper.set_epoch(3);
+  // The re-shipped record's key waits for b: a retry is told to wait until then.
+  PushResponse rest;
+  absl::Status s;
+  for (int i = 0; i < 2000; ++i) {
+    rest.Clear();
+    s = a_->Push(upper, &rest);
+    if (s.code() != absl::StatusCode::kAborted) break;
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  ASSERT_TRUE(s.ok()) << s;
+  EXPECT_FALSE(rest.duplicate());  // the rows of vshards the push never held apply
+  EXPECT_EQ(Rows(*a_).size(), 5u);
+  PushResponse again;
+  ASSERT_TRUE(a_->Push(lower, &again).ok());
+  EXPECT_TRUE(again.duplicate());
+}
 
 INSTANTIATE_TEST_SUITE_P(DurableAndInMemory, FollowerKeysTest, testing::Bool(),
                          replica_test::DurableOrInMemory);

@@ -500,6 +500,24 @@ void PushDedup::ReleaseFor(const PushKey& key, const std::vector<uint32_t>& vsha
   SetInLayer(w, seq, vshards, /*except=*/false);
 }
 
+void PushDedup::ReleaseExact(const PushKey& key, const std::vector<uint32_t>& vshards) {
+  if (key.worker_id() == 0) return;
+  if (key.piece() != 0) return Release(key, /*applied=*/true);
+  absl::MutexLock lock(&mu_);
+  auto it = writers_.find(key.worker_id());
+  if (it == writers_.end() || it->second.incarnation != key.incarnation()) return;
+  Writer& w = it->second;
+  const uint64_t seq = key.sequence();
+  if (w.held.erase(seq) == 0) return;
+  ClearApplied(w, seq);
+  auto p = w.pieces.find(seq);
+  if (p == w.pieces.end() && w.pieces.size() >= options_.max_piece_sequences) {
+    return SetInLayer(w, seq, vshards, /*except=*/false);
+  }
+  if (p == w.pieces.end()) p = w.pieces.emplace(seq, Pieces()).first;
+  p->second.done.insert(vshards.begin(), vshards.end());
+}
+
 size_t PushDedup::ReleaseAll(bool applied) {
   absl::MutexLock lock(&mu_);
   size_t n = 0;

@@ -139,6 +139,11 @@ class PushDedup {
   // whose rows are those it kept of its part (the vshards it follows from that record's
   // primary, as Begin's `part`). Thread-safe.
   void ReleaseFor(const PushKey& key, const std::vector<uint32_t>& vshards);
+  // Release with `applied`, for `vshards` (sorted) only, as Begin's `exact` records a key:
+  // a recovered record whose key was recorded exactly (LogRecordView::key_exact), whose
+  // vshards are its rows'. Beyond max_piece_sequences, in a layer (as ReleaseFor).
+  // Thread-safe.
+  void ReleaseExact(const PushKey& key, const std::vector<uint32_t>& vshards);
   // Releases every held key as Release does; returns how many there were. Thread-safe.
   size_t ReleaseAll(bool applied);
   size_t held() const;

@@ -421,6 +421,24 @@ TEST(PushDedupTest, ACopysKeysAtTheirBoundGoInPartsOfTheSizeAsked) {
   EXPECT_EQ(one[0], whole);
 }
 
+// A held key released exactly (a recovered record whose key was recorded so) counts for
+// its vshards only, as pieces.
+TEST(PushDedupTest, ReleaseExactKeepsAHeldKeyForItsVShardsOnly) {
+  PushDedup d;
+  d.Hold(Key(1, 1, 5));
+  EXPECT_EQ(d.Peek(Key(1, 1, 5), In{{2}}), Claim::kInProgress);
+  d.ReleaseExact(Key(1, 1, 5), {2, 4});
+  EXPECT_EQ(d.held(), 0u);
+  EXPECT_EQ(d.Peek(Key(1, 1, 5), In{{2, 4}}), Claim::kDuplicate);
+  EXPECT_EQ(d.Peek(Key(1, 1, 5), In{{3}}), Claim::kNew);
+  ASSERT_EQ(*d.Begin(Key(1, 1, 5), In{{3}}), Claim::kNew);
+  d.Finish(Key(1, 1, 5), true);
+  EXPECT_EQ(d.Peek(Key(1, 1, 5), In{{2, 3, 4}}), Claim::kDuplicate);
+  EXPECT_EQ(d.Peek(Key(1, 1, 5), In{{7}}), Claim::kNew);
+  d.ReleaseExact(Key(1, 1, 6), {2});  // not held: nothing
+  EXPECT_EQ(d.Peek(Key(1, 1, 6), In{{2}}), Claim::kNew);
+}
+
 // A held key released for some vshards (a follower's recovered record: the rows it kept)
 // counts for those only.
 TEST(PushDedupTest, ReleaseForKeepsAHeldKeyForItsVShardsOnly) {
