@@ -47,6 +47,11 @@ std::map<int64_t, std::string> Only(const std::map<int64_t, std::string>& rows,
   return out;
 }
 
+std::vector<int64_t> Concat(std::vector<int64_t> a, const std::vector<int64_t>& b) {
+  a.insert(a.end(), b.begin(), b.end());
+  return a;
+}
+
 // Pods a and b of the fixture and a third, c. a leads every vshard; b follows its lower
 // half, c its upper half.
 class FollowerReplayTest : public replica_test::ReplicaPairTest {
@@ -72,26 +77,29 @@ class FollowerReplayTest : public replica_test::ReplicaPairTest {
     ReplicaPairTest::TearDown();
   }
 
+  // The part's push (ids low then high, key 11/1) reaches b, which keeps its lower rows and
+  // records its key, but not c; a is lost before c holds it, so the push was never
+  // acknowledged: its fate is unknown.
+  void LoseAOnceOnlyBHoldsThePart() {
+    sender_->Remove("c:1");
+    PendingPush pending(*a_, MakePush(part_, 0.5f, 11, 1));
+    for (int i = 0; i < 6000 && Only(Rows(*b_), low_).size() < low_.size(); ++i) {
+      absl::SleepFor(absl::Milliseconds(5));
+    }
+    ASSERT_EQ(Only(Rows(*b_), low_).size(), low_.size()) << "b never held the part";
+    EXPECT_FALSE(pending.done());
+    Stop("a");
+  }
+
+  const std::vector<int64_t> low_ = IdsOf(kLow, 2);
+  const std::vector<int64_t> high_ = IdsOf(kHigh, 2);
+  const std::vector<int64_t> part_ = Concat(low_, high_);
   std::unique_ptr<PsCore> c_;
 };
 
 TEST_P(FollowerReplayTest, AKnownKeyDoesNotSkipAReplicatedRecordsRows) {
-  const std::vector<int64_t> low = IdsOf(kLow, 2);
-  const std::vector<int64_t> high = IdsOf(kHigh, 2);
-  std::vector<int64_t> part = low;
-  part.insert(part.end(), high.begin(), high.end());
-  // The part reaches b (which keeps its lower rows and records its key) but not c; a is
-  // lost before c holds it, so the push was never acknowledged: its fate is unknown.
-  sender_->Remove("c:1");
-  {
-    PendingPush pending(*a_, MakePush(part, 0.5f, 11, 1));
-    for (int i = 0; i < 6000 && Only(Rows(*b_), low).size() < low.size(); ++i) {
-      absl::SleepFor(absl::Milliseconds(5));
-    }
-    ASSERT_EQ(Only(Rows(*b_), low).size(), low.size()) << "b never held the part";
-    EXPECT_FALSE(pending.done());
-    Stop("a");
-  }
+  LoseAOnceOnlyBHoldsThePart();
+  if (HasFatalFailure()) return;
   sender_->Add("c:1", c_.get());
   // The failover: b leads the lower half, c the upper half with b as its follower (as
   // re-replication makes it; the upper rows of `part` exist nowhere yet, so the copy is
@@ -108,26 +116,26 @@ TEST_P(FollowerReplayTest, AKnownKeyDoesNotSkipAReplicatedRecordsRows) {
   // The client re-routes the part as pieces under its key: b answers the lower piece
   // "duplicate" (it holds it); c never had the part and applies the upper one, shipping it
   // to b, and acknowledges it once b answered.
-  PushRequest low_piece = MakePush(low, 0.5f, 11, 1);
+  PushRequest low_piece = MakePush(low_, 0.5f, 11, 1);
   low_piece.mutable_key()->set_piece(kLow + 1);
   PushResponse low_resp;
   ASSERT_TRUE(b_->Push(low_piece, &low_resp).ok());
   EXPECT_TRUE(low_resp.duplicate());
   std::vector<float> high_grads;
   {
-    const PushRequest whole = MakePush(part, 0.5f, 11, 1);
+    const PushRequest whole = MakePush(part_, 0.5f, 11, 1);
     const float* g = reinterpret_cast<const float*>(whole.tables(0).grads().data());
-    high_grads.assign(g + low.size() * replica_test::kDim, g + part.size() * replica_test::kDim);
+    high_grads.assign(g + low_.size() * replica_test::kDim, g + part_.size() * replica_test::kDim);
   }
-  PushRequest high_piece = MakePush(high, high_grads, 11, 1);
+  PushRequest high_piece = MakePush(high_, high_grads, 11, 1);
   high_piece.mutable_key()->set_piece(kHigh + 1);
   PushResponse high_resp;
   ASSERT_TRUE(c_->Push(high_piece, &high_resp).ok());
   EXPECT_FALSE(high_resp.duplicate());
   // b's replica of the upper rows is c's, bit for bit.
-  const auto on_c = Only(Rows(*c_), high);
-  ASSERT_EQ(on_c.size(), high.size());
-  EXPECT_EQ(Only(Rows(*b_), high), on_c);
+  const auto on_c = Only(Rows(*c_), high_);
+  ASSERT_EQ(on_c.size(), high_.size());
+  EXPECT_EQ(Only(Rows(*b_), high_), on_c);
   // c is lost too; b leads everything and answers the piece's retry "duplicate", holding
   // its rows.
   sender_->Remove("c:1");
@@ -137,7 +145,7 @@ TEST_P(FollowerReplayTest, AKnownKeyDoesNotSkipAReplicatedRecordsRows) {
   PushResponse retry;
   ASSERT_TRUE(b_->Push(high_piece, &retry).ok());
   EXPECT_TRUE(retry.duplicate());
-  EXPECT_EQ(Only(Rows(*b_), high), on_c);
+  EXPECT_EQ(Only(Rows(*b_), high_), on_c);
 }
 
 // b kept only the lower rows of the part: its key counts there for the vshards it follows
@@ -145,30 +153,19 @@ TEST_P(FollowerReplayTest, AKnownKeyDoesNotSkipAReplicatedRecordsRows) {
 // (promoted) applies the re-routed piece rather than answering it "duplicate" without its
 // rows (the update was lost while a follower recorded the key whole).
 TEST_P(FollowerReplayTest, AFollowerThatKeptSomeRowsDoesNotClaimTheOthers) {
-  const std::vector<int64_t> low = IdsOf(kLow, 2);
-  const std::vector<int64_t> high = IdsOf(kHigh, 2);
-  std::vector<int64_t> part = low;
-  part.insert(part.end(), high.begin(), high.end());
-  sender_->Remove("c:1");
-  {
-    PendingPush pending(*a_, MakePush(part, 0.5f, 11, 1));
-    for (int i = 0; i < 6000 && Only(Rows(*b_), low).size() < low.size(); ++i) {
-      absl::SleepFor(absl::Milliseconds(5));
-    }
-    ASSERT_EQ(Only(Rows(*b_), low).size(), low.size()) << "b never held the part";
-    Stop("a");
-  }
+  LoseAOnceOnlyBHoldsThePart();
+  if (HasFatalFailure()) return;
   // a and then c are lost before the upper piece reached c: b leads everything.
   c_.reset();
   ApplyAssignmentResponse resp;
   ASSERT_TRUE(b_->ApplyAssignment(Role(7, "b", Range(0, kVShards), {}, {}), &resp).ok());
   b_->RenewWriteLease(absl::Now() + absl::Hours(1));
-  PushRequest high_piece = MakePush(high, 0.5f, 11, 1);
+  PushRequest high_piece = MakePush(high_, 0.5f, 11, 1);
   high_piece.mutable_key()->set_piece(kHigh + 1);
   PushResponse applied;
   ASSERT_TRUE(b_->Push(high_piece, &applied).ok());
   EXPECT_FALSE(applied.duplicate());
-  EXPECT_EQ(Only(Rows(*b_), high).size(), high.size());
+  EXPECT_EQ(Only(Rows(*b_), high_).size(), high_.size());
 }
 
 // b kept only the lower rows of the part and leads nothing. A client on a stale map sends
@@ -176,25 +173,14 @@ TEST_P(FollowerReplayTest, AFollowerThatKeptSomeRowsDoesNotClaimTheOthers) {
 // answering "being applied now" (ABORTED) for a key it will never complete, which kept the
 // client retrying the stale route until it gave up (crash_test_periodic_r2 in CI).
 TEST_P(FollowerReplayTest, ANonOwnerThatKeptSomeRowsRefusesTheWholePart) {
-  const std::vector<int64_t> low = IdsOf(kLow, 2);
-  const std::vector<int64_t> high = IdsOf(kHigh, 2);
-  std::vector<int64_t> part = low;
-  part.insert(part.end(), high.begin(), high.end());
-  sender_->Remove("c:1");
-  {
-    PendingPush pending(*a_, MakePush(part, 0.5f, 11, 1));
-    for (int i = 0; i < 6000 && Only(Rows(*b_), low).size() < low.size(); ++i) {
-      absl::SleepFor(absl::Milliseconds(5));
-    }
-    ASSERT_EQ(Only(Rows(*b_), low).size(), low.size()) << "b never held the part";
-    Stop("a");
-  }
+  LoseAOnceOnlyBHoldsThePart();
+  if (HasFatalFailure()) return;
   PushResponse resp;
-  const absl::Status s = b_->Push(MakePush(part, 0.5f, 11, 1), &resp);
+  const absl::Status s = b_->Push(MakePush(part_, 0.5f, 11, 1), &resp);
   EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
   EXPECT_FALSE(resp.duplicate());
   // A piece of the rows it holds is the owner's to answer as well.
-  PushRequest low_piece = MakePush(low, 0.5f, 11, 1);
+  PushRequest low_piece = MakePush(low_, 0.5f, 11, 1);
   low_piece.mutable_key()->set_piece(kLow + 1);
   PushResponse low_resp;
   EXPECT_EQ(b_->Push(low_piece, &low_resp).code(), absl::StatusCode::kFailedPrecondition);

@@ -38,7 +38,7 @@ absl::Status PsService::Authorize(const grpc::ServerContextBase& ctx, const char
 
 grpc::ServerUnaryReactor* PsService::Submit(grpc::CallbackServerContext* ctx, const char* method,
                                             std::function<void(PsCore::Done)> work,
-                                            size_t request_bytes) {
+                                            size_t request_bytes, WorkPool* pool) {
   grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
   if (absl::Status s = Authorize(*ctx, method); !s.ok()) {
     reactor->Finish(ToGrpcStatus(s));
@@ -60,7 +60,7 @@ grpc::ServerUnaryReactor* PsService::Submit(grpc::CallbackServerContext* ctx, co
     run();  // tiny: a hand-off to the pool would cost more than the work
     return reactor;
   }
-  if (!pool_->TrySubmit(std::move(run))) {
+  if (!(pool != nullptr ? pool : pool_)->TrySubmit(std::move(run))) {
     reactor->Finish(grpc::Status(grpc::StatusCode::UNAVAILABLE,
                                  "server work queue is full; retry with backoff"));
   }
@@ -134,7 +134,9 @@ grpc::ServerUnaryReactor* PsService::ReplicateRecords(grpc::CallbackServerContex
                                                       const grpc::ByteBuffer* req,
                                                       grpc::ByteBuffer* resp) {
   PsCore* core = core_;
-  // Always on the pool: a batch waits for this pod's log.
+  // Always on the follower's lane, never inline: a batch may wait for this pod's log room
+  // or its move fence. Its own lane: queued behind the pod's pushes, which wait for the
+  // other pods' followers, every replicated push waited longer.
   return Submit(
       ctx, PS_METHOD(ReplicateRecords),
       [core, req, resp](PsCore::Done done) {
@@ -156,7 +158,7 @@ grpc::ServerUnaryReactor* PsService::ReplicateRecords(grpc::CallbackServerContex
                                  done(s);
                                });
       },
-      std::numeric_limits<size_t>::max());
+      std::numeric_limits<size_t>::max(), &replicate_pool_);
 }
 
 #define PS_RPC(Name, Req, Resp)                                                               \

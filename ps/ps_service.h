@@ -3,6 +3,8 @@
 //
 // Tiny pulls and pushes (see inline_request_bytes) run on gRPC's thread: for them the
 // hand-off to the pool costs more than the work, and adds a thread wake-up to latency.
+// A primary's ReplicateRecords batches run on the follower's own lane (replicate_pool),
+// never behind the pod's pushes: those wait for other pods' followers in turn.
 //
 // Pull and Push are raw methods: their requests are parsed on the pool thread that then
 // uses them (so the gradients are in that core's cache), and a pull's response is written
@@ -34,6 +36,13 @@ struct PsServiceOptions {
   MigrateImportOptions migrate;
   // Where Checkpoint may write (--checkpoint_root). Default: nowhere (refused).
   PathRoot checkpoint_root{"", "--checkpoint_root"};
+  // The follower's own lane for its primaries' ReplicateRecords batches: they never wait
+  // behind the pod's pushes and pulls in the request pool, whose acknowledgements (R >= 2,
+  // ack all) wait for the other pods' follower lanes. One thread: a primary's batches run
+  // one at a time anyway (ps/replica_order.h), and each primary ships one stream. 64
+  // queued: the windows (ReplicatorOptions::window, 4 calls) of 16 primaries, each call
+  // holding up to 4 MiB of records; beyond that the primary resends with backoff.
+  WorkPoolOptions replicate_pool{/*threads=*/1, /*max_queued=*/64};
 };
 
 class PsService final : public ParameterServer::WithRawCallbackMethod_Pull<
@@ -48,7 +57,8 @@ class PsService final : public ParameterServer::WithRawCallbackMethod_Pull<
       : core_(core),
         pool_(pool),
         options_(std::move(options)),
-        migrate_pool_(WorkPoolOptions{1, 4}) {}
+        migrate_pool_(WorkPoolOptions{1, 4}),
+        replicate_pool_(options_.replicate_pool) {}
 
   grpc::ServerUnaryReactor* CreateTable(grpc::CallbackServerContext* ctx,
                                         const CreateTableRequest* req,
@@ -79,7 +89,9 @@ class PsService final : public ParameterServer::WithRawCallbackMethod_Pull<
   grpc::ServerUnaryReactor* MigrateExport(grpc::CallbackServerContext* ctx,
                                           const MigrateExportRequest* req,
                                           MigrateExportResponse* resp) override;
-  // A follower's side of replication (PsCore::ReplicateRecords), on the pool.
+  // A follower's side of replication (PsCore::ReplicateRecords), on its own lane
+  // (PsServiceOptions::replicate_pool); a full lane answers UNAVAILABLE (the primary
+  // resends with backoff).
   grpc::ServerUnaryReactor* ReplicateRecords(grpc::CallbackServerContext* ctx,
                                              const grpc::ByteBuffer* req,
                                              grpc::ByteBuffer* resp) override;
@@ -89,12 +101,13 @@ class PsService final : public ParameterServer::WithRawCallbackMethod_Pull<
                                           MigrateImportResponse* resp) override;
 
  private:
-  // Runs `work` (inline if request_bytes <= inline_request_bytes, else on the pool) once
-  // the caller may call `method` (its full name); the call finishes with the status
-  // `work` passes to its callback, whenever it does (a durable push calls back once its
-  // log record is written).
+  // Runs `work` (inline if request_bytes <= inline_request_bytes, else on `pool`, the
+  // request pool when null) once the caller may call `method` (its full name); the call
+  // finishes with the status `work` passes to its callback, whenever it does (a durable
+  // push calls back once its log record is written).
   grpc::ServerUnaryReactor* Submit(grpc::CallbackServerContext* ctx, const char* method,
-                                   std::function<void(PsCore::Done)> work, size_t request_bytes);
+                                   std::function<void(PsCore::Done)> work, size_t request_bytes,
+                                   WorkPool* pool = nullptr);
   template <typename Req, typename Resp>
   grpc::ServerUnaryReactor* Run(grpc::CallbackServerContext* ctx, const char* method,
                                 const Req* req, Resp* resp,
@@ -105,7 +118,8 @@ class PsService final : public ParameterServer::WithRawCallbackMethod_Pull<
   PsCore* const core_;
   WorkPool* const pool_;
   const PsServiceOptions options_;
-  WorkPool migrate_pool_;  // one import at a time
+  WorkPool migrate_pool_;    // one import at a time
+  WorkPool replicate_pool_;  // follower batches (ReplicateRecords)
 };
 
 }  // namespace ps
