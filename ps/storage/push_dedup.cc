@@ -621,7 +621,9 @@ namespace {
 class PartWriter {
  public:
   PartWriter(uint32_t window, const std::vector<uint32_t>* only, size_t max_bytes)
-      : window_(window), words_((window + 63) / 64), only_(only), max_bytes_(max_bytes) {}
+      : window_(window), words_((window + 63) / 64), only_(only), max_bytes_(max_bytes) {
+    StartPart();
+  }
 
   void AddWriter(uint64_t id, uint64_t incarnation, uint64_t base,
                  const std::vector<uint64_t>& done) {
@@ -658,7 +660,7 @@ class PartWriter {
  private:
   size_t WriterBytes() const { return 24 + 8 * words_; }
   size_t Size() const {
-    return 12 + writers_.size() + (piece_count_ > 0 ? 16 + pieces_.size() : 0) +
+    return writers_.size() + (piece_count_ > 0 ? 16 + pieces_.size() : 0) +
            (layer_count_ > 0 ? 16 + layers_.size() : 0) +
            (only_ != nullptr ? 16 + 4 * only_->size() : 0);
   }
@@ -678,12 +680,18 @@ class PartWriter {
     for (size_t k = 0; k < words_; ++k) Append<uint64_t>(&writers_, done ? (*done)[k] : 0);
     ++writer_count_;
   }
+  // The part's header (its writer count written by Flush), then its writers' entries.
+  void StartPart() {
+    writers_.clear();
+    Append<uint32_t>(&writers_, window_);
+    Append<uint64_t>(&writers_, 0);
+  }
+  // The part is its writers' buffer with the count and the sections added (no copy of
+  // the writers: the whole state is one part when unbounded, every round's Serialize).
   void Flush() {
-    std::string out;
+    std::string& out = writers_;
+    std::memcpy(out.data() + sizeof(uint32_t), &writer_count_, sizeof(writer_count_));
     out.reserve(Size());
-    Append<uint32_t>(&out, window_);
-    Append<uint64_t>(&out, writer_count_);
-    out += writers_;
     if (piece_count_ > 0) {
       Append<uint64_t>(&out, kPiecesTag);
       Append<uint64_t>(&out, piece_count_);
@@ -700,7 +708,7 @@ class PartWriter {
       for (uint32_t v : *only_) Append<uint32_t>(&out, v);
     }
     parts_.push_back(std::move(out));
-    writers_.clear();
+    StartPart();
     pieces_.clear();
     layers_.clear();
     writer_count_ = piece_count_ = layer_count_ = 0;
