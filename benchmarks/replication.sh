@@ -12,6 +12,7 @@
 #     OLD=DIR (another build's bin directory, e.g. a build of main) runs each round with
 #     both builds in turn (old R=1, old R=2, new R=1, new R=2), and prints each build's
 #     medians and ratio: on a shared machine only figures taken alternately compare.
+#     DURABILITY=machine|periodic runs the pods in that mode (default process).
 #   benchmarks/replication.sh failover [KILLS=5] [LEASE_MS=1000]
 #     time from a primary's SIGKILL to pushes accepted again: --replication=2, a client
 #     (Python SDK, benchmarks/push_probe.py) pushing 256-id batches in a loop, ps-0 killed;
@@ -57,7 +58,7 @@ start_cluster() {
   MASTER="127.0.0.1:$(wait_port "$run/master.port")"
   for i in 0 1; do
     "$BIN/ps-server" --master="$MASTER" --pod_id="ps-$i" --num_vshards="$VSHARDS" \
-      --data_dir="$run/ps-$i" --durability=process --host=127.0.0.1 --port=0 \
+      --data_dir="$run/ps-$i" --durability="${DURABILITY:-process}" --host=127.0.0.1 --port=0 \
       --port_file="$run/ps-$i.port" >"$run/ps-$i.log" 2>&1 &
     PIDS+=($!)
     [[ $i == 0 ]] && POD0=$!

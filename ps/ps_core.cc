@@ -201,6 +201,9 @@ PsCore::~PsCore() {
     })
                                          : nullptr);
   }
+  // Records already applied are shipped from the log writer once written: before the
+  // replicator goes (a failed log ships nothing more).
+  if (storage_ != nullptr) storage_->WaitApplied().IgnoreError();
   replicator_.reset();
   if (synced_acks_ != nullptr) synced_acks_->Stop();  // uses the storage
   storage_.reset();

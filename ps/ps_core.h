@@ -332,8 +332,10 @@ class PsCore {
   void ApplyChange(const Change& change, ApplyFn apply, Done done)
       ABSL_SHARED_LOCKS_REQUIRED(migrate_mu_);
   // ApplyChange's apply and durable apply for a change shipped to followers: under
-  // ship_mu_, so records reach every follower in the order they were applied here (each
-  // row's updates in step order), and `done` once this pod and the ack set hold it.
+  // ship_mu_ from the apply to the log append, so records reach every follower in the
+  // order they were applied here (each row's updates in step order), each once this pod's
+  // log holds it (PodStorage::ApplyLogged's `ship`), and `done` once this pod and the ack
+  // set hold it.
   void ApplyShipped(const Change& change, ApplyFn apply, Done done)
       ABSL_SHARED_LOCKS_REQUIRED(migrate_mu_);
   // UNAVAILABLE when this pod is a replicated primary whose master lease ran out.
@@ -490,7 +492,7 @@ class PsCore {
   // a callback that passes an OK on to `done` only after the next fsync of the log.
   Done AckWhenDurable(const Change& change, Done done) ABSL_SHARED_LOCKS_REQUIRED(migrate_mu_);
   std::unique_ptr<Replicator> replicator_;  // null without options_.replica_sender
-  // Held from apply to ship by a primary with followers (see ApplyShipped).
+  // Held from apply to log append by a primary with followers (see ApplyShipped).
   absl::Mutex ship_mu_ ABSL_ACQUIRED_AFTER(migrate_mu_);
   absl::Mutex follow_mu_;  // one replicated batch at a time
   // ReplicateRecords in its turn: applies the batch, answers `done`, returns how many of

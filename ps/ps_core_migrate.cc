@@ -269,6 +269,14 @@ absl::Status PsCore::ApplyAssignment(const Assignment& req, ApplyAssignmentRespo
     // A deposed primary's changes still waiting for followers fail: the new primary may
     // not hold them (their clients retry there with the same keys).
     if (role.deposed && failed_over) {
+      // Records applied before this assignment are shipped once written: wait for that,
+      // or one shipped after Abandon would find no stream and count as held.
+      if (storage_ != nullptr) {
+        if (absl::Status s = storage_->WaitApplied(); !s.ok()) {
+          LOG(WARNING) << "deposed with a failed log (its unwritten records are not shipped): "
+                       << s;
+        }
+      }
       replicator_->Abandon(absl::UnavailableError(
           absl::StrCat("this pod is no longer the primary at epoch ", req.epoch(), "; retry")));
       // Recovered records still waiting for followers (ResolveRecoveredLog): their rows go

@@ -1,4 +1,5 @@
-// PsCore: replication. The primary's side (ApplyShipped: apply, log and ship in one order;
+// PsCore: replication. The primary's side (ApplyShipped: apply, log and ship in one order,
+// each record shipped once this pod's log holds it;
 // acknowledge once the ack set holds the change; the write lease), the follower's side
 // (ReplicateRecords) and the role an assignment gives (ApplyRole). The protocol is in
 // proto/ps.proto, the design in docs/architecture.md, "Replication".
@@ -133,27 +134,36 @@ void PsCore::ApplyShipped(const Change& change, ApplyFn apply, Done done) {
     if (!ack_leader) gather->Arrive(s);
   };
   if (ack_leader) gather->Arrive(absl::OkStatus());  // only this pod's copy counts
-  bool shipped = false;
-  // The order lock: the next change applies only after this one's record is queued for
-  // every follower, so each follower receives every row's updates in step order. It is
-  // released once the record is queued: its checksum and log append need no order.
-  absl::ReleasableMutexLock order(&ship_mu_);
-  auto ship = [&](const std::shared_ptr<const std::string>& record) {
-    shipped = true;
+  // Called once this pod's log holds the record (PodStorage::ApplyLogged's `ship`: after
+  // its write, except in periodic mode), or with the error that kept it out.
+  auto ship = [this, replicas](const std::shared_ptr<const std::string>& record,
+                               absl::Status written) {
+    if (!written.ok()) return replicas(std::move(written));  // not durable here: not shipped
     replicator_->Ship(record, replicas);
-    order.Release();
   };
+  bool logged = false;  // whether the change has a record, which `ship` then gets
+  auto apply_noting = [&](LogRecordBuilder* record) -> absl::Status {
+    RETURN_IF_ERROR(apply(record));
+    logged = record->has_entries();
+    return absl::OkStatus();
+  };
+  // The order lock, over the apply and the append: the log holds this pod's shipped
+  // records in their apply order, and the writer ships them in log order, so each follower
+  // receives every row's updates in step order.
+  absl::MutexLock order(&ship_mu_);
   if (storage_ != nullptr) {
     storage_->ApplyLogged(
-        change.key != nullptr ? *change.key : PushKey(), change.record_bytes, apply,
+        change.key != nullptr ? *change.key : PushKey(), change.record_bytes, apply_noting,
         [gather](absl::Status s) { gather->Arrive(s); }, ship, change.exclusive);
   } else {
     LogRecordBuilder record(change.key != nullptr ? *change.key : PushKey(), change.record_bytes);
-    absl::Status s = apply(&record);
-    if (s.ok() && record.has_entries()) ship(std::make_shared<const std::string>(record.Finish()));
+    absl::Status s = apply_noting(&record);
+    if (s.ok() && logged) {
+      ship(std::make_shared<const std::string>(record.Finish()), absl::OkStatus());
+    }
     gather->Arrive(s);
   }
-  if (!shipped && !ack_leader) gather->Arrive(absl::OkStatus());  // nothing to replicate
+  if (!logged && !ack_leader) gather->Arrive(absl::OkStatus());  // nothing to replicate
 }
 
 PsCore::RoleChange PsCore::ApplyRole(const Assignment& req, const ShardOwnership& before,

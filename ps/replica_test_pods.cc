@@ -284,6 +284,7 @@ std::unique_ptr<PsCore> ReplicaPairFixture::Open(const std::string& name) {
   options.replica_sender = sender_;
   options.replicator.min_backoff = absl::Milliseconds(1);
   options.replicator.max_backoff = absl::Milliseconds(5);
+  if (options_.per_pod) options_.per_pod(name, &options);
   auto core = PsCore::Open(options, *ShardOwnership::Create(kVShards, 0, {}));
   EXPECT_TRUE(core.ok()) << core.status();
   return core.ok() ? *std::move(core) : nullptr;

@@ -10,6 +10,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -141,6 +142,10 @@ struct ReplicaPairOptions {
   PsCoreOptions pod;
   // The "emb" table both pods start with.
   TableSpec emb = EmbSpec();
+  // When set, called with the pod's name ("a" or "b") and its copy of `pod` each time the
+  // fixture opens it (Restart too), after the fixture's settings: what differs between
+  // the pods, e.g. a kill point for one of them.
+  std::function<void(const std::string& name, PsCoreOptions* pod)> per_pod;
 };
 
 // Periodic durability (--durability=periodic) whose timed fsync and materialization never

@@ -67,6 +67,10 @@ void DurableLog::Append(std::string record, Done done) {
 }
 
 void DurableLog::Append(std::shared_ptr<const std::string> record, Done done) {
+  Append(std::move(record), std::move(done), nullptr);
+}
+
+void DurableLog::Append(std::shared_ptr<const std::string> record, Done done, Done written) {
   const size_t bytes = record->size();
   const uint32_t crc = LogFiles::Checksum(*record);
   const absl::Time now = absl::Now();
@@ -94,12 +98,13 @@ void DurableLog::Append(std::shared_ptr<const std::string> record, Done done) {
       if (max_log_bytes_ > 0) marks_.emplace_back(next_lsn_, appended_);  // else unbounded
       appended_ += bytes;
       if (!ack_now) ++waiting_;
-      queue_.push_back(
-          Entry{next_lsn_++, std::move(record), crc, ack_now ? nullptr : std::move(done), now});
+      queue_.push_back(Entry{next_lsn_++, std::move(record), crc,
+                             ack_now ? nullptr : std::move(done), std::move(written), now});
       pending_bytes_ += bytes;
     }
   }
   if (!refused.ok()) {
+    if (written) written(refused);
     done(refused);
   } else if (ack_now) {
     done(absl::OkStatus());
@@ -212,11 +217,18 @@ void DurableLog::Run() {
       absl::MutexLock lock(&mu_);
       if (!failed_.ok()) s = failed_;
     }
+    if (s.ok() && options_.test_before_write && !options_.test_before_write()) {
+      s = absl::UnavailableError("the log writer stopped before this write (test kill point)");
+    }
     if (s.ok()) s = db_->AppendLog(records, sync);
 
     if (!s.ok()) LOG(ERROR) << "push log write failed: " << s;
-    // Acknowledge before publishing written_lsn_: WaitWritten(lsn) then implies that the
-    // callbacks of the records below lsn (which mark their keys applied) have run.
+    // `written` (a replicated primary ships the record), then the acknowledgements, both
+    // before publishing written_lsn_: WaitWritten(lsn) then implies that the callbacks of
+    // the records below lsn (which ship them and mark their keys applied) have run.
+    for (Entry& e : group) {
+      if (e.written) e.written(s);
+    }
     for (Entry& e : group) {
       if (e.done) e.done(s);
     }

@@ -42,6 +42,12 @@ struct DurableLogOptions {
   // WaitForRoom blocks: when materialization falls behind the pushes, pushes slow down to
   // its pace instead of the log (and so recovery) growing without bound. 0: no bound.
   uint64_t max_log_bytes = uint64_t{1} << 30;
+  // Test only (a kill point, as RocksDB's): when set, the writer calls it before it writes
+  // each group, outside its lock. false leaves the group unwritten, as if the process had
+  // died just then: the log fails (every record queued then or later gets UNAVAILABLE,
+  // nothing more is written), so a close leaves the disk as a SIGKILL before that write
+  // would have (ps/ps_core_ship_order_test.cc).
+  std::function<bool()> test_before_write;
 };
 
 class DurableLog {
@@ -63,6 +69,15 @@ class DurableLog {
   // The same for a record shared with others (a replicated primary's record, which its
   // follower streams send): the log holds a reference until the record is written.
   void Append(std::shared_ptr<const std::string> record, Done done);
+  // The same, and `written` runs once the record is written as the mode writes it
+  // (process and periodic: to the OS, which survives a SIGKILL; machine: fsynced too), with
+  // OK, or with the error that kept it out of the log (a failed write, a refused append).
+  // The `written` callbacks run in lsn order on the writer's thread (a refused append's on
+  // the caller's), a group's before its `done` callbacks and before WaitWritten covers
+  // it: once WaitWritten(lsn) returns, the `written` of every record below lsn has
+  // returned. A replicated primary ships its records to its followers from it, so no
+  // follower holds a record a SIGKILL can take from this log (pod_storage.h).
+  void Append(std::shared_ptr<const std::string> record, Done done, Done written);
 
   // Blocks while the records appended since the last Truncated hold more than
   // max_log_bytes (returns at once after a failure or when closing). Call before taking
@@ -101,6 +116,7 @@ class DurableLog {
     std::shared_ptr<const std::string> record;
     uint32_t crc;  // LogFiles::Checksum(record), computed by the caller
     Done done;     // null once acknowledged
+    Done written;  // null: none (see Append)
     absl::Time queued;
   };
   void Run();

@@ -85,7 +85,7 @@ absl::Status PodStorage::AddDense(const DenseSpec& spec) { return db_->PutDense(
 void PodStorage::ApplyLogged(
     const PushKey& key, size_t record_bytes,
     absl::FunctionRef<absl::Status(LogRecordBuilder* record)> apply, DurableLog::Done done,
-    const std::function<void(const std::shared_ptr<const std::string>&)>& on_record,
+    const std::function<void(const std::shared_ptr<const std::string>&, absl::Status)>& ship,
     bool exclusive) {
   if (absl::Status s = log_->health(); !s.ok()) return done(s);
   if (exclusive && pending() != nullptr) {
@@ -119,8 +119,17 @@ void PodStorage::ApplyLogged(
       NoteLoggedDeletes(*rec);
     }
   }
-  if (on_record) on_record(bytes);
-  log_->Append(std::move(bytes), std::move(done));
+  if (!ship) return log_->Append(std::move(bytes), std::move(done));
+  if (options_.log.durability == Durability::kPeriodic) {
+    ship(bytes, absl::OkStatus());  // see the header: a crash loses the log's tail anyway
+    return log_->Append(std::move(bytes), std::move(done));
+  }
+  // Shipped once written: a follower never holds a record this log can lose to a SIGKILL.
+  std::shared_ptr<const std::string> shipped = bytes;
+  log_->Append(std::move(bytes), std::move(done),
+               [ship, shipped = std::move(shipped)](absl::Status written) {
+                 ship(shipped, std::move(written));
+               });
 }
 
 uint64_t PodStorage::BarrierLsn() {

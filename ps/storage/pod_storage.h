@@ -139,9 +139,21 @@ class PodStorage {
   // an instant to read the log's next sequence number, so every update it then reads from
   // memory has its record below that number.
   //
-  // `on_record`, when set, gets the encoded record just before it is appended, on this
-  // thread and under the apply lock (a replicated primary ships it to its followers): the
-  // log and it share the bytes, never copied.
+  // `ship`, when set, gets the encoded record of a change that is logged (never one that
+  // failed or changed nothing; the log and it share the bytes, never copied) once the
+  // record may leave this pod, with OK, or with the error that kept it out of the log
+  // (then it must not leave). A replicated primary ships it to its followers, holding its
+  // order lock over the whole call, so its records reach them in log order, which is
+  // their apply order. When: once the log writer has written the record (process: to the
+  // OS, machine: fsynced), on the writer's thread, in log order, before `done` and before
+  // WaitApplied covers it (DurableLog::Append's `written`): no follower holds a record a
+  // SIGKILL here can lose (shipped before its write, a primary killed in between came
+  // back, its lease live, without a record its follower held, and its next update of
+  // those rows reused the lost record's step, which the follower's replay skipped). In
+  // periodic mode, at once, on this thread under the apply lock, before the append: the
+  // log's tail is lost in a crash anyway, and a restart after one reports it
+  // (run_marker.h), so the master moves the pod's vshards to a follower first; waiting
+  // for the writer's gathering window would delay every acknowledgement.
   //
   // `exclusive`: a change that deletes rows (LogRecordBuilder::AddDelete) runs with the
   // apply lock held exclusively, so its record's place in the log orders it against
@@ -151,11 +163,13 @@ class PodStorage {
   void ApplyLogged(const PushKey& key, size_t record_bytes,
                    absl::FunctionRef<absl::Status(LogRecordBuilder* record)> apply,
                    DurableLog::Done done,
-                   const std::function<void(const std::shared_ptr<const std::string>& record)>&
-                       on_record = nullptr,
+                   const std::function<void(const std::shared_ptr<const std::string>& record,
+                                            absl::Status written)>& ship = nullptr,
                    bool exclusive = false);
-  // Blocks until every change applied so far has its log record written (the source of a
-  // move before its last copy); returns the log's write error, if any. Thread-safe.
+  // Blocks until every change applied so far has its log record written, and its `ship`
+  // called (the source of a move before its last copy, a deposed primary before it fails
+  // what its followers have not answered); returns the log's write error, if any.
+  // Thread-safe.
   absl::Status WaitApplied();
   // WaitApplied, and in periodic mode an fsync of the log too: every change applied so far
   // then survives a crash of the process, and power loss unless the mode is process. For
