@@ -167,8 +167,9 @@ class PushDedup {
   // Each part is a whole state Merge accepts (a writer whose layers and pieces span parts
   // is listed in each, with its done bits in the first only), and merging every part, in
   // any order, merges the whole state. A part exceeds the bound only if one writer's entry
-  // and one of its layers alone do: 40 + window / 4 + 4 * vshards bytes (1.1 KiB with
-  // the default window of 4096 and a few vshards). At least one part. Thread-safe.
+  // and one of its layers alone do: 84 + window / 4 + 4 bytes per vshard the layer and
+  // `only_vshards` name (1.1 KiB with the default window of 4096 and a few vshards;
+  // push_dedup_test checks it). At least one part. Thread-safe.
   std::vector<std::string> SerializeParts(const std::vector<bool>* only_vshards,
                                           size_t max_part_bytes) const;
   absl::Status Restore(absl::string_view bytes);
