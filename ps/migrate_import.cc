@@ -52,8 +52,12 @@ absl::Status RunMigrateImport(PsCore* core, const MigrateImportRequest& req,
   std::vector<uint32_t> vshards(req.vshards().begin(), req.vshards().end());
   RETURN_IF_ERROR(core->BeginImport(req.move_id(), vshards));
   grpc::ChannelArguments args;
-  // A chunk, and in the FINAL one the source's push de-duplication state (~0.5 KiB per
-  // writer: 64 MiB is 100k writers, PushDedupOptions::max_writers).
+  // A response holds rows, or in FINAL one part of the source's push de-duplication state
+  // (PushDedup::SerializeParts), of at most chunk_bytes (plus one row or one layer beyond:
+  // the doubling), and at cursor 0 of a phase the admission counters and dense tensors of
+  // the moving vshards (the 80 MiB). Before, the FINAL chunk carried the whole key state,
+  // up to ~9 KiB per writer (16 layers of 512 bytes each, and pieces), 100k writers
+  // (PushDedupOptions::max_writers): beyond this bound, and the copy failed every time.
   args.SetMaxReceiveMessageSize(static_cast<int>(options.chunk_bytes * 2 + (80 << 20)));
   auto stub = ParameterServer::NewStub(options.channels.Make(req.source(), args));
   const absl::Time start = absl::Now();

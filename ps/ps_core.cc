@@ -673,6 +673,8 @@ void PsCore::ApplyChange(const Change& change, ApplyFn apply, Done done) {
   }
   auto apply_and_track = [&](LogRecordBuilder* record) -> absl::Status {
     RETURN_IF_ERROR(apply(record));
+    // Recorded exactly here: the record says so, for the followers and for recovery.
+    if (record != nullptr && key != nullptr && change.key_exact) record->SetKeyExact();
     // After applying: a row the move's export reads from now on is current, and one it
     // read before is copied again in the next phase.
     if (out != nullptr) RecordTouched(out, change);

@@ -310,6 +310,8 @@ class PsCore {
     std::shared_ptr<const std::vector<uint32_t>> key_part;
     // The request was routed under an older shard map than this pod's: it may lack rows of
     // its part in vshards this pod leads, so its key is recorded for its own vshards only.
+    // Its log record says so (LogRecordBuilder::SetKeyExact), and a follower's change of
+    // such a record is exact too.
     bool key_exact = false;
     // Narrows the change, before `apply` runs, to the rows of the vshards given (sorted):
     // its key was applied here for the others already. Null: such a change is refused
@@ -507,6 +509,10 @@ class PsCore {
   // keys of vshards it follows and forgets the others (their rows are dropped).
   void StartReplicatedStorage();
   void ResolveRecoveredLog(const ShardOwnership& own) ABSL_EXCLUSIVE_LOCKS_REQUIRED(migrate_mu_);
+  // Without followers: confirms every recovered key and releases the recovered log. A key
+  // recorded exactly (LogRecordView::key_exact) counts for its record's vshards only
+  // (those of `num_vshards`; 0: not known, then whole as every other key).
+  void ConfirmRecoveredKeys(uint32_t num_vshards);
   bool recovered_unresolved_ ABSL_GUARDED_BY(migrate_mu_) = false;
 
   // Feature eviction: one pass at a time; the thread and its stop signal.

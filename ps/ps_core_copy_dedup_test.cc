@@ -131,8 +131,10 @@ class CopyDedupTest : public testing::Test {
   }
   // Every vshard of a_, copied into b_ (snapshot, then the fenced final delta).
   void CopyAll() { Copy(1, AllBut({})); }
-  // Move `move` of `vshards` from a_ into b_, up to FinishImport (the master commits next).
-  void Copy(uint64_t move, const std::vector<uint32_t>& vshards) {
+  // Move `move` of `vshards` from a_ into b_, up to FinishImport (the master commits next),
+  // in chunks of `max_bytes` (0: the default); the FINAL phase's chunks go in `final`.
+  void Copy(uint64_t move, const std::vector<uint32_t>& vshards, uint64_t max_bytes = 0,
+            std::vector<MigrateExportResponse>* final = nullptr) {
     ASSERT_TRUE(b_->BeginImport(move, vshards).ok());
     MigrateBeginRequest begin;
     begin.set_move_id(move);
@@ -143,11 +145,13 @@ class CopyDedupTest : public testing::Test {
       MigrateExportRequest ex;
       ex.set_move_id(move);
       ex.set_phase(phase);
+      ex.set_max_bytes(max_bytes);
       for (;;) {
         MigrateExportResponse chunk;
         ASSERT_TRUE(a_->MigrateExport(ex, &chunk).ok());
         uint64_t rows = 0, bytes = 0;
         ASSERT_TRUE(b_->ImportChunk(chunk, &rows, &bytes).ok());
+        if (final != nullptr && phase == MigrateExportRequest::FINAL) final->push_back(chunk);
         if (chunk.done()) break;
         ex.set_cursor(chunk.next_cursor());
       }
@@ -190,6 +194,68 @@ TEST_F(CopyDedupTest, APushAppliedBeforeTheCopyIsADuplicateAtItsDestination) {
   ASSERT_TRUE(b_->Push(MakePush({1}, 5, 2), &fresh).ok());
   EXPECT_FALSE(fresh.duplicate());
   EXPECT_EQ(Rows(*b_).at(1), std::vector<float>(kDim, 2.0f));
+}
+
+// The source's keys go in parts of at most a chunk's bytes, after the rows (the import's
+// receive budget holds a chunk: migrate_import.cc), and every part counts: each writer's
+// push is a duplicate at the destination. Before, the FINAL chunk carried the whole state
+// (here ~560 bytes per writer, far more with layers), whatever the chunk size.
+TEST_F(CopyDedupTest, TheSourcesKeysGoInPartsOfAChunksSize) {
+  constexpr uint64_t kWriters = 300, kChunk = 8 << 10;
+  for (uint64_t w = 1; w <= kWriters; ++w) {
+    PushResponse resp;
+    ASSERT_TRUE(a_->Push(MakePush({static_cast<int64_t>(w)}, w, 1), &resp).ok());
+  }
+  std::vector<MigrateExportResponse> final;
+  Copy(1, AllBut({}), kChunk, &final);
+  size_t parts = 0;
+  for (const MigrateExportResponse& chunk : final) {
+    // A chunk's bytes, a few bytes of framing, and one writer's entry beyond at most.
+    EXPECT_LE(chunk.ByteSizeLong(), kChunk + 1024);
+    parts += !chunk.push_dedup().empty();
+    if (!chunk.push_dedup().empty()) EXPECT_TRUE(chunk.rows().empty());
+  }
+  EXPECT_GT(parts, kWriters * 536 / kChunk);
+  a_.reset();
+  Apply(*b_, Owning(3, true));
+  const auto before = Rows(*b_);
+  ASSERT_EQ(before.size(), kWriters);
+  for (uint64_t w = 1; w <= kWriters; ++w) {
+    PushResponse retry;
+    ASSERT_TRUE(b_->Push(MakePush({static_cast<int64_t>(w)}, w, 1), &retry).ok());
+    EXPECT_TRUE(retry.duplicate()) << "writer " << w;
+  }
+  EXPECT_EQ(Rows(*b_), before);
+}
+
+// Without replication, a push routed under an older map than the pod's is recorded for
+// the vshards of its rows only, and stays so across a restart from the log alone (as
+// after a SIGKILL): the rest of its part, re-routed here under the same key, applies.
+// Before, recovery released every recovered key whole: the rest was answered "duplicate"
+// and never applied (a lost push).
+TEST_F(CopyDedupTest, AStaleRoutedPushsKeyStaysExactAcrossARestart) {
+  a_.reset();
+  a_ = Open("a", /*killable=*/true);
+  ASSERT_NE(a_, nullptr);
+  Apply(*a_, Owning(2, true));
+  PushRequest first = MakePush(IdsOf(1, 2), 5, 1);
+  first.set_epoch(1);  // routed under the map before the pod's
+  PushResponse resp;
+  ASSERT_TRUE(a_->Push(first, &resp).ok());
+  a_.reset();
+  a_ = Open("a", /*killable=*/true);
+  ASSERT_NE(a_, nullptr);
+  Apply(*a_, Owning(3, true));
+  PushRequest rest = MakePush(IdsOf(2, 2), 5, 1);
+  rest.set_epoch(3);
+  PushResponse applied;
+  ASSERT_TRUE(a_->Push(rest, &applied).ok());
+  EXPECT_FALSE(applied.duplicate());
+  EXPECT_EQ(Rows(*a_).size(), 4u);
+  PushResponse again;
+  ASSERT_TRUE(a_->Push(first, &again).ok());
+  EXPECT_TRUE(again.duplicate());
+  EXPECT_EQ(Rows(*a_).size(), 4u);
 }
 
 // A replicated primary without a write lease (the master unreachable) refuses a push it

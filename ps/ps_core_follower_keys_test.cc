@@ -6,6 +6,7 @@
 // (PushKey.piece) keep their key on the follower too.
 #include <vector>
 
+#include "absl/time/clock.h"
 #include "common/routing/hash.h"
 #include "gtest/gtest.h"
 #include "ps/ps_core.h"
@@ -139,6 +140,94 @@ TEST_P(FollowerKeysTest, AKeyIsForgottenWithTheRowsAFollowerDrops) {
   ASSERT_TRUE(b_->Push(push, &retry).ok());
   EXPECT_FALSE(retry.duplicate());
   EXPECT_EQ(Rows(*b_).size(), ids.size());
+}
+
+// A push routed under an older map than its primary's is recorded there exactly (for the
+// vshards of its rows: the stale map may have sent the rest of its part elsewhere), and
+// its record says so, so its follower records it the same way. Before, the record carried
+// no mark: the follower recorded the key whole and, promoted, answered the retry of the
+// part's other rows "duplicate" although they never applied anywhere (a lost push).
+class ExactKeysTest : public replica_test::ReplicaPairTest {
+ protected:
+  void SetUp() override {
+    ReplicaPairTest::SetUp();
+    if (HasFatalFailure()) return;
+    ApplyAssignmentResponse resp;
+    ASSERT_TRUE(
+        b_->ApplyAssignment(Role(2, "b", {}, {}, replica_test::FollowingAll("a")), &resp).ok());
+    ASSERT_TRUE(a_->ApplyAssignment(Role(2, "a", Range(0, kVShards), {"b"}, {}), &resp).ok());
+  }
+};
+
+TEST_P(ExactKeysTest, AFollowerRecordsAStaleRoutedPushExactlyAsItsPrimary) {
+  PushRequest lower = MakePush(IdsIn(0, kVShards / 2, 3), 0.5f, 11, 1);
+  lower.set_epoch(1);  // routed under the map before a's
+  PushResponse resp;
+  ASSERT_TRUE(a_->Push(lower, &resp).ok());  // acknowledged: b answered the record
+  ASSERT_FALSE(resp.duplicate());
+  ASSERT_EQ(Rows(*b_), Rows(*a_));
+  // The rest of the part: the stale map sent it elsewhere; re-routed, it comes here under
+  // the same key.
+  PushRequest upper = MakePush(IdsIn(kVShards / 2, kVShards, 2), 0.5f, 11, 1);
+  ApplyAssignmentResponse assigned;
+  ASSERT_TRUE(b_->ApplyAssignment(Role(5, "b", Range(0, kVShards), {}, {}), &assigned).ok());
+  b_->RenewWriteLease(absl::Now() + absl::Hours(1));
+  upper.set_epoch(5);
+  PushResponse rest;
+  ASSERT_TRUE(b_->Push(upper, &rest).ok());
+  EXPECT_FALSE(rest.duplicate());  // the rows of vshards the push never held apply
+  EXPECT_EQ(Rows(*b_).size(), 5u);
+  PushResponse again;
+  ASSERT_TRUE(b_->Push(lower, &again).ok());
+  EXPECT_TRUE(again.duplicate());  // and those it held do not apply twice
+  PushResponse twice;
+  ASSERT_TRUE(b_->Push(upper, &twice).ok());
+  EXPECT_TRUE(twice.duplicate());
+}
+
+INSTANTIATE_TEST_SUITE_P(DurableAndInMemory, ExactKeysTest, testing::Bool(),
+                         replica_test::DurableOrInMemory);
+
+// The same after the primary restarts from its log alone (as after a SIGKILL): recovery
+// reads the mark and keeps the key exact (ResolveRecoveredLog). Before, it released every
+// recovered key whole, and answered the retry of the rest of the part "duplicate".
+class RestartedExactKeysTest : public ExactKeysTest {
+ protected:
+  replica_test::ReplicaPairOptions Options() override {
+    replica_test::ReplicaPairOptions options;
+    options.durable = true;
+    options.pod.storage.materialize_ms = 600000;
+    options.pod.storage.materialize_on_close = false;
+    return options;
+  }
+};
+
+TEST_F(RestartedExactKeysTest, APrimaryKeepsAStaleRoutedPushExactAcrossARestart) {
+  PushRequest lower = MakePush(IdsIn(0, kVShards / 2, 3), 0.5f, 11, 1);
+  lower.set_epoch(1);
+  PushResponse resp;
+  ASSERT_TRUE(a_->Push(lower, &resp).ok());
+  Stop("a");
+  Restart("a");
+  ApplyAssignmentResponse assigned;
+  ASSERT_TRUE(a_->ApplyAssignment(Role(3, "a", Range(0, kVShards), {"b"}, {}), &assigned).ok());
+  PushRequest upper = MakePush(IdsIn(kVShards / 2, kVShards, 2), 0.5f, 11, 1);
+  upper.set_epoch(3);
+  // The re-shipped record's key waits for b: a retry is told to wait until then.
+  PushResponse rest;
+  absl::Status s;
+  for (int i = 0; i < 2000; ++i) {
+    rest.Clear();
+    s = a_->Push(upper, &rest);
+    if (s.code() != absl::StatusCode::kAborted) break;
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  ASSERT_TRUE(s.ok()) << s;
+  EXPECT_FALSE(rest.duplicate());  // the rows of vshards the push never held apply
+  EXPECT_EQ(Rows(*a_).size(), 5u);
+  PushResponse again;
+  ASSERT_TRUE(a_->Push(lower, &again).ok());
+  EXPECT_TRUE(again.duplicate());
 }
 
 INSTANTIATE_TEST_SUITE_P(DurableAndInMemory, FollowerKeysTest, testing::Bool(),

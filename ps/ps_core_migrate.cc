@@ -64,6 +64,10 @@ struct PsCore::OutgoingMove {
       ABSL_GUARDED_BY(export_mu);
   std::vector<std::pair<std::shared_ptr<EmbeddingTable>, int64_t>> rows ABSL_GUARDED_BY(export_mu);
   std::vector<std::string> dense ABSL_GUARDED_BY(export_mu);
+  // FINAL: the vshards' push keys (PushDedup::SerializeParts, each part at most the
+  // request's max_bytes), sent after the rows, one part per response (cursors
+  // [rows, rows + parts)).
+  std::vector<std::string> dedup_parts ABSL_GUARDED_BY(export_mu);
 };
 
 namespace {
@@ -516,12 +520,15 @@ absl::Status PsCore::MigrateExport(const MigrateExportRequest& req, MigrateExpor
       }
     }
   }
-  if (req.cursor() == 0 && req.phase() == MigrateExportRequest::FINAL) {
+  const bool final_phase = req.phase() == MigrateExportRequest::FINAL;
+  if (req.cursor() == 0 && final_phase) {
     // Fenced, and every push applied to the vshards is durable (and held by the followers):
-    // their keys go with the rows, so a retry of one at the destination is a duplicate.
+    // their keys go after the rows, so a retry of one at the destination is a duplicate.
     // Keys applied whole name every vshard of their part; pieces only their own vshard,
-    // so only the moving vshards' pieces go (push_dedup.h).
-    resp->set_push_dedup(dedup_.Serialize(&out->vshards));
+    // so only the moving vshards' pieces go (push_dedup.h). In parts of at most a chunk's
+    // bytes: a copy's keys may hold up to max_layers layers and many pieces per writer,
+    // far more than one message should (the importer's receive budget, migrate_import.cc).
+    out->dedup_parts = dedup_.SerializeParts(&out->vshards, max_bytes);
     // Fenced: the admission counters of the vshards count nothing more here.
     for (const auto& t : store_.Tables()) {
       if (t->admission() == nullptr) continue;
@@ -545,6 +552,21 @@ absl::Status PsCore::MigrateExport(const MigrateExportRequest& req, MigrateExpor
   resp->set_next_cursor(i);
   resp->set_done(i >= total);
   resp->set_phase_rows(total);
+  if (final_phase && req.cursor() >= total) {
+    // The rows are sent: the next part of the keys, alone (rows and a part never share a
+    // response, so each stays within max_bytes).
+    const uint64_t part = req.cursor() - total;
+    if (part >= out->dedup_parts.size()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "move ", req.move_id(), ": export of FINAL at cursor ", req.cursor(), ", beyond its ",
+          total, " rows and ", out->dedup_parts.size(), " parts of push keys"));
+    }
+    resp->set_push_dedup(out->dedup_parts[part]);
+    resp->set_next_cursor(req.cursor() + 1);
+    resp->set_done(part + 1 == out->dedup_parts.size());
+  } else if (final_phase) {
+    resp->set_done(false);  // the keys follow
+  }
   return absl::OkStatus();
 }
 

@@ -86,6 +86,31 @@ const float* KeptData(const std::vector<float>& copied, const char* view_data) {
   return copied.empty() ? reinterpret_cast<const float*>(view_data) : copied.data();
 }
 
+// The vshards of a logged record's rows and tensors, sorted and distinct (rows of a table
+// not known here are skipped).
+std::vector<uint32_t> VShardsOfRecord(ModelStore& store, const LogRecordView& rec, uint32_t n) {
+  std::vector<uint32_t> out;
+  auto note_ids = [&](absl::string_view table, uint32_t count, auto id_of) {
+    auto t = store.FindTable(std::string(table));
+    if (t == nullptr) return;
+    for (uint32_t i = 0; i < count; ++i)
+      out.push_back(VShardOf(RouteHash(t->name_hash(), id_of(i)), n));
+  };
+  for (const LogTableView& t : rec.tables)
+    note_ids(t.table, t.n, [&](uint32_t i) { return t.id(i); });
+  for (const LogInstallView& t : rec.installs) {
+    note_ids(t.table, t.n, [&](uint32_t i) { return t.id(i); });
+  }
+  for (const LogDeleteView& t : rec.deletes) {
+    note_ids(t.table, t.n, [&](uint32_t i) { return t.id(i); });
+  }
+  for (const LogDenseView& d : rec.dense) out.push_back(DenseVShard(d.name, n));
+  for (const LogDenseInstallView& d : rec.dense_installs) out.push_back(DenseVShard(d.name, n));
+  std::sort(out.begin(), out.end());
+  out.erase(std::unique(out.begin(), out.end()), out.end());
+  return out;
+}
+
 }  // namespace
 
 void PsCore::RenewWriteLease(absl::Time deadline) {
@@ -450,6 +475,10 @@ uint64_t PsCore::ApplyReplicated(const std::shared_ptr<const ReplicateRecordsReq
     // leads those vshards (or a copy carries its keys there).
     const bool keyed = p.view.key.worker_id() != 0 && KeptAny(p);
     change.key = keyed ? &p.view.key : nullptr;
+    // Recorded exactly by the primary (sent under an older map): the same here, for the
+    // vshards of the rows kept (before, whole: this pod claimed it for vshards whose rows
+    // the push never held, and led by it, answered their retry "duplicate").
+    change.key_exact = keyed && p.view.key_exact;
     // Some rows left out: the key counts here for the vshards this pod follows from the
     // sender only (of the part's, those it kept), so that a retry of the others, once this
     // pod leads them, applies (PushDedup, "Per vshard").
@@ -564,24 +593,41 @@ void PsCore::StartReplicatedStorage() {
   // A pod with a master starts owning nothing and learns its role from its first
   // assignment; one with a static shard, or without a replica sender, never has followers.
   if (replicator_ == nullptr || ownership()->owned_count() > 0) {
-    dedup_.ReleaseAll(/*applied=*/true);
-    storage_->ReleaseRecoveredLog();
+    ConfirmRecoveredKeys(ownership()->num_vshards());
     return;
   }
   absl::WriterMutexLock fence(&migrate_mu_);
   recovered_unresolved_ = true;
 }
 
+void PsCore::ConfirmRecoveredKeys(uint32_t num_vshards) {
+  if (num_vshards > 0) {
+    // A key recorded exactly (sent under an older map) counts for its record's vshards
+    // only, as before the restart. Before, it was confirmed whole, and the rest of its
+    // part, re-routed here under the same key, was answered "duplicate" (a lost push).
+    absl::Status walked =
+        storage_->ForEachRecoveredRecord([&](absl::string_view bytes) -> absl::Status {
+          ASSIGN_OR_RETURN(LogRecordView rec, ParseLogRecord(bytes));
+          if (rec.key_exact) {
+            dedup_.ReleaseExact(rec.key, VShardsOfRecord(store_, rec, num_vshards));
+          }
+          return absl::OkStatus();
+        });
+    if (!walked.ok()) {
+      LOG(ERROR) << "could not read back the recovered log; its keys are confirmed whole: "
+                 << walked;
+    }
+  }
+  const size_t keys = dedup_.ReleaseAll(/*applied=*/true);
+  storage_->ReleaseRecoveredLog();
+  VLOG(1) << "recovered log released (no followers): " << keys << " push keys applied";
+}
+
 void PsCore::ResolveRecoveredLog(const ShardOwnership& own) {
   if (!recovered_unresolved_) return;
   recovered_unresolved_ = false;
-  if (role_.factor < 2) {
-    const size_t keys = dedup_.ReleaseAll(/*applied=*/true);
-    storage_->ReleaseRecoveredLog();
-    VLOG(1) << "recovered log released (no replication): " << keys << " push keys applied";
-    return;
-  }
   const uint32_t n = own.num_vshards();
+  if (role_.factor < 2) return ConfirmRecoveredKeys(n);
   // Shipped records finish on sender threads: the last one releases the log, unless one
   // failed (this pod was deposed or is stopping; ApplyAssignment then forgets the keys).
   struct Reship {
@@ -589,8 +635,12 @@ void PsCore::ResolveRecoveredLog(const ShardOwnership& own) {
     std::atomic<bool> failed{false};
   };
   auto reship = std::make_shared<Reship>();
-  auto finish = [this, reship](const PushKey& key, const absl::Status& s) {
-    if (s.ok()) {
+  // `exact`: the record's vshards, for a key recorded exactly (else empty).
+  auto finish = [this, reship](const PushKey& key, const std::vector<uint32_t>& exact,
+                               const absl::Status& s) {
+    if (s.ok() && !exact.empty()) {
+      dedup_.ReleaseExact(key, exact);
+    } else if (s.ok()) {
       dedup_.Release(key, /*applied=*/true);
     } else {
       reship->failed.store(true);
@@ -614,33 +664,20 @@ void PsCore::ResolveRecoveredLog(const ShardOwnership& own) {
       storage_->ForEachRecoveredRecord([&](absl::string_view bytes) -> absl::Status {
         ASSIGN_OR_RETURN(LogRecordView rec, ParseLogRecord(bytes));
         bool leads = false, follows = false;
-        std::vector<uint32_t> touched;
-        auto note = [&](uint32_t v) {
+        const std::vector<uint32_t> touched = VShardsOfRecord(store_, rec, n);
+        for (uint32_t v : touched) {
           leads = leads || own.Owns(v);
           follows = follows || (v < role_.primary_of.size() && !role_.primary_of[v].empty());
-          touched.push_back(v);
-        };
-        auto note_ids = [&](absl::string_view table, uint32_t count, auto id_of) {
-          auto t = store_.FindTable(std::string(table));
-          if (t == nullptr) return;
-          for (uint32_t i = 0; i < count; ++i)
-            note(VShardOf(RouteHash(t->name_hash(), id_of(i)), n));
-        };
-        for (const LogTableView& t : rec.tables)
-          note_ids(t.table, t.n, [&](uint32_t i) { return t.id(i); });
-        for (const LogInstallView& t : rec.installs) {
-          note_ids(t.table, t.n, [&](uint32_t i) { return t.id(i); });
         }
-        for (const LogDeleteView& t : rec.deletes) {
-          note_ids(t.table, t.n, [&](uint32_t i) { return t.id(i); });
-        }
-        for (const LogDenseView& d : rec.dense) note(DenseVShard(d.name, n));
-        for (const LogDenseInstallView& d : rec.dense_installs) note(DenseVShard(d.name, n));
+        // A key its primary recorded exactly (LogRecordView::key_exact) counts for the
+        // record's vshards only, here as it did before the restart.
+        const std::vector<uint32_t> exact = rec.key_exact ? touched : std::vector<uint32_t>();
         if (leads) {
           ++shipped;
           reship->pending.fetch_add(1);
-          replicator_->Ship(std::string(bytes),
-                            [finish, key = rec.key](absl::Status s) { finish(key, s); });
+          replicator_->Ship(std::string(bytes), [finish, key = rec.key, exact](absl::Status s) {
+            finish(key, exact, s);
+          });
         } else if (follows) {
           ++kept;  // its primary logged it first
           // For the vshards it follows from the record's primary only: the record holds
@@ -658,7 +695,11 @@ void PsCore::ResolveRecoveredLog(const ShardOwnership& own) {
               if (role_.primary_of[v] == primary) followed.push_back(v);
             }
           }
-          dedup_.ReleaseFor(rec.key, followed);
+          if (rec.key_exact) {
+            dedup_.ReleaseExact(rec.key, exact);
+          } else {
+            dedup_.ReleaseFor(rec.key, followed);
+          }
         } else {
           ++forgotten;  // its vshards' rows are dropped here: their primary decides
           dedup_.Release(rec.key, /*applied=*/false);
@@ -674,7 +715,7 @@ void PsCore::ResolveRecoveredLog(const ShardOwnership& own) {
             << role_.followers.size() << " followers (their keys wait for them), " << kept
             << " of vshards it follows kept, " << forgotten << " of vshards it left forgotten";
   PushKey none;
-  finish(none, absl::OkStatus());
+  finish(none, {}, absl::OkStatus());
 }
 
 PsCore::ReplicationStats PsCore::replication_stats() const {

@@ -328,15 +328,27 @@ void Replicator::Ship(std::shared_ptr<const std::string> record, Done done) {
 
 absl::Status Replicator::WaitHeld(absl::Time deadline) {
   struct Target {
+    std::string pod;
     std::shared_ptr<Stream> stream;
     uint64_t shipped;
   };
   absl::MutexLock lock(&mu_);
   std::vector<Target> targets;
-  for (auto& [id, stream] : streams_) targets.push_back({stream, stream->shipped});
-  auto all_held = [&targets]() ABSL_NO_THREAD_SAFETY_ANALYSIS {
-    for (const Target& t : targets) {
-      if (!t.stream->stop && t.stream->held < t.shipped) return false;
+  for (auto& [id, stream] : streams_) targets.push_back({id, stream, stream->shipped});
+  auto all_held = [this, &targets]() ABSL_NO_THREAD_SAFETY_ANALYSIS {
+    for (Target& t : targets) {
+      if (t.stream->stop) {
+        // A stream stopped because its follower left the ack set holds nothing back. One
+        // stopped because the follower is listed at a new address moved its records, not
+        // yet held, to the new stream: wait for that one (before, the gate counted them
+        // held, a round truncated their records while their keys were in progress, and
+        // after a SIGKILL a retry applied twice: ps-crash-test --kills=8 --seed=43).
+        auto now = streams_.find(t.pod);
+        if (now == streams_.end() || now->second == t.stream) continue;
+        t.stream = now->second;
+        t.shipped = now->second->shipped;
+      }
+      if (t.stream->held < t.shipped) return false;
     }
     return true;
   };
@@ -349,6 +361,7 @@ absl::Status Replicator::WaitHeld(absl::Time deadline) {
     if (mu_.AwaitWithDeadline(absl::Condition(&returned), deadline)) return absl::OkStatus();
     return absl::DeadlineExceededError("callbacks of held records still running");
   }
+  if (all_held()) return absl::OkStatus();
   for (const Target& t : targets) {
     if (!t.stream->stop && t.stream->held < t.shipped) {
       return absl::DeadlineExceededError(absl::StrCat(

@@ -11,6 +11,8 @@ constexpr uint8_t kVersion = 1;
 // The header of a record whose key is a re-routed piece (PushKey.piece): kVersion's, then
 // the piece (u32).
 constexpr uint8_t kVersionPiece = 2;
+// kVersion's header for a whole key recorded exactly (LogRecordBuilder::SetKeyExact).
+constexpr uint8_t kVersionExact = 3;
 constexpr uint8_t kTable = 1;
 constexpr uint8_t kDense = 2;
 constexpr uint8_t kInstall = 3;
@@ -84,6 +86,12 @@ LogRecordBuilder::LogRecordBuilder(const PushKey& key, size_t expected_bytes) {
   Put<uint64_t>(&out_, key.sequence());
   if (key.piece() != 0) Put<uint32_t>(&out_, key.piece());
   header_bytes_ = out_.size();
+}
+
+void LogRecordBuilder::SetKeyExact() {
+  if (adopted_ == nullptr && !out_.empty() && static_cast<uint8_t>(out_[0]) == kVersion) {
+    out_[0] = static_cast<char>(kVersionExact);
+  }
 }
 
 void LogRecordBuilder::Adopt(std::shared_ptr<const std::string> encoded) {
@@ -179,12 +187,13 @@ absl::StatusOr<LogRecordView> ParseLogRecord(absl::string_view bytes) {
   Reader r(bytes);
   LogRecordView rec;
   const uint8_t version = r.Get<uint8_t>();
-  if (r.ok() && version != kVersion && version != kVersionPiece) {
+  if (r.ok() && version != kVersion && version != kVersionPiece && version != kVersionExact) {
     return absl::DataLossError(absl::StrCat("log record version ", version, " is unknown"));
   }
   rec.key.set_worker_id(r.Get<uint64_t>());
   rec.key.set_incarnation(r.Get<uint64_t>());
   rec.key.set_sequence(r.Get<uint64_t>());
+  rec.key_exact = version == kVersionExact;
   if (version == kVersionPiece) {
     rec.key.set_piece(r.Get<uint32_t>());
     // One encoding per record: a key without a piece is written as kVersion.
@@ -269,6 +278,7 @@ absl::StatusOr<LogRecord> DecodeLogRecord(absl::string_view bytes) {
   if (!view.ok()) return view.status();
   LogRecord rec;
   rec.key = view->key;
+  rec.key_exact = view->key_exact;
   for (const LogTableView& v : view->tables) {
     LogTableEntry& e = rec.tables.emplace_back();
     e.table = std::string(v.table);

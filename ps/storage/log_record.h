@@ -4,8 +4,14 @@
 // Recovery replays each row's updates in step order, so the recovered rows equal the
 // ones in memory before the crash, bit for bit.
 //
-// Encoding (little-endian): u8 version (1), u64 worker_id, u64 incarnation, u64 sequence,
-// then entries until the end, each
+// Encoding (little-endian): u8 version, u64 worker_id, u64 incarnation, u64 sequence, for
+// version 2 u32 piece, then entries until the end. The version says how the key counts:
+//   1  a whole key (PushKey.piece 0), recorded for every vshard of its part;
+//   2  a re-routed piece (PushKey.piece != 0), for its one vshard;
+//   3  a whole key recorded exactly: for the vshards of this record's rows only (the push
+//      was routed under an older shard map than the primary's, PsCore::Change::key_exact;
+//      a follower records it the same way). Records of versions 1 and 2 read as before.
+// Each entry is
 //   u8 1 (table), u16 name length, name, f32 lr, u32 n, u32 dim, n i64 ids, n u64 steps,
 //        n*dim f32 gradients
 //   u8 2 (dense), u16 name length, name, f32 lr, u64 step, u32 numel, numel f32 gradients
@@ -96,6 +102,7 @@ struct LogAdmissionInstall {
 
 struct LogRecord {
   PushKey key;
+  bool key_exact = false;  // version 3: see the file comment
   std::vector<LogAdmissionInstall> admission_installs;
   std::vector<LogDeleteEntry> deletes;
   std::vector<LogDecayEntry> decays;
@@ -124,6 +131,10 @@ class LogRecordBuilder {
   void AddDecay(absl::string_view table, absl::Span<const uint32_t> vshards);
   // Admission counters installed (a move's copy).
   void AddAdmissionInstall(absl::string_view table, absl::string_view counters);
+  // Marks a whole key as recorded exactly (version 3, see the file comment): for the
+  // vshards of the record's rows only. No effect on a piece's key (exact already) or on an
+  // adopted record (which carries its own mark). May come before or after the entries.
+  void SetKeyExact();
   // Makes `encoded` the record, a whole record already encoded under the same key
   // (ParseLogRecord accepted it), shared rather than copied: a follower logs its
   // primary's record as it came instead of encoding the same entries again
@@ -145,7 +156,7 @@ class LogRecordBuilder {
  private:
   std::string out_;
   std::shared_ptr<const std::string> adopted_;  // set by Adopt
-  size_t header_bytes_ = kHeaderBytes;  // plus the piece's u32 for a piece's key
+  size_t header_bytes_ = kHeaderBytes;          // plus the piece's u32 for a piece's key
 };
 
 // DATA_LOSS if `bytes` is not a well-formed record. The record with its arrays copied out
@@ -217,6 +228,7 @@ struct LogAdmissionInstallView {
 };
 struct LogRecordView {
   PushKey key;
+  bool key_exact = false;  // version 3: see the file comment
   std::vector<LogAdmissionInstallView> admission_installs;
   std::vector<LogDeleteView> deletes;
   std::vector<LogDecayView> decays;

@@ -86,6 +86,50 @@ TEST(LogRecordTest, RoundTripsInstalls) {
   EXPECT_TRUE(rec->dense.empty());
 }
 
+// A whole key recorded exactly (a push routed under an older map) says so in its record,
+// which a follower reads to record the key the same way; a record of before (version 1)
+// reads as a whole key, and a piece's key is exact already (no mark).
+TEST(LogRecordTest, CarriesAnExactKey) {
+  PushKey key;
+  key.set_worker_id(7);
+  key.set_incarnation(2);
+  key.set_sequence(99);
+  const std::vector<int64_t> ids = {4, 5};
+  const std::vector<uint64_t> steps = {1, 2};
+  const std::vector<float> grads = {1, 2};
+  LogRecordBuilder plain(key, 0);
+  plain.AddTable("emb", 0.5f, 1, ids, steps, grads.data());
+  const std::string whole = plain.Finish();
+  EXPECT_EQ(whole[0], 1);  // the format of before, unchanged
+  LogRecordBuilder marked(key, 0);
+  marked.AddTable("emb", 0.5f, 1, ids, steps, grads.data());
+  marked.SetKeyExact();
+  const std::string exact = marked.Finish();
+  EXPECT_EQ(exact.size(), whole.size());
+  EXPECT_EQ(exact.substr(1), whole.substr(1));
+  for (const std::string* bytes : {&whole, &exact}) {
+    auto rec = DecodeLogRecord(*bytes);
+    ASSERT_TRUE(rec.ok()) << rec.status();
+    auto view = ParseLogRecord(*bytes);
+    ASSERT_TRUE(view.ok()) << view.status();
+    EXPECT_EQ(rec->key_exact, bytes == &exact);
+    EXPECT_EQ(view->key_exact, bytes == &exact);
+    EXPECT_EQ(rec->key.sequence(), 99u);
+    EXPECT_EQ(rec->key.piece(), 0u);
+    ASSERT_EQ(rec->tables.size(), 1u);
+    EXPECT_EQ(rec->tables[0].ids, ids);
+  }
+  PushKey piece = key;
+  piece.set_piece(3);
+  LogRecordBuilder of_piece(piece, 0);
+  of_piece.SetKeyExact();
+  of_piece.AddTable("emb", 0.5f, 1, ids, steps, grads.data());
+  auto rec = DecodeLogRecord(of_piece.Finish());
+  ASSERT_TRUE(rec.ok()) << rec.status();
+  EXPECT_EQ(rec->key.piece(), 3u);
+  EXPECT_FALSE(rec->key_exact);
+}
+
 TEST(LogRecordTest, DamagedRecordsAreDataLoss) {
   PushKey key;
   key.set_worker_id(1);

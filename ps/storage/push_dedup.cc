@@ -1,6 +1,7 @@
 #include "ps/storage/push_dedup.h"
 
 #include <algorithm>
+#include <cstdint>
 #include <cstring>
 #include <iterator>
 #include <vector>
@@ -501,6 +502,24 @@ void PushDedup::ReleaseFor(const PushKey& key, const std::vector<uint32_t>& vsha
   SetInLayer(w, seq, vshards, /*except=*/false);
 }
 
+void PushDedup::ReleaseExact(const PushKey& key, const std::vector<uint32_t>& vshards) {
+  if (key.worker_id() == 0) return;
+  if (key.piece() != 0) return Release(key, /*applied=*/true);
+  absl::MutexLock lock(&mu_);
+  auto it = writers_.find(key.worker_id());
+  if (it == writers_.end() || it->second.incarnation != key.incarnation()) return;
+  Writer& w = it->second;
+  const uint64_t seq = key.sequence();
+  if (w.held.erase(seq) == 0) return;
+  ClearApplied(w, seq);
+  auto p = w.pieces.find(seq);
+  if (p == w.pieces.end() && w.pieces.size() >= options_.max_piece_sequences) {
+    return SetInLayer(w, seq, vshards, /*except=*/false);
+  }
+  if (p == w.pieces.end()) p = w.pieces.emplace(seq, Pieces()).first;
+  p->second.done.insert(vshards.begin(), vshards.end());
+}
+
 size_t PushDedup::ReleaseAll(bool applied) {
   absl::MutexLock lock(&mu_);
   size_t n = 0;
@@ -594,7 +613,129 @@ constexpr uint64_t kPiecesTag = 0x3153454345495050;  // "PPIECES1"
 constexpr uint64_t kLayersTag = 0x3153524559414c50;  // "PLAYERS1"
 constexpr uint64_t kOnlyTag = 0x31594c4e4f5f5f50;    // "P__ONLY1"
 
+namespace {
+
+// Writes Serialize's format in parts of at most `max_bytes` each (see SerializeParts): each
+// a whole state of the writers it lists, with their layers and pieces, or some of them (a
+// writer is listed again, without done bits, in the parts that hold the rest of its
+// layers and pieces). A part holds at least one writer's entry and one layer or piece,
+// so a part is bigger than `max_bytes` only if these alone are.
+class PartWriter {
+ public:
+  PartWriter(uint32_t window, const std::vector<uint32_t>* only, size_t max_bytes)
+      : window_(window), words_((window + 63) / 64), only_(only), max_bytes_(max_bytes) {
+    StartPart();
+  }
+
+  void AddWriter(uint64_t id, uint64_t incarnation, uint64_t base,
+                 const std::vector<uint64_t>& done) {
+    if (writer_count_ > 0 && Size() + WriterBytes() > max_bytes_) Flush();
+    id_ = id;
+    incarnation_ = incarnation;
+    base_ = base;
+    AppendWriter(&done);
+    holds_more_ = false;
+  }
+  void AddLayer(bool except, const std::vector<uint32_t>& vshards,
+                const std::vector<uint64_t>& bits) {
+    MakeRoom(16 + 4 * vshards.size() + 8 * words_ + (layer_count_ == 0 ? 16 : 0));
+    Append<uint64_t>(&layers_, id_);
+    Append<uint32_t>(&layers_, except ? 1 : 0);
+    Append<uint32_t>(&layers_, static_cast<uint32_t>(vshards.size()));
+    for (uint32_t v : vshards) Append<uint32_t>(&layers_, v);
+    for (uint64_t word : bits) Append<uint64_t>(&layers_, word);
+    ++layer_count_;
+  }
+  void AddPiece(uint64_t seq, uint32_t v) {
+    MakeRoom(20 + (piece_count_ == 0 ? 16 : 0));
+    Append<uint64_t>(&pieces_, id_);
+    Append<uint64_t>(&pieces_, seq);
+    Append<uint32_t>(&pieces_, v);
+    ++piece_count_;
+  }
+  // The parts (at least one).
+  std::vector<std::string> Finish() {
+    if (writer_count_ > 0 || parts_.empty()) Flush();
+    return std::move(parts_);
+  }
+
+ private:
+  size_t WriterBytes() const { return 24 + 8 * words_; }
+  size_t Size() const {
+    return writers_.size() + (piece_count_ > 0 ? 16 + pieces_.size() : 0) +
+           (layer_count_ > 0 ? 16 + layers_.size() : 0) +
+           (only_ != nullptr ? 16 + 4 * only_->size() : 0);
+  }
+  // Before a layer or piece of `bytes`: a new part, listing the writer again (no done
+  // bits), if this one is full and holds more than the writer's entry.
+  void MakeRoom(size_t bytes) {
+    if ((holds_more_ || writer_count_ > 1) && Size() + bytes > max_bytes_) {
+      Flush();
+      AppendWriter(nullptr);
+    }
+    holds_more_ = true;
+  }
+  void AppendWriter(const std::vector<uint64_t>* done) {
+    Append<uint64_t>(&writers_, id_);
+    Append<uint64_t>(&writers_, incarnation_);
+    Append<uint64_t>(&writers_, base_);
+    for (size_t k = 0; k < words_; ++k) Append<uint64_t>(&writers_, done ? (*done)[k] : 0);
+    ++writer_count_;
+  }
+  // The part's header (its writer count written by Flush), then its writers' entries.
+  void StartPart() {
+    writers_.clear();
+    Append<uint32_t>(&writers_, window_);
+    Append<uint64_t>(&writers_, 0);
+  }
+  // The part is its writers' buffer with the count and the sections added (no copy of
+  // the writers: the whole state is one part when unbounded, every round's Serialize).
+  void Flush() {
+    std::string& out = writers_;
+    std::memcpy(out.data() + sizeof(uint32_t), &writer_count_, sizeof(writer_count_));
+    out.reserve(Size());
+    if (piece_count_ > 0) {
+      Append<uint64_t>(&out, kPiecesTag);
+      Append<uint64_t>(&out, piece_count_);
+      out += pieces_;
+    }
+    if (layer_count_ > 0) {
+      Append<uint64_t>(&out, kLayersTag);
+      Append<uint64_t>(&out, layer_count_);
+      out += layers_;
+    }
+    if (only_ != nullptr) {
+      Append<uint64_t>(&out, kOnlyTag);
+      Append<uint64_t>(&out, only_->size());
+      for (uint32_t v : *only_) Append<uint32_t>(&out, v);
+    }
+    parts_.push_back(std::move(out));
+    StartPart();
+    pieces_.clear();
+    layers_.clear();
+    writer_count_ = piece_count_ = layer_count_ = 0;
+  }
+
+  const uint32_t window_;
+  const size_t words_;
+  const std::vector<uint32_t>* const only_;
+  const size_t max_bytes_;
+  std::vector<std::string> parts_;
+  std::string writers_, pieces_, layers_;
+  uint64_t writer_count_ = 0, piece_count_ = 0, layer_count_ = 0;
+  // The writer being added, and whether the part holds a layer or piece of it.
+  uint64_t id_ = 0, incarnation_ = 0, base_ = 0;
+  bool holds_more_ = false;
+};
+
+}  // namespace
+
 std::string PushDedup::Serialize(const std::vector<bool>* only_vshards) const {
+  return std::move(SerializeParts(only_vshards, SIZE_MAX).front());
+}
+
+std::vector<std::string> PushDedup::SerializeParts(const std::vector<bool>* only_vshards,
+                                                   size_t max_part_bytes) const {
   std::vector<uint32_t> only;
   if (only_vshards != nullptr) {
     for (uint32_t v = 0; v < only_vshards->size(); ++v) {
@@ -602,32 +743,16 @@ std::string PushDedup::Serialize(const std::vector<bool>* only_vshards) const {
     }
   }
   auto in_copy = [&](uint32_t v) { return only_vshards == nullptr || Has(only, v); };
+  PartWriter parts(options_.window, only_vshards != nullptr ? &only : nullptr, max_part_bytes);
   absl::MutexLock lock(&mu_);
-  std::string out;
-  Append<uint32_t>(&out, options_.window);
-  Append<uint64_t>(&out, writers_.size());
-  std::string pieces, layers;
-  uint64_t piece_count = 0, layer_count = 0;
   std::vector<uint64_t> done;
-  auto add_layer = [&](uint64_t id, bool except, const std::vector<uint32_t>& vshards,
-                       const std::vector<uint64_t>& bits) {
-    Append<uint64_t>(&layers, id);
-    Append<uint32_t>(&layers, except ? 1 : 0);
-    Append<uint32_t>(&layers, static_cast<uint32_t>(vshards.size()));
-    for (uint32_t v : vshards) Append<uint32_t>(&layers, v);
-    for (uint64_t word : bits) Append<uint64_t>(&layers, word);
-    ++layer_count;
-  };
   // A copy's layers by what they claim of the copied vshards (several may claim the same).
   std::vector<std::pair<std::vector<uint32_t>, std::vector<uint64_t>>> copied;
   for (const auto& [id, w] : writers_) {
     done = w.done;
     copied.clear();
     for (const Layer& l : w.layers) {
-      if (only_vshards == nullptr) {
-        add_layer(id, l.except, l.vshards, l.bits);
-        continue;
-      }
+      if (only_vshards == nullptr) break;  // every layer goes as it is
       // Of the copied vshards, those the layer claims.
       std::vector<uint32_t> claimed = l.except ? Minus(only, l.vshards) : Both(only, l.vshards);
       if (claimed.empty()) continue;
@@ -643,37 +768,19 @@ std::string PushDedup::Serialize(const std::vector<bool>* only_vshards) const {
         for (size_t k = 0; k < done.size(); ++k) same->second[k] |= l.bits[k];
       }
     }
-    for (const auto& [claimed, bits] : copied) add_layer(id, /*except=*/false, claimed, bits);
-    Append<uint64_t>(&out, id);
-    Append<uint64_t>(&out, w.incarnation);
-    Append<uint64_t>(&out, w.base);
-    for (uint64_t word : done) Append<uint64_t>(&out, word);
+    parts.AddWriter(id, w.incarnation, w.base, done);
+    if (only_vshards == nullptr) {
+      for (const Layer& l : w.layers) parts.AddLayer(l.except, l.vshards, l.bits);
+    } else {
+      for (const auto& [claimed, bits] : copied) parts.AddLayer(/*except=*/false, claimed, bits);
+    }
     for (const auto& [seq, p] : w.pieces) {
       for (uint32_t v : p.done) {
-        if (!in_copy(v)) continue;
-        Append<uint64_t>(&pieces, id);
-        Append<uint64_t>(&pieces, seq);
-        Append<uint32_t>(&pieces, v);
-        ++piece_count;
+        if (in_copy(v)) parts.AddPiece(seq, v);
       }
     }
   }
-  if (piece_count > 0) {
-    Append<uint64_t>(&out, kPiecesTag);
-    Append<uint64_t>(&out, piece_count);
-    out += pieces;
-  }
-  if (layer_count > 0) {
-    Append<uint64_t>(&out, kLayersTag);
-    Append<uint64_t>(&out, layer_count);
-    out += layers;
-  }
-  if (only_vshards != nullptr) {
-    Append<uint64_t>(&out, kOnlyTag);
-    Append<uint64_t>(&out, only.size());
-    for (uint32_t v : only) Append<uint32_t>(&out, v);
-  }
-  return out;
+  return parts.Finish();
 }
 
 absl::StatusOr<PushDedup::Parsed> PushDedup::Parse(absl::string_view bytes) const {

@@ -140,6 +140,11 @@ class PushDedup {
   // whose rows are those it kept of its part (the vshards it follows from that record's
   // primary, as Begin's `part`). Thread-safe.
   void ReleaseFor(const PushKey& key, const std::vector<uint32_t>& vshards);
+  // Release with `applied`, for `vshards` (sorted) only, as Begin's `exact` records a key:
+  // a recovered record whose key was recorded exactly (LogRecordView::key_exact), whose
+  // vshards are its rows'. Beyond max_piece_sequences, in a layer (as ReleaseFor).
+  // Thread-safe.
+  void ReleaseExact(const PushKey& key, const std::vector<uint32_t>& vshards);
   // Releases every held key as Release does; returns how many there were. Thread-safe.
   size_t ReleaseAll(bool applied);
   size_t held() const;
@@ -158,6 +163,16 @@ class PushDedup {
   // for bytes it cannot read (or of another window size). Bytes without pieces or layers
   // are the format before them. Thread-safe.
   std::string Serialize(const std::vector<bool>* only_vshards = nullptr) const;
+  // Serialize's state cut in parts of at most `max_part_bytes` each, for a message of
+  // bounded size (a copy's keys may hold max_layers layers and many pieces per writer).
+  // Each part is a whole state Merge accepts (a writer whose layers and pieces span parts
+  // is listed in each, with its done bits in the first only), and merging every part, in
+  // any order, merges the whole state. A part exceeds the bound only if one writer's entry
+  // and one of its layers alone do: 84 + window / 4 + 4 bytes per vshard the layer and
+  // `only_vshards` name (1.1 KiB with the default window of 4096 and a few vshards;
+  // push_dedup_test checks it). At least one part. Thread-safe.
+  std::vector<std::string> SerializeParts(const std::vector<bool>* only_vshards,
+                                          size_t max_part_bytes) const;
   absl::Status Restore(absl::string_view bytes);
 
  private:

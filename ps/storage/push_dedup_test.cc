@@ -361,6 +361,84 @@ TEST(PushDedupTest, ACopyCarriesExactlyItsVShardsKeys) {
   EXPECT_EQ(other.Restore(source.Serialize(&moving)).code(), absl::StatusCode::kInvalidArgument);
 }
 
+// A copy's keys at their bound: every writer with max_layers layers, most of them claiming
+// some of the copied vshards only, and pieces. SerializeParts cuts them in parts of the
+// size asked (the export's chunk size), each merged on its own at the destination, and the
+// destination then answers exactly as if it merged the whole state. (The whole state is
+// ~9 KiB per writer; the import's receive budget assumed ~0.5 KiB: migrate_import.cc.)
+TEST(PushDedupTest, ACopysKeysAtTheirBoundGoInPartsOfTheSizeAsked) {
+  constexpr uint32_t kVShards = 32, kWriters = 200, kPieceSeqs = 4;
+  const PushDedupOptions options;  // the defaults: window 4096, 16 layers
+  PushDedup source(options);
+  std::vector<uint32_t> all(kVShards);
+  for (uint32_t v = 0; v < kVShards; ++v) all[v] = v;
+  for (uint64_t r = 0; r < options.max_layers; ++r) {
+    for (uint64_t w = 1; w <= kWriters; ++w) {
+      ASSERT_EQ(*source.Begin(Key(w, 1, r + 1), In{all}), Claim::kNew);
+      source.Finish(Key(w, 1, r + 1), true);
+    }
+    source.Forget({static_cast<uint32_t>(r)});  // a layer per writer: except {r, .., 15}
+  }
+  for (uint64_t w = 1; w <= kWriters; ++w) {
+    for (uint32_t v = 0; v < kPieceSeqs; ++v) {
+      ASSERT_EQ(*source.Begin(Piece(w, 1, 100 + v, v)), Claim::kNew);
+      source.Finish(Piece(w, 1, 100 + v, v), true);
+    }
+  }
+  ASSERT_EQ(source.layers(), kWriters * options.max_layers);
+  std::vector<bool> moving(kVShards, false);
+  for (uint32_t v = 0; v < 16; ++v) moving[v] = true;
+  const std::string whole = source.Serialize(&moving);
+  EXPECT_GT(whole.size(), kWriters * 8192u);
+  PushDedup from_whole(options);
+  ASSERT_TRUE(from_whole.Merge(whole).ok());
+  // A part holds at least a writer's entry and one layer or piece (and the copy's list).
+  const size_t unit = 84 + options.window / 4 + 4 * (16 + 16);
+  for (const size_t max_bytes : {size_t{64} << 10, size_t{1}}) {
+    const std::vector<std::string> parts = source.SerializeParts(&moving, max_bytes);
+    EXPECT_GT(parts.size(), whole.size() / std::max<size_t>(max_bytes, unit)) << max_bytes;
+    PushDedup dest(options);
+    for (const std::string& part : parts) {
+      EXPECT_LE(part.size(), std::max(max_bytes, unit)) << max_bytes;
+      ASSERT_TRUE(dest.Merge(part).ok()) << max_bytes;
+    }
+    size_t duplicates = 0;
+    for (uint64_t w = 1; w <= kWriters; ++w) {
+      for (uint64_t seq : {1, 2, 8, 15, 16, 100, 101, 102, 103}) {
+        for (uint32_t v = 0; v < kVShards; ++v) {
+          const Claim want = from_whole.Peek(Key(w, 1, seq), In{{v}});
+          ASSERT_EQ(dest.Peek(Key(w, 1, seq), In{{v}}), want)
+              << "writer " << w << " seq " << seq << " vshard " << v << " parts of " << max_bytes;
+          duplicates += want == Claim::kDuplicate;
+        }
+      }
+    }
+    EXPECT_GT(duplicates, kWriters * 30u);  // the copy does carry keys
+  }
+  // Without a bound, one part: Serialize's bytes.
+  const std::vector<std::string> one = source.SerializeParts(&moving, SIZE_MAX);
+  ASSERT_EQ(one.size(), 1u);
+  EXPECT_EQ(one[0], whole);
+}
+
+// A held key released exactly (a recovered record whose key was recorded so) counts for
+// its vshards only, as pieces.
+TEST(PushDedupTest, ReleaseExactKeepsAHeldKeyForItsVShardsOnly) {
+  PushDedup d;
+  d.Hold(Key(1, 1, 5));
+  EXPECT_EQ(d.Peek(Key(1, 1, 5), In{{2}}), Claim::kInProgress);
+  d.ReleaseExact(Key(1, 1, 5), {2, 4});
+  EXPECT_EQ(d.held(), 0u);
+  EXPECT_EQ(d.Peek(Key(1, 1, 5), In{{2, 4}}), Claim::kDuplicate);
+  EXPECT_EQ(d.Peek(Key(1, 1, 5), In{{3}}), Claim::kNew);
+  ASSERT_EQ(*d.Begin(Key(1, 1, 5), In{{3}}), Claim::kNew);
+  d.Finish(Key(1, 1, 5), true);
+  EXPECT_EQ(d.Peek(Key(1, 1, 5), In{{2, 3, 4}}), Claim::kDuplicate);
+  EXPECT_EQ(d.Peek(Key(1, 1, 5), In{{7}}), Claim::kNew);
+  d.ReleaseExact(Key(1, 1, 6), {2});  // not held: nothing
+  EXPECT_EQ(d.Peek(Key(1, 1, 6), In{{2}}), Claim::kNew);
+}
+
 // A held key released for some vshards (a follower's recovered record: the rows it kept)
 // counts for those only.
 TEST(PushDedupTest, ReleaseForKeepsAHeldKeyForItsVShardsOnly) {

@@ -81,6 +81,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     expected += ps::LogRecordBuilder::TableBytes(t.table, t.ids.size(), t.dim);
   }
   ps::LogRecordBuilder b(rec->key, expected);
+  if (rec->key_exact) b.SetKeyExact();
   for (const auto& t : rec->tables)
     b.AddTable(t.table, t.lr, t.dim, t.ids, t.steps, t.grads.data());
   for (const auto& t : rec->installs) b.AddInstall(t.table, t.row_floats, t.ids, t.steps, t.values);
@@ -98,6 +99,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   absl::StatusOr<ps::LogRecord> again = ps::DecodeLogRecord(encoded);
   Check(again.ok(), "the re-encoding decodes");
   Check(again->key.SerializeAsString() == rec->key.SerializeAsString(), "the key survives");
+  Check(again->key_exact == rec->key_exact && view->key_exact == rec->key_exact,
+        "the key's exact mark survives");
   for (size_t i = 0; i < rec->deletes.size(); ++i) {
     Check(rec->deletes[i].table == again->deletes[i].table &&
               rec->deletes[i].ids == again->deletes[i].ids,

@@ -86,8 +86,8 @@ def wire():
 
 
 # --- push log records (ps/storage/log_record.h) ----------------------------------------------
-def record(key, entries):
-    return struct.pack("<BQQQ", 1, *key) + b"".join(entries)
+def record(key, entries, version=1):
+    return struct.pack("<BQQQ", version, *key) + b"".join(entries)
 
 
 def name(n):
@@ -117,6 +117,7 @@ def log_record():
     return {
         "key_only": record((1, 1, 1), []),
         "table": record((7, 2, 99), [t]),
+        "exact_key": record((7, 2, 98), [t], version=3),  # a key recorded exactly
         "two_tables": record((7, 2, 100), [t, table_entry(b"u", 0, [3], [2], 3, [1, 2, 3])]),
         "dense": record((1, 1, 2), [dense_entry(b"mlp/w", 0.1, 3, [1, 2, 3, 4])]),
         "install": record((0, 0, 0), [install_entry(b"emb", [5, 6], [9, 9], 3, [1, 2, 3, 4, 5, 6])]),
