@@ -188,18 +188,22 @@ TEST_P(ExactKeysTest, AFollowerRecordsAStaleRoutedPushExactlyAsItsPrimary) {
 INSTANTIATE_TEST_SUITE_P(DurableAndInMemory, ExactKeysTest, testing::Bool(),
                          replica_test::DurableOrInMemory);
 
+// Durable pods whose state after a kill is in their logs alone: no materialization round
+// runs, none on close.
+replica_test::ReplicaPairOptions LogOnlyDurablePods() {
+  replica_test::ReplicaPairOptions options;
+  options.durable = true;
+  options.pod.storage.materialize_ms = 600000;
+  options.pod.storage.materialize_on_close = false;
+  return options;
+}
+
 // The same after the primary restarts from its log alone (as after a SIGKILL): recovery
 // reads the mark and keeps the key exact (ResolveRecoveredLog). Before, it released every
 // recovered key whole, and answered the retry of the rest of the part "duplicate".
 class RestartedExactKeysTest : public ExactKeysTest {
  protected:
-  replica_test::ReplicaPairOptions Options() override {
-    replica_test::ReplicaPairOptions options;
-    options.durable = true;
-    options.pod.storage.materialize_ms = 600000;
-    options.pod.storage.materialize_on_close = false;
-    return options;
-  }
+  replica_test::ReplicaPairOptions Options() override { return LogOnlyDurablePods(); }
 };
 
 TEST_F(RestartedExactKeysTest, APrimaryKeepsAStaleRoutedPushExactAcrossARestart) {
@@ -238,13 +242,7 @@ INSTANTIATE_TEST_SUITE_P(DurableAndInMemory, FollowerKeysTest, testing::Bool(),
 // keeps the key for the record's vshards only (ResolveRecoveredLog).
 class RestartedFollowerKeysTest : public FollowerKeysTest {
  protected:
-  replica_test::ReplicaPairOptions Options() override {
-    replica_test::ReplicaPairOptions options;
-    options.durable = true;
-    options.pod.storage.materialize_ms = 600000;
-    options.pod.storage.materialize_on_close = false;
-    return options;
-  }
+  replica_test::ReplicaPairOptions Options() override { return LogOnlyDurablePods(); }
 };
 
 TEST_F(RestartedFollowerKeysTest, KnowsItsLoggedRecordsKeysForTheirRowsOnly) {

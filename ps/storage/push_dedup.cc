@@ -493,25 +493,27 @@ void PushDedup::ReleaseFor(const PushKey& key, const std::vector<uint32_t>& vsha
   if (key.worker_id() == 0) return;
   if (key.piece() != 0) return Release(key, /*applied=*/true);
   absl::MutexLock lock(&mu_);
+  Writer* w = UnholdForRecord(key);
+  if (w != nullptr) SetInLayer(*w, key.sequence(), vshards, /*except=*/false);
+}
+
+PushDedup::Writer* PushDedup::UnholdForRecord(const PushKey& key) {
   auto it = writers_.find(key.worker_id());
-  if (it == writers_.end() || it->second.incarnation != key.incarnation()) return;
+  if (it == writers_.end() || it->second.incarnation != key.incarnation()) return nullptr;
   Writer& w = it->second;
-  const uint64_t seq = key.sequence();
-  if (w.held.erase(seq) == 0) return;
-  ClearApplied(w, seq);
-  SetInLayer(w, seq, vshards, /*except=*/false);
+  if (w.held.erase(key.sequence()) == 0) return nullptr;
+  ClearApplied(w, key.sequence());
+  return &w;
 }
 
 void PushDedup::ReleaseExact(const PushKey& key, const std::vector<uint32_t>& vshards) {
   if (key.worker_id() == 0) return;
   if (key.piece() != 0) return Release(key, /*applied=*/true);
   absl::MutexLock lock(&mu_);
-  auto it = writers_.find(key.worker_id());
-  if (it == writers_.end() || it->second.incarnation != key.incarnation()) return;
-  Writer& w = it->second;
+  Writer* held = UnholdForRecord(key);
+  if (held == nullptr) return;
+  Writer& w = *held;
   const uint64_t seq = key.sequence();
-  if (w.held.erase(seq) == 0) return;
-  ClearApplied(w, seq);
   auto p = w.pieces.find(seq);
   if (p == w.pieces.end() && w.pieces.size() >= options_.max_piece_sequences) {
     return SetInLayer(w, seq, vshards, /*except=*/false);

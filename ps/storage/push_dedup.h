@@ -236,6 +236,9 @@ class PushDedup {
   void ClearBit(std::vector<uint64_t>& bits, uint64_t seq) const;
   // Forgets `seq` everywhere (whole bit and layers).
   void ClearApplied(Writer& w, uint64_t seq) const;
+  // The writer of a held whole key, its hold released and its applied state forgotten
+  // (ReleaseFor, ReleaseExact then record it for some vshards); null when not held.
+  Writer* UnholdForRecord(const PushKey& key) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Sets `seq` in the layer of this form (made if missing, merged beyond max_layers).
   void SetInLayer(Writer& w, uint64_t seq, const std::vector<uint32_t>& vshards, bool except)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
