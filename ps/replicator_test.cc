@@ -47,13 +47,18 @@ ReplicaPeer Peer(const std::string& id, const std::string& address) {
   return p;
 }
 
-TEST(ReplicatorTest, FollowerAtANewAddressStillHoldsTheAcknowledgementBack) {
-  auto sender = std::make_shared<FakeSender>();
-  sender->SetDown("old:1", true);
+// Resends within milliseconds, so a follower brought back up is caught up at once.
+ReplicatorOptions FastRetries() {
   ReplicatorOptions options;
   options.min_backoff = absl::Milliseconds(1);
   options.max_backoff = absl::Milliseconds(5);
-  Replicator replicator(sender, options);
+  return options;
+}
+
+TEST(ReplicatorTest, FollowerAtANewAddressStillHoldsTheAcknowledgementBack) {
+  auto sender = std::make_shared<FakeSender>();
+  sender->SetDown("old:1", true);
+  Replicator replicator(sender, FastRetries());
   replicator.SetFollowers("ps-0", 1, {Peer("ps-1", "old:1")});
   absl::Notification acked;
   std::vector<std::string> at_ack;
@@ -98,10 +103,7 @@ TEST(ReplicatorTest, WaitHeldWaitsForRecordsMovedToAFollowersNewAddress) {
   auto sender = std::make_shared<FakeSender>();
   sender->SetDown("old:1", true);
   sender->SetDown("new:2", true);
-  ReplicatorOptions options;
-  options.min_backoff = absl::Milliseconds(1);
-  options.max_backoff = absl::Milliseconds(5);
-  Replicator replicator(sender, options);
+  Replicator replicator(sender, FastRetries());
   replicator.SetFollowers("ps-0", 1, {Peer("ps-1", "old:1")});
   absl::Notification acked;
   replicator.Ship("record-1", [&](absl::Status s) { acked.Notify(); });
@@ -131,10 +133,7 @@ TEST(ReplicatorTest, DeposeGivesEachRecordItsOutcomeOnceKeptFollowersHoldIt) {
   auto sender = std::make_shared<FakeSender>();
   sender->SetDown("gone:1", true);
   sender->SetDown("kept:1", true);
-  ReplicatorOptions options;
-  options.min_backoff = absl::Milliseconds(1);
-  options.max_backoff = absl::Milliseconds(5);
-  Replicator replicator(sender, options);
+  Replicator replicator(sender, FastRetries());
   replicator.SetFollowers("ps-0", 1, {Peer("ps-1", "gone:1"), Peer("ps-2", "kept:1")});
   struct Answer {
     absl::Notification done;
