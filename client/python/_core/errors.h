@@ -1,7 +1,8 @@
 // How the binding turns an absl::Status into a Python exception: elastic_ps.errors'
-// PsError (TableConflictError for ALREADY_EXISTS), carrying the code as a grpc.StatusCode
-// and the message. The Python classes are the package's; the mapping of codes to classes
-// is elastic_ps.errors.error_from_status.
+// PsError (TableConflictError for ALREADY_EXISTS), carrying the code as a grpc.StatusCode,
+// the message and, for a pod's wrong-shard refusal, `wrong_shard` = (epoch, vshard) read
+// from its detail (proto/wrong_shard.h). The Python classes are the package's; the mapping of codes
+// to classes is elastic_ps.errors.error_from_status.
 #pragma once
 
 #include <pybind11/pybind11.h>

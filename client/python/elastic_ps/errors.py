@@ -8,7 +8,11 @@ _CODES = {c.value[0]: c for c in grpc.StatusCode}
 
 
 class PsError(Exception):
-    """A failed parameter-server call: `code` (grpc.StatusCode) and the server's message."""
+    """A failed parameter-server call: `code` (grpc.StatusCode) and the server's message.
+    `wrong_shard` is (epoch, vshard) when a pod refused ids of a vshard it does not own at
+    that map epoch (read from the refusal's detail, never its text), else None."""
+
+    wrong_shard = None
 
     def __init__(self, code, message):
         super().__init__(f"{code.name}: {message}")

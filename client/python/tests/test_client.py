@@ -52,7 +52,9 @@ def test_routing_matches_pods_and_wrong_route_is_refused(client):
         with pytest.raises(PsError) as e:
             client.raw_call(other, "Pull", req)
         assert e.value.code == grpc.StatusCode.FAILED_PRECONDITION
-        assert "which this pod does not own" in e.value.message
+        assert e.value.wrong_shard is not None  # from the refusal's detail, not its text
+        epoch, vshard = e.value.wrong_shard
+        assert epoch <= m.epoch and m.owner[vshard] == i
 
 
 def test_pull_is_stable_and_sgd_push_is_exact(client):
